@@ -1,0 +1,204 @@
+"""Agent definitions: a model, a system prompt, tools and limits; and the demo agents."""
+
+from __future__ import annotations
+
+import ast
+import operator
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .tools import Tool, ToolContext, ToolError, ToolRegistry, tool
+
+
+@dataclass(frozen=True)
+class AgentDefinition:
+    name: str
+    version: str
+    description: str
+    model: str
+    system_prompt: str
+    tools: ToolRegistry = field(default_factory=ToolRegistry)
+    max_steps: int = 200
+    max_model_retries: int | None = None
+
+
+class UnknownAgent(KeyError):
+    def __str__(self) -> str:
+        return f"unknown agent {self.args[0]!r}"
+
+
+class AgentRegistry:
+    def __init__(self, agents: list[AgentDefinition]) -> None:
+        self._agents = {a.name: a for a in agents}
+
+    def get(self, name: str) -> AgentDefinition:
+        try:
+            return self._agents[name]
+        except KeyError:
+            raise UnknownAgent(name) from None
+
+    def names(self) -> list[str]:
+        return sorted(self._agents)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._agents
+
+
+# --- Demo tools -------------------------------------------------------------------------
+
+_OPERATORS: dict[type, Any] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+
+
+def _evaluate(node: ast.AST) -> float | int:
+    if isinstance(node, ast.Expression):
+        return _evaluate(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return node.value
+    if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        if isinstance(node.op, ast.Pow) and abs(right) > 64:
+            raise ToolError("exponent too large")
+        return _OPERATORS[type(node.op)](left, right)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPERATORS:
+        return _OPERATORS[type(node.op)](_evaluate(node.operand))
+    raise ToolError(f"unsupported expression element: {type(node).__name__}")
+
+
+@tool
+def calculator(ctx: ToolContext, expression: str) -> dict[str, Any]:
+    """Evaluate an arithmetic expression (+ - * / // % ** and parentheses)."""
+    try:
+        tree = ast.parse(expression, mode="eval")
+    except SyntaxError:
+        raise ToolError(f"not an arithmetic expression: {expression!r}") from None
+    try:
+        value = _evaluate(tree)
+    except ZeroDivisionError:
+        raise ToolError("division by zero") from None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    return {"expression": expression, "value": value}
+
+
+@tool
+def update_plan(ctx: ToolContext, items: list[str], done: int = 0) -> dict[str, Any]:
+    """Set the plan: its items in order, and how many of them are done."""
+    if done < 0 or done > len(items):
+        raise ToolError(f"done must be between 0 and {len(items)}")
+    statuses = [
+        (title, "done" if i < done else "in_progress" if i == done else "pending")
+        for i, title in enumerate(items)
+    ]
+    ctx.set_plan(statuses)
+    return {"plan": [{"title": t, "status": s} for t, s in statuses]}
+
+
+@tool
+def save_note(ctx: ToolContext, text: str) -> dict[str, Any]:
+    """Save a short note; returns its id. Honours the idempotency key."""
+    if not text.strip():
+        raise ToolError("a note needs some text")
+    note_id = f"note-{ctx.idempotency_key}"
+    ctx.effects.record(
+        ctx.idempotency_key, session_id=ctx.session_id, tool="save_note", payload={"text": text}
+    )
+    ctx.remember(note_id)
+    return {"note": note_id}
+
+
+def make_tick(delay: float) -> Tool:
+    @tool(name="tick")
+    def tick(ctx: ToolContext, n: int) -> dict[str, Any]:
+        """Count one tick: waits a moment, then writes a side-effect row keyed by the call."""
+        time.sleep(delay)
+        ctx.effects.record(
+            ctx.idempotency_key, session_id=ctx.session_id, tool="tick", payload={"n": n}
+        )
+        return {"n": n}
+
+    return tick
+
+
+@tool(retries=3)
+def flaky_fetch(ctx: ToolContext, resource: str) -> dict[str, Any]:
+    """Fetch a resource from a service that fails the first two attempts of every call."""
+    if ctx.attempt <= 2:
+        raise ToolError(f"{resource}: 503 service unavailable (attempt {ctx.attempt})", retryable=True)
+    return {"resource": resource, "body": "all systems nominal"}
+
+
+@tool(needs_approval=True, idempotent=False)
+def send_payment(ctx: ToolContext, recipient: str, amount_cents: int, memo: str = "") -> dict:
+    """Send a payment. Moves real money, so a person must approve each call."""
+    if amount_cents <= 0:
+        raise ToolError("amount_cents must be positive")
+    ctx.effects.record(
+        ctx.idempotency_key,
+        session_id=ctx.session_id,
+        tool="send_payment",
+        payload={"recipient": recipient, "amount_cents": amount_cents, "memo": memo},
+    )
+    return {"reference": f"pay-{ctx.idempotency_key}", "recipient": recipient}
+
+
+def demo_agents(*, slow_delay: float = 0.5) -> AgentRegistry:
+    """The offline demo agents; `slow_delay` is the seconds each `tick` takes."""
+    return AgentRegistry(
+        [
+            AgentDefinition(
+                name="demo",
+                version="1",
+                description="Plans, calculates and saves a note: 'what is (12*7)+3, then save it as a note'.",
+                model="scripted:demo",
+                system_prompt="You are a careful assistant. Plan first, use tools, then answer.",
+                tools=ToolRegistry([update_plan, calculator, save_note]),
+                max_steps=50,
+            ),
+            AgentDefinition(
+                name="slow",
+                version="1",
+                description="'count to N': N turns, each calling a slow tick tool with a side effect.",
+                model="scripted:slow",
+                system_prompt="Count, one tick per turn.",
+                tools=ToolRegistry([make_tick(slow_delay)]),
+                max_steps=40_000,
+            ),
+            AgentDefinition(
+                name="flaky",
+                version="1",
+                description="Calls a tool that fails transiently and succeeds on retry.",
+                model="scripted:flaky",
+                system_prompt="Fetch the status page and report it.",
+                tools=ToolRegistry([flaky_fetch]),
+                max_steps=20,
+            ),
+            AgentDefinition(
+                name="approval",
+                version="1",
+                description="Asks to send a payment; waits for a person to approve or reject it.",
+                model="scripted:approval",
+                system_prompt="Pay the invoice the user describes.",
+                tools=ToolRegistry([send_payment]),
+                max_steps=20,
+            ),
+            AgentDefinition(
+                name="echo",
+                version="1",
+                description="Repeats what you say; a one-step conversation partner.",
+                model="scripted:echo",
+                system_prompt="Repeat the user.",
+                max_steps=20,
+            ),
+        ]
+    )

@@ -1,0 +1,612 @@
+"""The agent loop: claim, load, think, act, checkpoint, repeat.
+
+What happens next is always derived from the durable trace (`next_action`), never from
+in-memory flags, so a run that starts after a crash continues exactly where the last
+committed step left off. The state is a fold of the steps over the head checkpoint
+(`apply_step`), applied the same way live and on resume.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .agents import AgentDefinition, AgentRegistry, UnknownAgent
+from .providers import Message, ModelSettings, ModelTurn, Provider, ProviderError, ToolCall
+from .providers import make_provider as default_make_provider
+from .state import (
+    CheckpointReason,
+    NewCheckpoint,
+    NewStep,
+    PendingApproval,
+    PlanItem,
+    SessionState,
+    SessionStatus,
+    StepKind,
+    StepRecord,
+)
+from .store import EffectLedger, Lease, LeaseLost, SessionHead, SessionStore, utcnow
+from .tools import ToolContext, ToolOutcome
+from .upgraders import IncompatibleSchemaError
+
+log = logging.getLogger("respawn.loop")
+
+ProviderFactory = Callable[[str, dict[str, Any]], tuple[Provider, str]]
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    worker_id: str
+    lease_ttl: float = 10.0
+    heartbeat_interval: float | None = None  # default: a third of the lease TTL
+    model_retries: int = 3
+    model_backoff: float = 0.5
+    model_backoff_max: float = 8.0
+    model_timeout: float = 60.0
+    model_override: str | None = None  # RESPAWN_MODEL: replaces every agent's model
+    provider_options: dict[str, Any] = field(default_factory=dict)
+    tool_options: dict[str, Any] = field(default_factory=dict)
+
+
+class Outcome(enum.StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    WAITING_INPUT = "waiting_input"
+    CANCELLED = "cancelled"
+    LEASE_LOST = "lease_lost"
+    NOT_CLAIMED = "not_claimed"
+    INCOMPATIBLE = "incompatible"
+
+
+@dataclass(frozen=True)
+class RunResult:
+    session_id: str
+    outcome: Outcome
+    final_answer: str | None = None
+    error: str | None = None
+
+
+# --- Reading the trace ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallModel:
+    pass
+
+
+@dataclass(frozen=True)
+class PendingCall:
+    call: ToolCall
+    tool_call_step: StepRecord | None  # recorded before a crash: run again with its key
+    decision: dict[str, Any] | None  # an operator's approve/reject for this call
+
+
+@dataclass(frozen=True)
+class RunTools:
+    model_seq: int
+    calls: list[PendingCall]
+
+
+@dataclass(frozen=True)
+class Finished:
+    answer: str | None
+
+
+Action = CallModel | RunTools | Finished
+
+_NEW_INPUT_OPERATOR_ACTIONS = {"instruction"}
+
+
+def _is_new_input(step: StepRecord) -> bool:
+    return step.kind == StepKind.USER or (
+        step.kind == StepKind.OPERATOR and step.payload.get("action") in _NEW_INPUT_OPERATOR_ACTIONS
+    )
+
+
+def next_action(history: list[StepRecord]) -> Action:
+    """Decide what the session does next from its live history alone."""
+    last_model = None
+    for index in range(len(history) - 1, -1, -1):
+        step = history[index]
+        if _is_new_input(step):
+            return CallModel()
+        if step.kind == StepKind.MODEL:
+            last_model = index
+            break
+    if last_model is None:
+        return CallModel()
+    model_step = history[last_model]
+    calls = [ToolCall(**c) for c in model_step.payload.get("tool_calls") or []]
+    if not calls:
+        return Finished(model_step.payload.get("text"))
+    after = history[last_model + 1 :]
+    results = {s.payload.get("call_id") for s in after if s.kind == StepKind.TOOL_RESULT}
+    recorded = {s.payload.get("call_id"): s for s in after if s.kind == StepKind.TOOL_CALL}
+    decisions = {
+        s.payload.get("call_id"): s.payload
+        for s in after
+        if s.kind == StepKind.OPERATOR and s.payload.get("action") in {"approve", "reject"}
+    }
+    pending = [
+        PendingCall(call=c, tool_call_step=recorded.get(c.id), decision=decisions.get(c.id))
+        for c in calls
+        if c.id not in results
+    ]
+    if not pending:
+        return CallModel()
+    return RunTools(model_seq=model_step.seq, calls=pending)
+
+
+def apply_step(state: SessionState, step: StepRecord) -> None:
+    """Fold one step into the state (used live and when replaying after a checkpoint)."""
+    payload = step.payload
+    state.counters.steps += 1
+    if step.kind == StepKind.USER:
+        state.final_answer = None
+    elif step.kind == StepKind.MODEL:
+        state.turn += 1
+        state.counters.model_calls += 1
+        state.counters.tokens_in += step.tokens_in
+        state.counters.tokens_out += step.tokens_out
+        state.counters.cost += float((payload.get("usage") or {}).get("cost") or 0.0)
+        if not payload.get("tool_calls"):
+            state.final_answer = payload.get("text")
+    elif step.kind == StepKind.TOOL_RESULT:
+        state.counters.tool_calls += 1
+        state.counters.retries += max(0, int(payload.get("attempts") or 1) - 1)
+        if payload.get("plan_update") is not None:
+            state.plan = [PlanItem(title=t, status=s) for t, s in payload["plan_update"]]
+        for ref in payload.get("memory_added") or []:
+            if ref not in state.memory_refs:
+                state.memory_refs.append(ref)
+        if state.pending_approval and state.pending_approval.call_id == payload.get("call_id"):
+            state.pending_approval = None
+    elif step.kind == StepKind.SYSTEM and payload.get("event") == "waiting_for_approval":
+        state.pending_approval = PendingApproval(
+            call_id=payload["call_id"],
+            tool=payload["tool"],
+            arguments=payload["arguments"],
+            model_seq=payload["model_seq"],
+            requested_at=payload.get("requested_at"),
+        )
+
+
+def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Message]:
+    """The conversation a provider sees, rebuilt from durable steps only."""
+    messages = [Message(role="system", content=system_prompt)] if system_prompt else []
+    for step in history:
+        payload = step.payload
+        if step.kind == StepKind.USER:
+            messages.append(Message(role="user", content=payload.get("text", "")))
+        elif step.kind == StepKind.MODEL:
+            messages.append(
+                Message(
+                    role="assistant",
+                    content=payload.get("text"),
+                    tool_calls=tuple(ToolCall(**c) for c in payload.get("tool_calls") or []),
+                )
+            )
+        elif step.kind == StepKind.TOOL_RESULT:
+            content = json.dumps(
+                {
+                    "name": payload.get("name"),
+                    "ok": payload.get("ok"),
+                    "output": payload.get("output"),
+                    "error": payload.get("error"),
+                    "attempts": payload.get("attempts", 1),
+                },
+                sort_keys=True,
+                default=str,
+            )
+            messages.append(
+                Message(
+                    role="tool",
+                    content=content,
+                    tool_call_id=payload.get("call_id"),
+                    name=payload.get("name"),
+                )
+            )
+        elif step.kind == StepKind.OPERATOR and payload.get("action") == "instruction":
+            # Marked as coming from an operator, never passed off as the model or a tool.
+            messages.append(
+                Message(role="user", content=f"[Operator instruction] {payload.get('text', '')}")
+            )
+    return messages
+
+
+# --- The lease heartbeat ----------------------------------------------------------------
+
+
+class Heartbeat:
+    """Keeps the lease alive from a background thread while a model call or tool runs."""
+
+    def __init__(self, store: SessionStore, lease: Lease, ttl: float, interval: float) -> None:
+        self._store = store
+        self._lease = lease
+        self._ttl = ttl
+        self._interval = interval
+        self._stop = threading.Event()
+        self.lost = threading.Event()
+        self.cancel_requested = False
+        self._thread = threading.Thread(target=self._run, name="respawn-heartbeat", daemon=True)
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self._interval + 5)
+
+    def _run(self) -> None:
+        cleanup = getattr(self._store, "thread_cleanup", None)
+        try:
+            while not self._stop.wait(self._interval):
+                try:
+                    result = self._store.heartbeat(self._lease, self._ttl)
+                except Exception:  # a failed heartbeat is retried; the lease TTL is the bound
+                    log.warning("heartbeat for %s failed", self._lease.session_id, exc_info=True)
+                    continue
+                self.cancel_requested = result.cancel_requested
+                if not result.alive:
+                    self.lost.set()
+                    return
+        finally:
+            if cleanup is not None:
+                cleanup()
+
+
+# --- The run ----------------------------------------------------------------------------
+
+
+class _Stop(Exception):
+    def __init__(self, result: RunResult) -> None:
+        self.result = result
+
+
+class _Run:
+    def __init__(
+        self,
+        *,
+        store: SessionStore,
+        agent: AgentDefinition,
+        effects: EffectLedger,
+        config: RunConfig,
+        lease: Lease,
+        head: SessionHead,
+        make_provider: ProviderFactory,
+    ) -> None:
+        self.store = store
+        self.agent = agent
+        self.effects = effects
+        self.config = config
+        self.lease = lease
+        self.session_id = head.session_id
+        self.history = list(head.history)
+        self.last_seq = head.last_seq
+        self.make_provider = make_provider
+        self.heartbeat: Heartbeat | None = None
+        if head.checkpoint is not None:
+            self.state = copy.deepcopy(head.checkpoint.state)
+        else:
+            self.state = SessionState(agent_name=agent.name, agent_version=agent.version)
+            self.state.budgets.max_steps = agent.max_steps
+        for step in head.steps_after_checkpoint:
+            apply_step(self.state, step)
+
+    # -- writing -------------------------------------------------------------------------
+    def append(
+        self,
+        step: NewStep,
+        *,
+        checkpoint: bool = False,
+        status: SessionStatus | None = None,
+        error: str | None = None,
+        release: bool = False,
+    ) -> StepRecord:
+        if self.heartbeat is not None and self.heartbeat.lost.is_set():
+            raise LeaseLost(f"session {self.session_id}: heartbeat found the lease fenced off")
+        record = StepRecord(
+            seq=self.last_seq + 1,
+            kind=step.kind,
+            payload=step.payload,
+            started_at=step.started_at,
+            finished_at=step.finished_at,
+            tokens_in=step.tokens_in,
+            tokens_out=step.tokens_out,
+            idempotency_key=step.idempotency_key,
+        )
+        # Fold first so the checkpoint written with this step already includes it.
+        state_before = copy.deepcopy(self.state)
+        apply_step(self.state, record)
+        new_checkpoint = NewCheckpoint(state=self.state) if checkpoint else None
+        try:
+            result = self.store.append(
+                self.lease, [step], checkpoint=new_checkpoint, status=status, error=error, release=release
+            )
+        except Exception:
+            self.state = state_before
+            raise
+        if result.seqs != [record.seq]:
+            # Only the lease holder writes, so seqs are predictable; anything else means
+            # someone wrote around the fence.
+            raise LeaseLost(f"session {self.session_id}: expected seq {record.seq}, got {result.seqs}")
+        self.last_seq = record.seq
+        self.history.append(record)
+        if result.cancel_requested and not release:
+            self.stop_cancelled()
+        return record
+
+    def stop_cancelled(self) -> None:
+        self.append(
+            NewStep(kind=StepKind.SYSTEM, payload={"event": "cancelled", "worker": self.config.worker_id}),
+            checkpoint=False,
+            status=SessionStatus.CANCELLED,
+            release=True,
+        )
+        raise _Stop(RunResult(self.session_id, Outcome.CANCELLED))
+
+    def fail(self, where: str, message: str, **details: Any) -> None:
+        self.append(
+            NewStep(kind=StepKind.ERROR, payload={"where": where, "error": message, **details}),
+            status=SessionStatus.FAILED,
+            error=message,
+            release=True,
+        )
+        raise _Stop(RunResult(self.session_id, Outcome.FAILED, error=message))
+
+    # -- the turn ------------------------------------------------------------------------
+    def run(self, head: SessionHead) -> RunResult:
+        self.append(
+            NewStep(
+                kind=StepKind.SYSTEM,
+                payload={
+                    "event": "run_started",
+                    "worker": self.config.worker_id,
+                    "checkpoint_seq": head.checkpoint.seq if head.checkpoint else None,
+                    "steps_after_checkpoint": len(head.steps_after_checkpoint),
+                    "schema_version": (
+                        head.checkpoint.schema_version if head.checkpoint else None
+                    ),
+                    "upgraders": list(head.upgraders_applied),
+                },
+                started_at=utcnow(),
+            )
+        )
+        while True:
+            if self.heartbeat is not None and self.heartbeat.cancel_requested:
+                self.stop_cancelled()
+            action = next_action(self.history)
+            if isinstance(action, Finished):
+                # A run that finds the turn already answered (e.g. a crash after the final
+                # step's commit but before the status change cannot happen: they are one
+                # transaction) simply settles the status.
+                self.append(
+                    NewStep(kind=StepKind.SYSTEM, payload={"event": "already_answered"}),
+                    checkpoint=True,
+                    status=SessionStatus.COMPLETED,
+                    release=True,
+                )
+                return RunResult(self.session_id, Outcome.COMPLETED, final_answer=action.answer)
+            if isinstance(action, CallModel):
+                answer = self.call_model()
+                if answer is not None:
+                    return answer
+            else:
+                paused = self.run_tools(action)
+                if paused is not None:
+                    return paused
+
+    def call_model(self) -> RunResult | None:
+        budget = self.state.budgets.max_steps
+        if self.state.counters.steps >= budget:
+            self.fail("budget", f"step limit of {budget} reached", limit=budget)
+        spec = self.config.model_override or self.agent.model
+        try:
+            provider, model_name = self.make_provider(spec, self.config.provider_options)
+        except (ValueError, ProviderError) as exc:
+            self.fail("model", f"cannot use model {spec!r}: {exc}", model=spec, permanent=True)
+        settings = ModelSettings(model=model_name, timeout=self.config.model_timeout)
+        messages = build_messages(self.agent.system_prompt, self.history)
+        started = utcnow()
+        turn = self._complete_with_retries(provider, messages, settings, spec)
+        payload = {
+            "text": turn.text,
+            "tool_calls": [c.to_dict() for c in turn.tool_calls],
+            "usage": {
+                "input_tokens": turn.usage.input_tokens,
+                "output_tokens": turn.usage.output_tokens,
+                "cost": turn.usage.cost,
+            },
+            "model": spec,
+        }
+        step = NewStep(
+            kind=StepKind.MODEL,
+            payload=payload,
+            started_at=started,
+            finished_at=utcnow(),
+            tokens_in=turn.usage.input_tokens,
+            tokens_out=turn.usage.output_tokens,
+        )
+        if not turn.tool_calls:
+            self.append(step, checkpoint=True, status=SessionStatus.COMPLETED, release=True)
+            return RunResult(self.session_id, Outcome.COMPLETED, final_answer=turn.text)
+        self.append(step)
+        return None
+
+    def _complete_with_retries(
+        self, provider: Provider, messages: list[Message], settings: ModelSettings, spec: str
+    ) -> ModelTurn:
+        retries = (
+            self.agent.max_model_retries
+            if self.agent.max_model_retries is not None
+            else self.config.model_retries
+        )
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return provider.complete(messages, self.agent.tools.specs(), settings)
+            except ProviderError as exc:
+                error, permanent = exc, exc.permanent
+            except Exception as exc:  # an SDK's unexpected error: retry, it may be transient
+                error, permanent = exc, False
+            if self.heartbeat is not None and self.heartbeat.lost.is_set():
+                raise LeaseLost(f"session {self.session_id}: lease lost during the model call")
+            if permanent or attempt > retries:
+                self.fail(
+                    "model",
+                    f"model call failed after {attempt} attempt(s): {error}",
+                    model=spec,
+                    attempts=attempt,
+                    permanent=permanent,
+                    error_type=type(error).__name__,
+                )
+            delay = min(self.config.model_backoff * (2 ** (attempt - 1)), self.config.model_backoff_max)
+            log.info("model call for %s failed (%s); retry %d in %.2fs", self.session_id, error, attempt, delay)
+            time.sleep(delay)
+
+    def run_tools(self, action: RunTools) -> RunResult | None:
+        remaining = len(action.calls)
+        for pending in action.calls:
+            remaining -= 1
+            call = pending.call
+            tool = self.agent.tools.get(call.name)
+            boundary = remaining == 0  # the turn's last result: checkpoint with it
+            if tool is not None and tool.needs_approval and pending.decision is None:
+                self.append(
+                    NewStep(
+                        kind=StepKind.SYSTEM,
+                        payload={
+                            "event": "waiting_for_approval",
+                            "call_id": call.id,
+                            "tool": call.name,
+                            "arguments": call.arguments,
+                            "model_seq": action.model_seq,
+                            "requested_at": utcnow().isoformat(),
+                        },
+                    ),
+                    checkpoint=True,
+                    status=SessionStatus.WAITING_INPUT,
+                    release=True,
+                )
+                return RunResult(self.session_id, Outcome.WAITING_INPUT)
+            if pending.decision is not None and pending.decision.get("action") == "reject":
+                reason = pending.decision.get("reason") or "no reason given"
+                actor = pending.decision.get("actor") or "an operator"
+                outcome = ToolOutcome(ok=False, error=f"rejected by {actor}: {reason}", attempts=0)
+                self.record_result(call, outcome, started=utcnow(), checkpoint=boundary)
+                continue
+            if pending.tool_call_step is not None:
+                # Recorded before a crash, result never committed: run again, same key.
+                key = pending.tool_call_step.idempotency_key or f"{self.session_id}:{pending.tool_call_step.seq}"
+                call_seq = pending.tool_call_step.seq
+            else:
+                call_seq = self.last_seq + 1
+                key = f"{self.session_id}:{call_seq}"
+                self.append(
+                    NewStep(
+                        kind=StepKind.TOOL_CALL,
+                        payload={
+                            "call_id": call.id,
+                            "name": call.name,
+                            "arguments": call.arguments,
+                            "idempotency_key": key,
+                        },
+                        started_at=utcnow(),
+                        idempotency_key=key,
+                    )
+                )
+            started = utcnow()
+            if tool is None:
+                known = ", ".join(t.name for t in self.agent.tools) or "none"
+                outcome = ToolOutcome(ok=False, error=f"unknown tool {call.name!r} (available: {known})")
+            else:
+                outcome = tool.run(
+                    lambda attempt, call=call, key=key, call_seq=call_seq: ToolContext(
+                        session_id=self.session_id,
+                        call_id=call.id,
+                        seq=call_seq,
+                        idempotency_key=key,
+                        attempt=attempt,
+                        effects=self.effects,
+                        options=self.config.tool_options,
+                    ),
+                    call.arguments,
+                )
+            self.record_result(call, outcome, started=started, checkpoint=boundary)
+        return None
+
+    def record_result(
+        self, call: ToolCall, outcome: ToolOutcome, *, started: Any, checkpoint: bool
+    ) -> None:
+        payload = outcome.payload(call.id, call.name)
+        if outcome.plan_update is not None:
+            payload["plan_update"] = [list(item) for item in outcome.plan_update]
+        if outcome.memory_added:
+            payload["memory_added"] = list(outcome.memory_added)
+        self.append(
+            NewStep(
+                kind=StepKind.TOOL_RESULT, payload=payload, started_at=started, finished_at=utcnow()
+            ),
+            checkpoint=checkpoint,
+        )
+
+
+def run_session(
+    session_id: str,
+    *,
+    store: SessionStore,
+    agents: AgentRegistry,
+    effects: EffectLedger,
+    config: RunConfig,
+    make_provider: ProviderFactory = default_make_provider,
+) -> RunResult:
+    """Advance one session as far as it goes: to an answer, a pause, a failure or a cancel."""
+    lease = store.claim(session_id, config.worker_id, config.lease_ttl)
+    if lease is None:
+        log.info("session %s: not claimed (leased elsewhere or not runnable)", session_id)
+        return RunResult(session_id, Outcome.NOT_CLAIMED)
+    try:
+        head = store.load_head(session_id)
+    except IncompatibleSchemaError as exc:
+        store.release(lease)
+        return RunResult(session_id, Outcome.INCOMPATIBLE, error=str(exc))
+    try:
+        agent = agents.get(head.agent_name)
+    except UnknownAgent as exc:
+        message = str(exc)
+        store.append(
+            lease,
+            [NewStep(kind=StepKind.ERROR, payload={"where": "agent", "error": message})],
+            status=SessionStatus.FAILED,
+            error=message,
+            release=True,
+        )
+        return RunResult(session_id, Outcome.FAILED, error=message)
+    run = _Run(
+        store=store,
+        agent=agent,
+        effects=effects,
+        config=config,
+        lease=lease,
+        head=head,
+        make_provider=make_provider,
+    )
+    interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
+    try:
+        with Heartbeat(store, lease, config.lease_ttl, interval) as heartbeat:
+            run.heartbeat = heartbeat
+            return run.run(head)
+    except _Stop as stop:
+        return stop.result
+    except LeaseLost as exc:
+        log.warning("session %s: %s; stopping without writing", session_id, exc)
+        return RunResult(session_id, Outcome.LEASE_LOST, error=str(exc))

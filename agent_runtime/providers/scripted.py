@@ -1,0 +1,180 @@
+"""A deterministic, offline model for the demo agents and the tests.
+
+Each script reads the conversation (as any model would) and decides the next turn from it
+alone, so a resumed session gets exactly the turn an uninterrupted one would have got.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from ..tools import ToolSpec
+from .base import Message, ModelSettings, ModelTurn, ProviderError, ToolCall, Usage
+
+Script = Callable[[list[Message]], ModelTurn]
+
+
+def _episode(messages: list[Message]) -> tuple[str, list[Message]]:
+    """The latest user request and everything the model saw after it."""
+    for index in range(len(messages) - 1, -1, -1):
+        if messages[index].role == "user":
+            return messages[index].content or "", messages[index + 1 :]
+    return "", []
+
+
+def _results(after: list[Message]) -> list[dict[str, Any]]:
+    results = []
+    for message in after:
+        if message.role == "tool":
+            try:
+                results.append(json.loads(message.content or "{}"))
+            except json.JSONDecodeError:
+                results.append({"ok": False, "error": message.content})
+    return results
+
+
+def _turn_number(after: list[Message]) -> int:
+    return sum(1 for m in after if m.role == "assistant")
+
+
+def _call(turn: int, index: int, name: str, **arguments: Any) -> ToolCall:
+    return ToolCall(id=f"call_{turn}_{index}", name=name, arguments=arguments)
+
+
+EXPRESSION = re.compile(r"what\s+is\s+(?P<expr>[-+*/().\d\s]+?)\s*(?:[,?;]|then\b|$)", re.I)
+
+
+def demo(messages: list[Message]) -> ModelTurn:
+    task, after = _episode(messages)
+    turn = _turn_number(after)
+    results = _results(after)
+    match = EXPRESSION.search(task)
+    wants_note = bool(re.search(r"\bnote\b|\bsave\b", task, re.I))
+    if match is None:
+        return ModelTurn(
+            text=(
+                "I can work out arithmetic and save the result as a note. "
+                "Try: what is (12*7)+3, then save it as a note."
+            )
+        )
+    expression = match.group("expr").strip()
+    plan = [f"compute {expression}"] + (["save the result as a note"] if wants_note else []) + [
+        "answer"
+    ]
+    if turn == 0:
+        return ModelTurn(
+            text=f"Plan: {'; '.join(plan)}.",
+            tool_calls=[
+                _call(turn, 0, "update_plan", items=plan, done=0),
+                _call(turn, 1, "calculator", expression=expression),
+            ],
+        )
+    calc = next((r for r in results if r.get("name") == "calculator"), None)
+    if calc is None or not calc.get("ok"):
+        error = (calc or {}).get("error") or "no result"
+        return ModelTurn(text=f"I could not compute {expression}: {error}")
+    value = calc["output"]["value"]
+    if wants_note and turn == 1:
+        return ModelTurn(
+            text=f"{expression} = {value}. Saving it as a note.",
+            tool_calls=[
+                _call(turn, 0, "update_plan", items=plan, done=1),
+                _call(turn, 1, "save_note", text=f"{expression} = {value}"),
+            ],
+        )
+    note = next((r for r in results if r.get("name") == "save_note"), None)
+    if note is not None and note.get("ok"):
+        return ModelTurn(text=f"{expression} = {value}. Saved as note {note['output']['note']}.")
+    if note is not None:
+        return ModelTurn(text=f"{expression} = {value}, but saving the note failed: {note['error']}")
+    return ModelTurn(text=f"{expression} = {value}.")
+
+
+def slow(messages: list[Message]) -> ModelTurn:
+    task, after = _episode(messages)
+    match = re.search(r"count\s+to\s+(\d+)", task, re.I)
+    target = min(int(match.group(1)), 10_000) if match else 3
+    turn = _turn_number(after)
+    if turn < target:
+        return ModelTurn(
+            text=f"Tick {turn + 1} of {target}.",
+            tool_calls=[_call(turn, 0, "tick", n=turn + 1)],
+        )
+    return ModelTurn(text=f"Counted to {target}.")
+
+
+def flaky(messages: list[Message]) -> ModelTurn:
+    _, after = _episode(messages)
+    turn = _turn_number(after)
+    if turn == 0:
+        return ModelTurn(
+            text="Fetching the status page.",
+            tool_calls=[_call(turn, 0, "flaky_fetch", resource="status")],
+        )
+    result = _results(after)[-1]
+    if result.get("ok"):
+        return ModelTurn(
+            text=f"Status: {result['output']['body']} (after {result['attempts']} attempts)."
+        )
+    return ModelTurn(text=f"The status page could not be fetched: {result.get('error')}")
+
+
+def approval(messages: list[Message]) -> ModelTurn:
+    task, after = _episode(messages)
+    turn = _turn_number(after)
+    if turn == 0:
+        return ModelTurn(
+            text="This needs a payment; asking for approval.",
+            tool_calls=[
+                _call(turn, 0, "send_payment", recipient="ACME Ltd", amount_cents=4200, memo=task)
+            ],
+        )
+    result = _results(after)[-1]
+    if result.get("ok"):
+        return ModelTurn(text=f"Payment sent: reference {result['output']['reference']}.")
+    return ModelTurn(text=f"Payment not sent: {result.get('error')}")
+
+
+def echo(messages: list[Message]) -> ModelTurn:
+    task, _ = _episode(messages)
+    return ModelTurn(text=f"You said: {task}")
+
+
+SCRIPTS: dict[str, Script] = {
+    "demo": demo,
+    "slow": slow,
+    "flaky": flaky,
+    "approval": approval,
+    "echo": echo,
+}
+
+
+def _estimate_tokens(text: str | None) -> int:
+    return (len(text or "") + 3) // 4
+
+
+class ScriptedProvider:
+    def __init__(self, *, model: str, options: dict[str, Any]) -> None:
+        if model not in SCRIPTS:
+            known = ", ".join(sorted(SCRIPTS))
+            raise ProviderError(f"no scripted model {model!r} (known: {known})", permanent=True)
+        self.script = SCRIPTS[model]
+
+    def complete(
+        self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings
+    ) -> ModelTurn:
+        turn = self.script(messages)
+        offered = {t.name for t in tools}
+        for call in turn.tool_calls:
+            if call.name not in offered:
+                raise ProviderError(f"script called unknown tool {call.name!r}", permanent=True)
+        tokens_in = sum(_estimate_tokens(m.content) for m in messages)
+        tokens_out = _estimate_tokens(turn.text) + 8 * len(turn.tool_calls)
+        return ModelTurn(
+            text=turn.text,
+            tool_calls=turn.tool_calls,
+            usage=Usage(input_tokens=tokens_in, output_tokens=tokens_out),
+        )

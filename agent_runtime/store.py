@@ -1,0 +1,300 @@
+"""The storage protocol the loop talks through, and an in-memory implementation.
+
+The Django implementation lives in `sessions_app/store.py`; both pass the same contract
+tests (`tests/contract/`). Methods take ids and engine dataclasses, never ORM rows.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from .state import (
+    RUNNABLE_STATUSES,
+    SCHEMA_VERSION,
+    CheckpointRecord,
+    NewCheckpoint,
+    NewStep,
+    SessionStatus,
+    StepRecord,
+)
+
+
+class StoreError(Exception):
+    pass
+
+
+class SessionNotFound(StoreError):
+    pass
+
+
+class LeaseLost(StoreError):
+    """The fencing token no longer matches: another worker (or an operator) took over."""
+
+
+@dataclass(frozen=True)
+class Lease:
+    session_id: str
+    owner: str
+    token: int
+
+
+@dataclass(frozen=True)
+class SessionHead:
+    """What a run starts from: the head checkpoint and the live (non-superseded) history."""
+
+    session_id: str
+    agent_name: str
+    status: SessionStatus
+    head_seq: int
+    last_seq: int
+    checkpoint: CheckpointRecord | None
+    history: list[StepRecord]
+    upgraders_applied: tuple[str, ...] = ()
+
+    @property
+    def steps_after_checkpoint(self) -> list[StepRecord]:
+        return [s for s in self.history if s.seq > self.head_seq]
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    seqs: list[int]
+    cancel_requested: bool
+
+
+@dataclass(frozen=True)
+class HeartbeatResult:
+    alive: bool
+    cancel_requested: bool
+
+
+class SessionStore(Protocol):
+    def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
+        """Take the session's lease if it is free or expired and the session is runnable."""
+
+    def load_head(self, session_id: str) -> SessionHead:
+        """The head checkpoint (upgraded to the current schema) and the live history."""
+
+    def append(
+        self,
+        lease: Lease,
+        steps: Sequence[NewStep],
+        *,
+        checkpoint: NewCheckpoint | None = None,
+        status: SessionStatus | None = None,
+        error: str | None = None,
+        release: bool = False,
+    ) -> AppendResult:
+        """Append steps (and a checkpoint at the last one) in one transaction, fenced.
+
+        Raises LeaseLost when the lease's token is no longer the session's.
+        """
+
+    def heartbeat(self, lease: Lease, ttl: float) -> HeartbeatResult:
+        """Extend the lease; alive=False once another holder fenced this one off."""
+
+    def release(self, lease: Lease) -> bool:
+        """Give the lease up without writing anything else."""
+
+
+class EffectLedger(Protocol):
+    """Where demo tools leave their externally visible side effects, keyed for idempotency."""
+
+    def record(self, key: str, *, session_id: str, tool: str, payload: dict[str, Any]) -> bool:
+        """Record the effect once per key; returns False when the key was already there."""
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass
+class _MemSession:
+    session_id: str
+    agent_name: str
+    status: SessionStatus
+    head: int = 0
+    last_seq: int = 0
+    fencing_token: int = 0
+    lease_owner: str | None = None
+    lease_expires: float = 0.0
+    cancel_requested: bool = False
+    last_error: str | None = None
+    steps: list[StepRecord] = field(default_factory=list)
+    checkpoints: list[CheckpointRecord] = field(default_factory=list)
+
+
+class InMemoryStore:
+    """A SessionStore for engine tests: same semantics as the Django store, in a dict."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._sessions: dict[str, _MemSession] = {}
+        self._lock = threading.RLock()
+        self._clock = clock
+
+    # -- helpers for tests and callers that play the sessions_app role -------------------
+    def create_session(self, session_id: str, agent_name: str, user_input: str) -> None:
+        with self._lock:
+            session = _MemSession(session_id, agent_name, SessionStatus.QUEUED)
+            session.steps.append(
+                StepRecord(seq=1, kind="user", payload={"text": user_input}, started_at=utcnow())
+            )
+            session.last_seq = 1
+            self._sessions[session_id] = session
+
+    def add_operator_step(
+        self, session_id: str, payload: dict[str, Any], status: SessionStatus | None = None
+    ) -> int:
+        """Append an out-of-band step (a person's decision) and fence off any holder."""
+        with self._lock:
+            session = self._get(session_id)
+            session.last_seq += 1
+            session.steps.append(
+                StepRecord(seq=session.last_seq, kind="operator", payload=payload)
+            )
+            if status is not None:
+                session.status = status
+            session.fencing_token += 1
+            session.lease_owner = None
+            return session.last_seq
+
+    def request_cancel(self, session_id: str) -> None:
+        with self._lock:
+            self._get(session_id).cancel_requested = True
+
+    def expire_lease(self, session_id: str) -> None:
+        with self._lock:
+            self._get(session_id).lease_expires = 0.0
+
+    def session(self, session_id: str) -> _MemSession:
+        with self._lock:
+            return self._get(session_id)
+
+    # -- SessionStore --------------------------------------------------------------------
+    def _get(self, session_id: str) -> _MemSession:
+        try:
+            return self._sessions[session_id]
+        except KeyError:
+            raise SessionNotFound(session_id) from None
+
+    def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
+        with self._lock:
+            session = self._get(session_id)
+            now = self._clock()
+            if session.status not in RUNNABLE_STATUSES:
+                return None
+            if session.lease_owner is not None and session.lease_expires > now:
+                return None
+            session.fencing_token += 1
+            session.lease_owner = owner
+            session.lease_expires = now + ttl
+            session.status = SessionStatus.RUNNING
+            return Lease(session_id, owner, session.fencing_token)
+
+    def load_head(self, session_id: str) -> SessionHead:
+        from .upgraders import load_state
+
+        with self._lock:
+            session = self._get(session_id)
+            checkpoint = next((c for c in session.checkpoints if c.seq == session.head), None)
+            applied: tuple[str, ...] = ()
+            if checkpoint is not None:
+                # Round-trip through the serialised form, as a real store would.
+                loaded = load_state(checkpoint.state.to_dict())
+                applied = loaded.applied
+                checkpoint = replace(checkpoint, state=loaded.value)
+            return SessionHead(
+                session_id=session_id,
+                agent_name=session.agent_name,
+                status=session.status,
+                head_seq=session.head,
+                last_seq=session.last_seq,
+                checkpoint=checkpoint,
+                history=[s for s in session.steps if not s.superseded],
+                upgraders_applied=applied,
+            )
+
+    def _check(self, session: _MemSession, lease: Lease) -> None:
+        if session.fencing_token != lease.token or session.lease_owner != lease.owner:
+            raise LeaseLost(f"session {lease.session_id}: lease token {lease.token} was fenced off")
+
+    def append(
+        self,
+        lease: Lease,
+        steps: Sequence[NewStep],
+        *,
+        checkpoint: NewCheckpoint | None = None,
+        status: SessionStatus | None = None,
+        error: str | None = None,
+        release: bool = False,
+    ) -> AppendResult:
+        with self._lock:
+            session = self._get(lease.session_id)
+            self._check(session, lease)
+            seqs = []
+            for step in steps:
+                session.last_seq += 1
+                seqs.append(session.last_seq)
+                session.steps.append(
+                    StepRecord(
+                        seq=session.last_seq,
+                        kind=step.kind,
+                        payload=dict(step.payload),
+                        schema_version=SCHEMA_VERSION,
+                        started_at=step.started_at,
+                        finished_at=step.finished_at,
+                        tokens_in=step.tokens_in,
+                        tokens_out=step.tokens_out,
+                        idempotency_key=step.idempotency_key,
+                    )
+                )
+            if checkpoint is not None:
+                session.checkpoints.append(
+                    CheckpointRecord(
+                        seq=session.last_seq, state=checkpoint.state, reason=checkpoint.reason
+                    )
+                )
+                session.head = session.last_seq
+            if status is not None:
+                session.status = status
+            if error is not None:
+                session.last_error = error
+            if release:
+                session.lease_owner = None
+            return AppendResult(seqs=seqs, cancel_requested=session.cancel_requested)
+
+    def heartbeat(self, lease: Lease, ttl: float) -> HeartbeatResult:
+        with self._lock:
+            session = self._get(lease.session_id)
+            if session.fencing_token != lease.token or session.lease_owner != lease.owner:
+                return HeartbeatResult(alive=False, cancel_requested=session.cancel_requested)
+            session.lease_expires = self._clock() + ttl
+            return HeartbeatResult(alive=True, cancel_requested=session.cancel_requested)
+
+    def release(self, lease: Lease) -> bool:
+        with self._lock:
+            session = self._get(lease.session_id)
+            if session.fencing_token != lease.token or session.lease_owner != lease.owner:
+                return False
+            session.lease_owner = None
+            return True
+
+
+class InMemoryEffects:
+    def __init__(self) -> None:
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.attempts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def record(self, key: str, *, session_id: str, tool: str, payload: dict[str, Any]) -> bool:
+        with self._lock:
+            self.attempts[key] = self.attempts.get(key, 0) + 1
+            if key in self.rows:
+                return False
+            self.rows[key] = {"session_id": session_id, "tool": tool, "payload": payload}
+            return True

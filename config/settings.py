@@ -1,0 +1,179 @@
+"""Respawn settings. Everything that differs between machines comes from the environment."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(os.environ.get("RESPAWN_VAR_DIR", BASE_DIR / "var"))
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_float(name: str, default: float) -> float:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    try:
+        return float(value)
+    except ValueError:
+        raise SystemExit(f"{name} must be a number, got {value!r}") from None
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = os.environ.get(name)
+    if not value:
+        return default
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = os.environ.get("SECRET_KEY", "")
+if not SECRET_KEY:
+    if not DEBUG and env_bool("RESPAWN_REQUIRE_SECRET_KEY", False):
+        raise SystemExit("SECRET_KEY must be set in production")
+    # A development key: fine for `make run` and the tests, never for a deployment.
+    SECRET_KEY = "respawn-insecure-development-key-change-me"
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "django_rq",
+    "sessions_app",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------
+# PostgreSQL in production and in the tests; a SQLite file when DATABASE_URL is unset
+# (the `make run` default on a fresh machine).
+_IS_WORKER = len(sys.argv) > 1 and sys.argv[1] == "rqworker"
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+if DATABASE_URL:
+    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
+else:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(VAR_DIR / "respawn.sqlite3")}
+
+if _db["ENGINE"] == "django.db.backends.postgresql":
+    # Django's native psycopg pool in web processes. RQ workers fork a work horse per job,
+    # and a pool's sockets must never be shared across a fork, so workers use one plain
+    # persistent connection per process instead.
+    if env_bool("RESPAWN_DB_POOL", True) and not _IS_WORKER:
+        _db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 10, "timeout": 10}
+    else:
+        _db["CONN_MAX_AGE"] = None
+    _db.setdefault("TEST", {})["NAME"] = os.environ.get("RESPAWN_TEST_DB_NAME") or None
+elif _db["ENGINE"] == "django.db.backends.sqlite3":
+    # Web server and worker write the same file: WAL lets readers go on during a write,
+    # IMMEDIATE transactions take the write lock up front instead of failing on upgrade.
+    _db.setdefault("OPTIONS", {}).update(
+        {
+            "timeout": 30,
+            "transaction_mode": "IMMEDIATE",
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis and RQ -----------------------------------------------------------------------
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Session runs go to this queue; `manage.py rqworker` with no argument serves "default".
+RESPAWN_QUEUE = os.environ.get("RESPAWN_QUEUE", "default")
+RQ_QUEUES = {
+    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600} for name in {"default", RESPAWN_QUEUE}
+}
+# The worker class runs the reconciler on a timer beside the job loop.
+RQ = {"WORKER_CLASS": "sessions_app.worker.RespawnWorker"}
+RQ_SHOW_ADMIN_LINK = True
+
+# --- Respawn runtime --------------------------------------------------------------------
+# Seconds a worker's lease on a session lasts without a heartbeat. A crashed worker's
+# session is taken over by another worker after at most this long.
+RESPAWN_LEASE_TTL = env_float("RESPAWN_LEASE_TTL", 10.0)
+# How often each worker process runs the reconciler (finds runnable sessions with no
+# live lease and dispatches them again), independent of what Redis still holds.
+RESPAWN_RECONCILE_INTERVAL = env_float("RESPAWN_RECONCILE_INTERVAL", 15.0)
+# A dispatched session whose job has not started after this many seconds is dispatched again.
+RESPAWN_DISPATCH_GRACE = env_float("RESPAWN_DISPATCH_GRACE", 30.0)
+RESPAWN_MODEL_RETRIES = int(env_float("RESPAWN_MODEL_RETRIES", 3))
+RESPAWN_MODEL_BACKOFF = env_float("RESPAWN_MODEL_BACKOFF", 0.5)
+RESPAWN_SLOW_DELAY = env_float("RESPAWN_SLOW_DELAY", 0.5)
+RESPAWN_MODEL = os.environ.get("RESPAWN_MODEL", "")
+OPENAI_BASE_URL = os.environ.get("OPENAI_BASE_URL", "")
+OPENAI_API_KEY = os.environ.get("OPENAI_API_KEY", "")
+ANTHROPIC_API_KEY = os.environ.get("ANTHROPIC_API_KEY", "")
+
+# --- Auth, i18n, static -----------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "sessions:list"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "static"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "respawn": {"handlers": ["console"], "level": os.environ.get("RESPAWN_LOG_LEVEL", "INFO")},
+    },
+}

@@ -1,0 +1,117 @@
+"""Getting sessions to workers: enqueue after commit, and the reconciler.
+
+Redis is only a wake-up signal. The truth is the session row: a runnable status, a lease
+that is live or not, and when the session was last dispatched. The reconciler reads only
+PostgreSQL (plus a look at the job it last dispatched), so it brings sessions back even
+after Redis lost every job.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import timedelta
+
+import django_rq
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+from redis.exceptions import RedisError
+from rq.job import Job, JobStatus
+
+from .models import RUNNABLE, AgentSession, Status
+
+log = logging.getLogger("respawn.dispatch")
+
+RUN_JOB = "sessions_app.jobs.run_session_job"
+
+
+def queue():
+    return django_rq.get_queue(settings.RESPAWN_QUEUE)
+
+
+def new_job_id(session_id) -> str:
+    return f"run-{session_id}-{uuid.uuid4().hex[:12]}"
+
+
+def enqueue(session_id, job_id: str) -> bool:
+    """Put a run job on the queue. A Redis failure is logged, not raised: the session is
+    recorded as dispatched in PostgreSQL and the reconciler will try again."""
+    try:
+        queue().enqueue(
+            RUN_JOB,
+            str(session_id),
+            job_id=job_id,
+            job_timeout=settings.RQ_QUEUES[settings.RESPAWN_QUEUE]["DEFAULT_TIMEOUT"],
+            result_ttl=600,
+            failure_ttl=86400,
+        )
+        return True
+    except RedisError as exc:
+        log.warning("could not enqueue session %s (%s); the reconciler will retry", session_id, exc)
+        return False
+
+
+def dispatch_on_commit(session: AgentSession) -> None:
+    """Record the dispatch in this transaction; enqueue only once it has committed, so a
+    worker never sees a session that does not exist yet."""
+    job_id = new_job_id(session.id)
+    now = timezone.now()
+    AgentSession.objects.filter(id=session.id).update(job_id=job_id, dispatched_at=now)
+    session.job_id, session.dispatched_at = job_id, now
+    session_id = session.id
+    transaction.on_commit(lambda: enqueue(session_id, job_id))
+
+
+def _job_waiting(job_id: str, connection) -> bool:
+    """True while the session's last job still sits in the queue, waiting for a worker."""
+    if not job_id:
+        return False
+    try:
+        job = Job.fetch(job_id, connection=connection)
+    except Exception:  # missing (Redis lost it) or unreadable: not waiting
+        return False
+    return job.get_status(refresh=False) in {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
+
+
+def reconcile(*, limit: int = 500) -> list[str]:
+    """Dispatch again every runnable session that nobody is running and nothing will run.
+
+    Candidates: queued or running, lease free or expired, and either dispatched longer ago
+    than the grace period or (a running session) not dispatched since its lease expired.
+    Returns the ids dispatched.
+    """
+    now = timezone.now()
+    grace = now - timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
+    candidates = (
+        AgentSession.objects.filter(status__in=RUNNABLE)
+        .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lte=now))
+        .filter(
+            Q(dispatched_at__isnull=True)
+            | Q(dispatched_at__lt=grace)
+            | Q(status=Status.RUNNING, dispatched_at__lt=F("lease_expires_at"))
+        )
+        .order_by("dispatched_at")
+        .values_list("id", "job_id", "dispatched_at")[:limit]
+    )
+    try:
+        connection = queue().connection
+        connection.ping()
+    except RedisError as exc:
+        log.warning("reconciler: Redis unavailable (%s); will try again", exc)
+        return []
+    dispatched = []
+    for session_id, job_id, dispatched_at in candidates:
+        if _job_waiting(job_id, connection):
+            continue
+        new_id = new_job_id(session_id)
+        # Conditional on the dispatch we read: of several reconcilers, one wins per session.
+        won = AgentSession.objects.filter(id=session_id, dispatched_at=dispatched_at).update(
+            job_id=new_id, dispatched_at=timezone.now()
+        )
+        if won and enqueue(session_id, new_id):
+            dispatched.append(str(session_id))
+    if dispatched:
+        log.info("reconciler dispatched %d session(s): %s", len(dispatched), ", ".join(dispatched))
+    return dispatched

@@ -1,0 +1,46 @@
+import time
+
+from django.core.management.base import BaseCommand, CommandError
+
+from sessions_app.models import FINAL, AgentSession, Status
+from sessions_app.services import ActionError, session_start
+
+STOPPED = (*FINAL, Status.WAITING_INPUT, Status.PAUSED)
+
+
+class Command(BaseCommand):
+    help = "Start an agent session and queue it for a worker; prints the session id."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--agent", required=True, help="agent name, e.g. demo")
+        parser.add_argument("--input", required=True, help="the first user message")
+        parser.add_argument("--title", default="")
+        parser.add_argument("--wait", action="store_true", help="block until the session stops")
+        parser.add_argument("--timeout", type=float, default=300.0, help="seconds --wait waits")
+
+    def handle(self, *args, **options):
+        try:
+            session = session_start(agent=options["agent"], input=options["input"], title=options["title"])
+        except ActionError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(str(session.id))
+        if not options["wait"]:
+            return
+        deadline = time.monotonic() + options["timeout"]
+        while True:
+            session.refresh_from_db()
+            if session.status in STOPPED:
+                break
+            if time.monotonic() > deadline:
+                raise CommandError(
+                    f"session {session.id} still {session.status} after {options['timeout']:g}s "
+                    "(is a worker running? python manage.py rqworker)"
+                )
+            time.sleep(0.2)
+        self.stdout.write(f"status: {session.status}")
+        if session.final_answer:
+            self.stdout.write(f"answer: {session.final_answer}")
+        if session.last_error:
+            self.stdout.write(f"error: {session.last_error}")
+        if session.status == Status.FAILED:
+            raise CommandError(f"session {session.id} failed")

@@ -1,0 +1,215 @@
+"""Durable agent state: sessions, their append-only steps, checkpoints and the audit log."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+from agent_runtime.state import SCHEMA_VERSION, CheckpointReason, SessionStatus, StepKind
+
+
+class Status(models.TextChoices):
+    QUEUED = SessionStatus.QUEUED.value, "Queued"
+    RUNNING = SessionStatus.RUNNING.value, "Running"
+    WAITING_INPUT = SessionStatus.WAITING_INPUT.value, "Waiting for input"
+    PAUSED = SessionStatus.PAUSED.value, "Paused"
+    COMPLETED = SessionStatus.COMPLETED.value, "Completed"
+    FAILED = SessionStatus.FAILED.value, "Failed"
+    CANCELLED = SessionStatus.CANCELLED.value, "Cancelled"
+
+
+RUNNABLE = (Status.QUEUED, Status.RUNNING)
+FINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+
+
+class Kind(models.TextChoices):
+    USER = StepKind.USER.value, "User"
+    MODEL = StepKind.MODEL.value, "Model"
+    TOOL_CALL = StepKind.TOOL_CALL.value, "Tool call"
+    TOOL_RESULT = StepKind.TOOL_RESULT.value, "Tool result"
+    ERROR = StepKind.ERROR.value, "Error"
+    OPERATOR = StepKind.OPERATOR.value, "Operator"
+    SYSTEM = StepKind.SYSTEM.value, "System"
+
+
+class Reason(models.TextChoices):
+    AUTO = CheckpointReason.AUTO.value, "Automatic"
+    MANUAL = CheckpointReason.MANUAL.value, "Manual"
+    BEFORE_ROLLBACK = CheckpointReason.BEFORE_ROLLBACK.value, "Before rollback"
+    MIGRATION = CheckpointReason.MIGRATION.value, "Migration"
+
+
+class AgentSession(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    agent = models.CharField(max_length=100)
+    title = models.CharField(max_length=300, blank=True)
+    status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
+    # seq of the current checkpoint (0: none yet); last_seq: the highest seq allocated.
+    head = models.PositiveIntegerField(default=0)
+    last_seq = models.PositiveIntegerField(default=0)
+    # The lease: one worker at a time. Every write is conditional on fencing_token.
+    lease_owner = models.CharField(max_length=200, null=True, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    fencing_token = models.BigIntegerField(default=0)
+    cancel_requested = models.BooleanField(default=False)
+    # Dispatch bookkeeping for the reconciler: which RQ job should run it, since when.
+    job_id = models.CharField(max_length=64, blank=True)
+    dispatched_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    step_count = models.PositiveIntegerField(default=0)
+    tokens_in = models.BigIntegerField(default=0)
+    tokens_out = models.BigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
+    final_answer = models.TextField(blank=True)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
+    )
+    fork_seq = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            # The dashboard list: filter by status, newest activity first (keyset on updated_at, id).
+            models.Index(fields=["status", "-updated_at", "id"], name="session_status_updated"),
+            # The unfiltered list and the keyset cursor.
+            models.Index(fields=["-updated_at", "id"], name="session_updated"),
+            # Filter by agent.
+            models.Index(fields=["agent", "-updated_at"], name="session_agent_updated"),
+            # The reconciler: runnable sessions whose lease is free or expired.
+            models.Index(
+                fields=["lease_expires_at"],
+                name="session_runnable_lease",
+                condition=Q(status__in=["queued", "running"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or f"{self.agent} {self.id}"
+
+    def lease_is_live(self, now=None) -> bool:
+        now = now or timezone.now()
+        return bool(self.lease_owner and self.lease_expires_at and self.lease_expires_at > now)
+
+    def is_stuck(self, now=None) -> bool:
+        """Should be running, but nobody holds a live lease and the dispatch is overdue."""
+        now = now or timezone.now()
+        if self.status not in RUNNABLE or self.lease_is_live(now):
+            return False
+        if self.status == Status.RUNNING:
+            return True
+        grace = timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
+        return self.dispatched_at is None or self.dispatched_at < now - grace
+
+    def can_resume(self) -> bool:
+        return self.status in (Status.PAUSED, Status.FAILED, Status.WAITING_INPUT) or (
+            self.status in RUNNABLE and not self.lease_is_live()
+        )
+
+    def can_cancel(self) -> bool:
+        return self.status not in FINAL
+
+
+class Step(models.Model):
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="steps")
+    seq = models.PositiveIntegerField()
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    payload = models.JSONField()
+    schema_version = models.PositiveSmallIntegerField(default=SCHEMA_VERSION)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    tokens_in = models.PositiveIntegerField(default=0)
+    tokens_out = models.PositiveIntegerField(default=0)
+    idempotency_key = models.CharField(max_length=100, null=True, blank=True)
+    # Set by a rollback (the seq of the checkpoint rolled back to); never deleted.
+    superseded_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # The trace is ordered by seq; also serves "steps of a session after seq N".
+            models.UniqueConstraint(fields=["session", "seq"], name="step_session_seq_unique"),
+        ]
+        indexes = [
+            # "Jump to first error" and per-kind filters inside one trace.
+            models.Index(fields=["session", "kind", "seq"], name="step_session_kind_seq"),
+        ]
+        ordering = ["session", "seq"]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} #{self.seq} {self.kind}"
+
+    @property
+    def superseded(self) -> bool:
+        return self.superseded_at is not None
+
+
+class Checkpoint(models.Model):
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="checkpoints")
+    seq = models.PositiveIntegerField()
+    state = models.JSONField()
+    schema_version = models.PositiveSmallIntegerField(default=SCHEMA_VERSION)
+    reason = models.CharField(max_length=20, choices=Reason.choices, default=Reason.AUTO)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # Loading the head: the checkpoint of a session at its head seq.
+            models.UniqueConstraint(
+                fields=["session", "seq", "reason"], name="checkpoint_session_seq_reason_unique"
+            ),
+        ]
+        ordering = ["session", "seq"]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} @{self.seq} ({self.reason})"
+
+
+class AuditEvent(models.Model):
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    actor_label = models.CharField(max_length=200, help_text="Who acted, kept if the user goes.")
+    action = models.CharField(max_length=50)
+    session = models.ForeignKey(
+        AgentSession, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_events"
+    )
+    before = models.JSONField(default=dict, blank=True)
+    after = models.JSONField(default=dict, blank=True)
+    request_meta = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            # The audit log, newest first, and per session.
+            models.Index(fields=["-created_at"], name="audit_created"),
+            models.Index(fields=["session", "-created_at"], name="audit_session_created"),
+        ]
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.actor_label} {self.action} {self.session_id}"
+
+
+class SideEffect(models.Model):
+    """The demo tools' externally visible effect: one row per idempotency key.
+
+    `attempts` counts executions, so a tool that ran twice for one key is visible."""
+
+    key = models.CharField(max_length=100, unique=True)
+    session_id = models.UUIDField(db_index=True)
+    tool = models.CharField(max_length=100)
+    payload = models.JSONField(default=dict)
+    attempts = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return self.key

@@ -1,0 +1,243 @@
+"""Operator and client actions on sessions. Dashboard, API, admin and management commands
+all call these, so the rules (what each status allows, the audit record, enqueue after
+commit) live in one place."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
+from django.utils import timezone
+
+from agent_runtime.agents import UnknownAgent
+
+from . import dispatch
+from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Kind, Status, Step
+from .runtime import agent_registry
+
+log = logging.getLogger("respawn.services")
+
+Actor = AbstractBaseUser | AnonymousUser | None
+MAX_INPUT_CHARS = 100_000
+
+
+class ActionError(Exception):
+    """An action that does not fit: bad input, or the session's status does not allow it."""
+
+    def __init__(self, message: str, *, code: str = "invalid") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class ActorInfo:
+    user: Any
+    label: str
+
+
+def _actor(actor: Actor, label: str | None = None) -> ActorInfo:
+    if actor is not None and getattr(actor, "is_authenticated", False):
+        return ActorInfo(user=actor, label=label or actor.get_username())
+    return ActorInfo(user=None, label=label or "system")
+
+
+def _summary(session: AgentSession) -> dict[str, Any]:
+    return {
+        "status": session.status,
+        "head": session.head,
+        "last_seq": session.last_seq,
+        "fencing_token": session.fencing_token,
+    }
+
+
+def audit(
+    *,
+    actor: ActorInfo,
+    action: str,
+    session: AgentSession | None,
+    before: dict[str, Any] | None = None,
+    after: dict[str, Any] | None = None,
+    request_meta: dict[str, Any] | None = None,
+) -> AuditEvent:
+    return AuditEvent.objects.create(
+        actor=actor.user,
+        actor_label=actor.label,
+        action=action,
+        session=session,
+        before=before or {},
+        after=after or {},
+        request_meta=request_meta or {},
+    )
+
+
+def _locked(session_id: Any) -> AgentSession:
+    try:
+        return AgentSession.objects.select_for_update().get(id=session_id)
+    except AgentSession.DoesNotExist:
+        raise ActionError(f"no session with id {session_id}", code="not_found") from None
+    except (ValueError, TypeError):
+        raise ActionError(f"not a session id: {session_id!r}", code="not_found") from None
+
+
+def _append_operator_step(session: AgentSession, payload: dict[str, Any], kind: str = Kind.OPERATOR) -> Step:
+    """A step written outside any run. Bumps the fencing token: whoever held the lease is
+    fenced off, so no late write can land after a person's decision."""
+    now = timezone.now()
+    session.last_seq += 1
+    session.step_count += 1
+    session.fencing_token += 1
+    session.lease_owner = None
+    session.lease_expires_at = None
+    session.updated_at = now
+    return Step.objects.create(
+        session=session,
+        seq=session.last_seq,
+        kind=kind,
+        payload=payload,
+        started_at=now,
+        finished_at=now,
+        created_at=now,
+    )
+
+
+def session_start(
+    *,
+    agent: str,
+    input: str,
+    title: str = "",
+    actor: Actor = None,
+    request_meta: dict[str, Any] | None = None,
+) -> AgentSession:
+    """Create a session with its first user step and queue it for a worker."""
+    agent = (agent or "").strip()
+    try:
+        agent_registry().get(agent)
+    except UnknownAgent:
+        known = ", ".join(agent_registry().names())
+        raise ActionError(f"unknown agent {agent!r} (known: {known})", code="unknown_agent") from None
+    text = (input or "").strip()
+    if not text:
+        raise ActionError("input must not be empty", code="empty_input")
+    if len(text) > MAX_INPUT_CHARS:
+        raise ActionError(f"input is longer than {MAX_INPUT_CHARS} characters", code="too_long")
+    who = _actor(actor)
+    now = timezone.now()
+    with transaction.atomic():
+        session = AgentSession.objects.create(
+            agent=agent,
+            title=(title or text)[:300],
+            status=Status.QUEUED,
+            created_by=who.user,
+            last_seq=1,
+            step_count=1,
+            created_at=now,
+            updated_at=now,
+        )
+        Step.objects.create(
+            session=session,
+            seq=1,
+            kind=Kind.USER,
+            payload={"text": text},
+            started_at=now,
+            finished_at=now,
+            created_at=now,
+        )
+        audit(actor=who, action="start", session=session, after=_summary(session), request_meta=request_meta)
+        dispatch.dispatch_on_commit(session)
+    return session
+
+
+def session_resume(*, session_id: Any, actor: Actor = None, request_meta: dict | None = None) -> AgentSession:
+    """Queue a paused, failed, waiting or stuck session to continue from its head."""
+    who = _actor(actor)
+    with transaction.atomic():
+        session = _locked(session_id)
+        if session.status in RUNNABLE and session.lease_is_live():
+            raise ActionError("session is already running", code="already_running")
+        if session.status in (Status.COMPLETED, Status.CANCELLED):
+            raise ActionError(
+                f"a {session.get_status_display().lower()} session cannot be resumed; "
+                "send it a new message instead",
+                code="bad_status",
+            )
+        if session.status == Status.WAITING_INPUT:
+            raise ActionError(
+                "session is waiting for an approval: approve or reject the pending tool call",
+                code="bad_status",
+            )
+        before = _summary(session)
+        session.status = Status.QUEUED
+        session.last_error = ""
+        session.fencing_token += 1
+        session.lease_owner = None
+        session.lease_expires_at = None
+        session.updated_at = timezone.now()
+        session.save(
+            update_fields=[
+                "status", "last_error", "fencing_token", "lease_owner", "lease_expires_at", "updated_at"
+            ]
+        )
+        audit(actor=who, action="resume", session=session, before=before, after=_summary(session), request_meta=request_meta)
+        dispatch.dispatch_on_commit(session)
+    return session
+
+
+def session_cancel(*, session_id: Any, actor: Actor = None, request_meta: dict | None = None) -> AgentSession:
+    """Cancel a session. A running one is asked to stop at its next step; its lease holder
+    writes the final step. Anything else is cancelled at once."""
+    who = _actor(actor)
+    with transaction.atomic():
+        session = _locked(session_id)
+        if session.status in FINAL:
+            raise ActionError(f"session is already {session.status}", code="bad_status")
+        before = _summary(session)
+        if session.status == Status.RUNNING and session.lease_is_live():
+            session.cancel_requested = True
+            session.save(update_fields=["cancel_requested"])
+        else:
+            _append_operator_step(session, {"action": "cancel", "actor": who.label})
+            session.status = Status.CANCELLED
+            session.save()
+        audit(actor=who, action="cancel", session=session, before=before, after=_summary(session), request_meta=request_meta)
+    return session
+
+
+def _decide(session_id: Any, decision: str, actor: Actor, reason: str, request_meta: dict | None) -> AgentSession:
+    who = _actor(actor)
+    with transaction.atomic():
+        session = _locked(session_id)
+        if session.status != Status.WAITING_INPUT:
+            raise ActionError("nothing is waiting for approval in this session", code="bad_status")
+        checkpoint = session.checkpoints.filter(seq=session.head).order_by("-id").first()
+        pending = (checkpoint.state if checkpoint else {}).get("pending_approval")
+        if not pending:
+            raise ActionError("nothing is waiting for approval in this session", code="bad_status")
+        before = _summary(session)
+        payload = {"action": decision, "call_id": pending["call_id"], "tool": pending["tool"], "actor": who.label}
+        if reason:
+            payload["reason"] = reason
+        _append_operator_step(session, payload)
+        session.status = Status.QUEUED
+        session.save()
+        audit(
+            actor=who,
+            action=decision,
+            session=session,
+            before={**before, "pending": pending},
+            after=_summary(session),
+            request_meta=request_meta,
+        )
+        dispatch.dispatch_on_commit(session)
+    return session
+
+
+def session_approve(*, session_id: Any, actor: Actor = None, reason: str = "", request_meta: dict | None = None) -> AgentSession:
+    return _decide(session_id, "approve", actor, reason, request_meta)
+
+
+def session_reject(*, session_id: Any, actor: Actor = None, reason: str = "", request_meta: dict | None = None) -> AgentSession:
+    return _decide(session_id, "reject", actor, reason, request_meta)
+

@@ -1,0 +1,236 @@
+"""The Django implementation of agent_runtime's SessionStore.
+
+Every write is one transaction that starts with a conditional UPDATE of the session row on
+(id, fencing_token, lease_owner): a worker whose lease was taken over or fenced off by an
+operator action matches no row and writes nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db import IntegrityError, connections, transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from agent_runtime.state import (
+    CheckpointRecord,
+    NewCheckpoint,
+    NewStep,
+    SessionStatus,
+    StepKind,
+    StepRecord,
+)
+from agent_runtime.store import (
+    AppendResult,
+    HeartbeatResult,
+    Lease,
+    LeaseLost,
+    SessionHead,
+    SessionNotFound,
+)
+from agent_runtime.upgraders import load_state, load_step_payload
+
+from .models import RUNNABLE, AgentSession, Checkpoint, SideEffect, Status, Step
+
+
+def step_record(step: Step) -> StepRecord:
+    """An ORM step as the engine sees it, its payload upgraded to the current schema."""
+    loaded = load_step_payload(step.payload, step.schema_version)
+    return StepRecord(
+        seq=step.seq,
+        kind=StepKind(step.kind),
+        payload=loaded.value,
+        schema_version=step.schema_version,
+        started_at=step.started_at,
+        finished_at=step.finished_at,
+        tokens_in=step.tokens_in,
+        tokens_out=step.tokens_out,
+        idempotency_key=step.idempotency_key,
+        superseded=step.superseded_at is not None,
+    )
+
+
+class DjangoSessionStore:
+    def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
+        now = timezone.now()
+        claimed = (
+            AgentSession.objects.filter(id=session_id, status__in=RUNNABLE)
+            .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lte=now))
+            .update(
+                lease_owner=owner,
+                lease_expires_at=now + timedelta(seconds=ttl),
+                fencing_token=F("fencing_token") + 1,
+                status=Status.RUNNING,
+                updated_at=now,
+            )
+        )
+        if not claimed:
+            if not AgentSession.objects.filter(id=session_id).exists():
+                raise SessionNotFound(session_id)
+            return None
+        # Owner names are unique per run, so this reads back our own token (or nothing,
+        # if the lease was already lost again, which the first fenced write will notice).
+        token = (
+            AgentSession.objects.filter(id=session_id, lease_owner=owner)
+            .values_list("fencing_token", flat=True)
+            .first()
+        )
+        return None if token is None else Lease(session_id, owner, token)
+
+    def load_head(self, session_id: str) -> SessionHead:
+        try:
+            session = AgentSession.objects.get(id=session_id)
+        except AgentSession.DoesNotExist:
+            raise SessionNotFound(session_id) from None
+        checkpoint = None
+        applied: tuple[str, ...] = ()
+        if session.head:
+            row = (
+                Checkpoint.objects.filter(session_id=session_id, seq=session.head)
+                .order_by("-id")
+                .first()
+            )
+            if row is not None:
+                loaded = load_state(row.state)
+                applied = loaded.applied
+                checkpoint = CheckpointRecord(
+                    seq=row.seq,
+                    state=loaded.value,
+                    reason=row.reason,
+                    schema_version=loaded.stored_version,
+                )
+        steps = Step.objects.filter(session_id=session_id, superseded_at__isnull=True).order_by(
+            "seq"
+        )
+        return SessionHead(
+            session_id=str(session.id),
+            agent_name=session.agent,
+            status=SessionStatus(session.status),
+            head_seq=checkpoint.seq if checkpoint else 0,
+            last_seq=session.last_seq,
+            checkpoint=checkpoint,
+            history=[step_record(s) for s in steps],
+            upgraders_applied=applied,
+        )
+
+    def append(
+        self,
+        lease: Lease,
+        steps: Sequence[NewStep],
+        *,
+        checkpoint: NewCheckpoint | None = None,
+        status: SessionStatus | None = None,
+        error: str | None = None,
+        release: bool = False,
+    ) -> AppendResult:
+        count = len(steps)
+        now = timezone.now()
+        changes: dict[str, Any] = {
+            "last_seq": F("last_seq") + count,
+            "step_count": F("step_count") + count,
+            "tokens_in": F("tokens_in") + sum(s.tokens_in for s in steps),
+            "tokens_out": F("tokens_out") + sum(s.tokens_out for s in steps),
+            "updated_at": now,
+        }
+        cost = sum(float((s.payload.get("usage") or {}).get("cost") or 0) for s in steps)
+        if cost:
+            changes["cost"] = F("cost") + Decimal(str(cost))
+        if checkpoint is not None:
+            # Both sides of SET read the old row, so head becomes the new last seq.
+            changes["head"] = F("last_seq") + count
+            if checkpoint.state.final_answer is not None:
+                changes["final_answer"] = checkpoint.state.final_answer
+        if status is not None:
+            changes["status"] = status.value
+        if error is not None:
+            changes["last_error"] = error
+        if release:
+            changes["lease_owner"] = None
+            changes["lease_expires_at"] = None
+        with transaction.atomic():
+            matched = AgentSession.objects.filter(
+                id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
+            ).update(**changes)
+            if not matched:
+                raise LeaseLost(
+                    f"session {lease.session_id}: lease token {lease.token} was fenced off"
+                )
+            last_seq, cancel_requested = AgentSession.objects.filter(id=lease.session_id).values_list(
+                "last_seq", "cancel_requested"
+            )[0]
+            first = last_seq - count + 1
+            Step.objects.bulk_create(
+                [
+                    Step(
+                        session_id=lease.session_id,
+                        seq=first + index,
+                        kind=step.kind.value,
+                        payload=step.payload,
+                        started_at=step.started_at,
+                        finished_at=step.finished_at or now,
+                        tokens_in=step.tokens_in,
+                        tokens_out=step.tokens_out,
+                        idempotency_key=step.idempotency_key,
+                        created_at=now,
+                    )
+                    for index, step in enumerate(steps)
+                ]
+            )
+            if checkpoint is not None:
+                Checkpoint.objects.create(
+                    session_id=lease.session_id,
+                    seq=last_seq,
+                    state=checkpoint.state.to_dict(),
+                    reason=checkpoint.reason.value,
+                    created_at=now,
+                )
+        return AppendResult(seqs=list(range(first, last_seq + 1)), cancel_requested=cancel_requested)
+
+    def heartbeat(self, lease: Lease, ttl: float) -> HeartbeatResult:
+        now = timezone.now()
+        alive = AgentSession.objects.filter(
+            id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
+        ).update(lease_expires_at=now + timedelta(seconds=ttl))
+        cancel = (
+            AgentSession.objects.filter(id=lease.session_id)
+            .values_list("cancel_requested", flat=True)
+            .first()
+        )
+        return HeartbeatResult(alive=bool(alive), cancel_requested=bool(cancel))
+
+    def release(self, lease: Lease) -> bool:
+        return bool(
+            AgentSession.objects.filter(
+                id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
+            ).update(lease_owner=None, lease_expires_at=None)
+        )
+
+    def thread_cleanup(self) -> None:
+        """Close the calling thread's connections (the heartbeat thread's, when it ends)."""
+        connections.close_all()
+
+
+class DjangoEffects:
+    """Side effects of the demo tools, one row per idempotency key."""
+
+    def record(self, key: str, *, session_id: str, tool: str, payload: dict[str, Any]) -> bool:
+        try:
+            try:
+                with transaction.atomic():
+                    SideEffect.objects.create(
+                        key=key, session_id=session_id, tool=tool, payload=payload
+                    )
+                return True
+            except IntegrityError:
+                SideEffect.objects.filter(key=key).update(attempts=F("attempts") + 1)
+                return False
+        finally:
+            # Tools run on short-lived threads (for their timeout); their connections
+            # would otherwise outlive them.
+            if threading.current_thread() is not threading.main_thread():
+                connections.close_all()
