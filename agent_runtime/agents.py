@@ -109,7 +109,7 @@ def save_note(ctx: ToolContext, text: str) -> dict[str, Any]:
     """Save a short note; returns its id. Honours the idempotency key."""
     if not text.strip():
         raise ToolError("a note needs some text")
-    note_id = f"note-{ctx.idempotency_key}"
+    note_id = f"note-{ctx.session_id}-{ctx.call_id}"
     ctx.effects.record(
         ctx.idempotency_key, session_id=ctx.session_id, tool="save_note", payload={"text": text}
     )
@@ -149,7 +149,7 @@ def send_payment(ctx: ToolContext, recipient: str, amount_cents: int, memo: str 
         tool="send_payment",
         payload={"recipient": recipient, "amount_cents": amount_cents, "memo": memo},
     )
-    return {"reference": f"pay-{ctx.idempotency_key}", "recipient": recipient}
+    return {"reference": f"pay-{ctx.session_id}-{ctx.call_id}", "recipient": recipient}
 
 
 def demo_agents(*, slow_delay: float = 0.5) -> AgentRegistry:

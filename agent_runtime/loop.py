@@ -514,12 +514,9 @@ class _Run:
                 self.append(
                     NewStep(
                         kind=StepKind.TOOL_CALL,
-                        payload={
-                            "call_id": call.id,
-                            "name": call.name,
-                            "arguments": call.arguments,
-                            "idempotency_key": key,
-                        },
+                        # The key lives in the step's own column: it is derived from the seq,
+                        # and payloads stay identical between a resumed and a straight run.
+                        payload={"call_id": call.id, "name": call.name, "arguments": call.arguments},
                         started_at=utcnow(),
                         idempotency_key=key,
                     )

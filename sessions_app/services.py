@@ -241,3 +241,64 @@ def session_approve(*, session_id: Any, actor: Actor = None, reason: str = "", r
 def session_reject(*, session_id: Any, actor: Actor = None, reason: str = "", request_meta: dict | None = None) -> AgentSession:
     return _decide(session_id, "reject", actor, reason, request_meta)
 
+
+
+def checkpoint_rollback(
+    *, session_id: Any, checkpoint_seq: int, actor: Actor = None, request_meta: dict | None = None
+) -> AgentSession:
+    """Make checkpoint `checkpoint_seq` the head again. Later steps are marked superseded
+    (never deleted), the state before is kept as a `before-rollback` checkpoint, and the
+    session waits, paused, until someone resumes it."""
+    from .models import Checkpoint, Reason
+
+    who = _actor(actor)
+    with transaction.atomic():
+        session = _locked(session_id)
+        if session.status in RUNNABLE and session.lease_is_live():
+            raise ActionError("cannot roll back a running session; cancel it or wait", code="already_running")
+        target = (
+            Checkpoint.objects.filter(session=session, seq=checkpoint_seq)
+            .exclude(reason=Reason.BEFORE_ROLLBACK)
+            .order_by("-id")
+            .first()
+        )
+        if target is None:
+            raise ActionError(f"session has no checkpoint at seq {checkpoint_seq}", code="not_found")
+        before = _summary(session)
+        current = Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
+        now = timezone.now()
+        if current is not None:
+            Checkpoint.objects.create(
+                session=session,
+                seq=session.last_seq,
+                state=current.state,
+                schema_version=current.schema_version,
+                reason=Reason.BEFORE_ROLLBACK,
+                created_at=now,
+            )
+        superseded = Step.objects.filter(
+            session=session, seq__gt=checkpoint_seq, superseded_at__isnull=True
+        ).update(superseded_at=now)
+        step = _append_operator_step(
+            session,
+            {
+                "action": "rollback",
+                "actor": who.label,
+                "checkpoint_seq": checkpoint_seq,
+                "superseded_steps": superseded,
+            },
+        )
+        # The rollback record itself is history after the checkpoint; it stays visible.
+        session.head = checkpoint_seq
+        session.status = Status.PAUSED
+        session.final_answer = target.state.get("final_answer") or ""
+        session.save()
+        audit(
+            actor=who,
+            action="rollback",
+            session=session,
+            before=before,
+            after={**_summary(session), "superseded_steps": superseded, "operator_step": step.seq},
+            request_meta=request_meta,
+        )
+    return session

@@ -1,0 +1,40 @@
+# Respawn: two commands.
+#   make run   - a working Respawn on this machine (SQLite + embedded Redis unless
+#                DATABASE_URL / REDIS_URL say otherwise): web server, one worker, demo data.
+#   make test  - the whole suite against real PostgreSQL and Redis.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
+
+# Test services: loopback defaults, overridable from the environment.
+export TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/respawn
+export TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+
+.PHONY: run test lint install services clean
+
+$(STAMP):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Respawn needs Python 3.11 or newer; found " + sys.version.split()[0])'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e ".[dev]"
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/python -m config.devrun
+
+services:
+	@scripts/test-services.sh
+
+test: $(STAMP) services
+	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

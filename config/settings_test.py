@@ -1,0 +1,19 @@
+"""Settings for the test suite: real PostgreSQL and Redis on loopback by default, short
+leases and a fast reconciler so fault tests finish in seconds. Worker processes started by
+the tests use these settings too, with the same environment."""
+
+import os
+
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/respawn")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+# One queue per test run, so a developer's own worker never takes the tests' jobs.
+os.environ.setdefault("RESPAWN_QUEUE", f"respawn-test-{os.getpid()}")
+os.environ.setdefault("RESPAWN_LEASE_TTL", "2")
+os.environ.setdefault("RESPAWN_RECONCILE_INTERVAL", "0.5")
+os.environ.setdefault("RESPAWN_DISPATCH_GRACE", "2")
+os.environ.setdefault("RESPAWN_SLOW_DELAY", "0.2")
+os.environ.setdefault("RESPAWN_MODEL_BACKOFF", "0.01")
+
+from .settings import *  # noqa: E402,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

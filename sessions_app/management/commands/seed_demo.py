@@ -1,0 +1,126 @@
+"""Demo users and a handful of real sessions in every status, run through the engine."""
+
+from datetime import timedelta
+
+from django.contrib.auth.models import Group, User
+from django.core.management.base import BaseCommand
+from django.utils import timezone
+
+from agent_runtime.loop import run_session
+from agent_runtime.providers import ProviderError
+from agent_runtime.state import NewStep, StepKind
+from sessions_app.models import AgentSession, Status
+from sessions_app.runtime import agent_registry, run_config
+from sessions_app.services import checkpoint_rollback, session_cancel, session_start
+from sessions_app.store import DjangoEffects, DjangoSessionStore
+
+DEMO_USERS = [
+    # username, password, group, superuser
+    ("admin", "admin", None, True),
+    ("operator", "operator", "operator", False),
+    ("viewer", "viewer", "viewer", False),
+]
+
+
+class _RevokedKeyProvider:
+    def complete(self, messages, tools, settings):
+        raise ProviderError("401 Unauthorized: the API key was revoked", permanent=True, status=401)
+
+
+class Command(BaseCommand):
+    help = "Create the demo users and sessions in every status (skipped if sessions exist)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--force", action="store_true", help="add the sessions again")
+
+    def handle(self, *args, **options):
+        self.seed_users()
+        if AgentSession.objects.exists() and not options["force"]:
+            self.stdout.write("sessions exist already; users checked (use --force to add more)")
+            return
+        store, effects = DjangoSessionStore(), DjangoEffects()
+
+        def run(session, **kwargs):
+            return run_session(
+                str(session.id),
+                store=store,
+                agents=agent_registry(),
+                effects=effects,
+                config=run_config(),
+                **kwargs,
+            )
+
+        completed = session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
+        run(completed)
+        run(session_start(agent="flaky", input="check the status page"))
+
+        waiting = session_start(agent="approval", input="pay invoice INV-1042 to ACME Ltd")
+        run(waiting)
+
+        failed = session_start(agent="demo", input="what is 6*7?", title="demo with a revoked API key")
+        run(failed, make_provider=lambda spec, options: (_RevokedKeyProvider(), spec))
+
+        paused = session_start(agent="demo", input="what is 2**10, then save it as a note")
+        run(paused)
+        first_boundary = paused.checkpoints.order_by("seq").values_list("seq", flat=True).first()
+        checkpoint_rollback(session_id=paused.id, checkpoint_seq=first_boundary)
+
+        cancelled = session_start(agent="slow", input="count to 50", title="a long count, cancelled")
+        session_cancel(session_id=cancelled.id)
+
+        stuck = session_start(agent="slow", input="count to 4", title="worker crashed mid-tool-call")
+        self.crash_mid_call(store, stuck)
+
+        queued = session_start(agent="slow", input="count to 20", title="slow count: watch it live")
+        self.stdout.write(
+            f"seeded sessions: completed {completed.id}, waiting {waiting.id}, failed {failed.id}, "
+            f"paused {paused.id}, cancelled {cancelled.id}, stuck {stuck.id}, queued {queued.id}"
+        )
+
+    def seed_users(self):
+        for username, password, group, superuser in DEMO_USERS:
+            user, created = User.objects.get_or_create(
+                username=username, defaults={"is_staff": superuser, "is_superuser": superuser}
+            )
+            if created:
+                user.set_password(password)
+                user.save()
+            if group:
+                user.groups.add(Group.objects.get(name=group))
+
+    def crash_mid_call(self, store, session):
+        """Leave a session as a SIGKILLed worker would: tool call recorded, no result, an
+        expired lease. The reconciler (or a resume) brings it back."""
+        lease = store.claim(str(session.id), "seed:crashed-worker", ttl=30)
+        key = f"{session.id}:{session.last_seq + 3}"  # the seq the tool call step gets
+        store.append(
+            lease,
+            [
+                NewStep(kind=StepKind.SYSTEM, payload={"event": "run_started", "worker": lease.owner}),
+                NewStep(
+                    kind=StepKind.MODEL,
+                    payload={
+                        "text": "Tick 1 of 4.",
+                        "tool_calls": [{"id": "call_0_0", "name": "tick", "arguments": {"n": 1}}],
+                        "usage": {"input_tokens": 4, "output_tokens": 11, "cost": 0.0},
+                        "model": "scripted:slow",
+                    },
+                    tokens_in=4,
+                    tokens_out=11,
+                ),
+                NewStep(
+                    kind=StepKind.TOOL_CALL,
+                    payload={
+                        "call_id": "call_0_0",
+                        "name": "tick",
+                        "arguments": {"n": 1},
+                    },
+                    idempotency_key=key,
+                ),
+            ],
+        )
+        AgentSession.objects.filter(id=session.id).update(
+            status=Status.RUNNING,
+            lease_expires_at=timezone.now() - timedelta(minutes=5),
+            dispatched_at=timezone.now() - timedelta(minutes=6),
+        )

@@ -1,0 +1,337 @@
+"""The loop on the in-memory store: no database, no network."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_runtime.agents import AgentDefinition, AgentRegistry, demo_agents
+from agent_runtime.loop import Outcome, build_messages
+from agent_runtime.providers import ModelTurn, ProviderError, ToolCall
+from agent_runtime.state import SessionStatus, StepKind
+from agent_runtime.store import InMemoryEffects, InMemoryStore
+from agent_runtime.tools import ToolContext, ToolRegistry, tool
+
+from .helpers import Crash, CrashingStore, conversation, new_session, run
+
+DEMO_TASK = "what is (12*7)+3, then save it as a note"
+
+
+def kinds(store, session_id):
+    return [str(s.kind) for s in store.session(session_id).steps]
+
+
+def test_demo_run_gives_expected_steps_and_answer():
+    store = InMemoryStore()
+    effects = InMemoryEffects()
+    session_id = new_session(store, "demo", DEMO_TASK)
+
+    result = run(store, session_id, effects)
+
+    assert result.outcome == Outcome.COMPLETED
+    assert result.final_answer == f"(12*7)+3 = 87. Saved as note note-{session_id}-call_1_1."
+    assert kinds(store, session_id) == [
+        "user", "system",
+        "model", "tool_call", "tool_result", "tool_call", "tool_result",
+        "model", "tool_call", "tool_result", "tool_call", "tool_result",
+        "model",
+    ]
+    steps = store.session(session_id).steps
+    assert [s.seq for s in steps] == list(range(1, 14))
+    calc = steps[6].payload
+    assert calc["name"] == "calculator" and calc["output"]["value"] == 87
+    session = store.session(session_id)
+    assert session.status == SessionStatus.COMPLETED
+    assert session.lease_owner is None
+    # One checkpoint per turn boundary: after each turn's last result, and the answer.
+    assert [c.seq for c in session.checkpoints] == [7, 12, 13]
+    state = session.checkpoints[-1].state
+    assert state.final_answer == result.final_answer
+    assert [p.status for p in state.plan] == ["done", "in_progress", "pending"]
+    assert state.memory_refs == [f"note-{session_id}-call_1_1"]
+    assert state.counters.model_calls == 3 and state.counters.tool_calls == 4
+    assert state.counters.steps == 13
+    # The note was written once, under the tool call's idempotency key (session, seq).
+    assert list(effects.rows) == [f"{session_id}:11"]
+
+
+def test_run_records_what_it_loaded():
+    store = InMemoryStore()
+    session_id = new_session(store, "echo", "hello")
+    run(store, session_id)
+    system = store.session(session_id).steps[1]
+    assert system.kind == StepKind.SYSTEM
+    assert system.payload["event"] == "run_started"
+    assert system.payload["checkpoint_seq"] is None
+    assert system.payload["steps_after_checkpoint"] == 1
+
+
+@pytest.mark.parametrize("after_commit", [False, True], ids=["before-commit", "after-commit"])
+def test_crash_at_any_append_resumes_to_the_same_trace(after_commit):
+    """Kill the run at every write in turn; each resumed run ends in the uninterrupted trace."""
+    reference_store = InMemoryStore()
+    reference = new_session(reference_store, "demo", DEMO_TASK)
+    run(reference_store, reference)
+    expected = conversation(reference_store, reference)
+    total_appends = len(reference_store.session(reference).steps) - 1  # all but the user step
+
+    for crash_at in range(1, total_appends + 1):
+        store = InMemoryStore()
+        effects = InMemoryEffects()
+        session_id = new_session(store, "demo", DEMO_TASK)
+        with pytest.raises(Crash):
+            run(store, CrashingStore(store, crash_at, after_commit), session_id, effects)
+        store.expire_lease(session_id)
+        if store.session(session_id).status == SessionStatus.COMPLETED:
+            # Died after the final commit: the answer and the status were one transaction.
+            assert crash_at == total_appends and after_commit
+        else:
+            result = run(store, session_id, effects, worker="w2")
+            assert result.outcome == Outcome.COMPLETED, crash_at
+        assert store.session(session_id).status == SessionStatus.COMPLETED
+        assert conversation(store, session_id) == expected, crash_at
+        seqs = [s.seq for s in store.session(session_id).steps]
+        assert seqs == list(range(1, len(seqs) + 1))
+        # The note tool honours its key: its effect exists once, whatever was re-run.
+        assert len(effects.rows) == 1, crash_at
+
+
+def run(store, session_or_crashing, *args, **kwargs):  # noqa: F811 - the crash-aware runner
+    from .helpers import run as plain_run
+
+    if isinstance(session_or_crashing, CrashingStore):
+        crashing, session_id = session_or_crashing, args[0]
+        return plain_run(crashing, session_id, *args[1:], **kwargs)
+    return plain_run(store, session_or_crashing, *args, **kwargs)
+
+
+def test_tool_that_raises_becomes_a_result_the_model_sees():
+    @tool
+    def explode(ctx: ToolContext, n: int) -> dict:
+        """Always fails."""
+        raise RuntimeError("disk on fire")
+
+    class Model:
+        def complete(self, messages, tools, settings):
+            if messages[-1].role == "tool":
+                return ModelTurn(text=f"tool said: {messages[-1].content}")
+            return ModelTurn(text=None, tool_calls=[ToolCall("c1", "explode", {"n": 1})])
+
+    agents = AgentRegistry(
+        [AgentDefinition("boom", "1", "", "scripted:echo", "", ToolRegistry([explode]))]
+    )
+    store = InMemoryStore()
+    session_id = new_session(store, "boom", "go")
+    result = run(store, session_id, agents=agents, make_provider=lambda spec, opts: (Model(), "m"))
+    assert result.outcome == Outcome.COMPLETED
+    tool_result = store.session(session_id).steps[4]
+    assert tool_result.kind == StepKind.TOOL_RESULT
+    assert tool_result.payload["ok"] is False
+    assert "RuntimeError: disk on fire" in tool_result.payload["error"]
+    assert "disk on fire" in result.final_answer
+
+
+def test_invalid_arguments_and_unknown_tools_are_results_not_crashes():
+    class Model:
+        def complete(self, messages, tools, settings):
+            if messages[-1].role == "tool":
+                return ModelTurn(text="done")
+            return ModelTurn(
+                text=None,
+                tool_calls=[
+                    ToolCall("c1", "calculator", {"expression": 12}),
+                    ToolCall("c2", "no_such_tool", {}),
+                ],
+            )
+
+    store = InMemoryStore()
+    session_id = new_session(store, "demo", "go")
+    result = run(store, session_id, make_provider=lambda spec, opts: (Model(), "m"))
+    assert result.outcome == Outcome.COMPLETED
+    results = [s.payload for s in store.session(session_id).steps if s.kind == StepKind.TOOL_RESULT]
+    assert results[0]["ok"] is False and "invalid arguments for calculator" in results[0]["error"]
+    assert "expression" in results[0]["error"]
+    assert results[1]["ok"] is False and "unknown tool 'no_such_tool'" in results[1]["error"]
+
+
+def test_flaky_tool_is_retried_until_it_succeeds():
+    store = InMemoryStore()
+    session_id = new_session(store, "flaky", "status please")
+    result = run(store, session_id)
+    assert result.outcome == Outcome.COMPLETED
+    assert result.final_answer == "Status: all systems nominal (after 3 attempts)."
+    state = store.session(session_id).checkpoints[-1].state
+    assert state.counters.retries == 2
+
+
+def test_provider_errors_are_retried_then_fail_the_session_resumably():
+    calls = []
+
+    class Down:
+        def complete(self, messages, tools, settings):
+            calls.append(1)
+            raise ProviderError("503 overloaded")
+
+    store = InMemoryStore()
+    session_id = new_session(store, "echo", "hi")
+    result = run(
+        store, session_id, make_provider=lambda s, o: (Down(), "m"), config={"model_retries": 2}
+    )
+    assert result.outcome == Outcome.FAILED
+    assert len(calls) == 3
+    session = store.session(session_id)
+    assert session.status == SessionStatus.FAILED
+    assert "503 overloaded" in session.last_error
+    error = session.steps[-1]
+    assert error.kind == StepKind.ERROR and error.payload["attempts"] == 3
+    # Resumable later: queue it again and a working model finishes it.
+    session.status = SessionStatus.QUEUED
+    assert run(store, session_id).outcome == Outcome.COMPLETED
+    assert store.session(session_id).steps[-1].payload["text"] == "You said: hi"
+
+
+def test_permanent_provider_error_is_not_retried():
+    calls = []
+
+    class BadKey:
+        def complete(self, messages, tools, settings):
+            calls.append(1)
+            raise ProviderError("401 invalid key", permanent=True, status=401)
+
+    store = InMemoryStore()
+    session_id = new_session(store, "echo", "hi")
+    result = run(store, session_id, make_provider=lambda s, o: (BadKey(), "m"))
+    assert result.outcome == Outcome.FAILED and len(calls) == 1
+    assert store.session(session_id).steps[-1].payload["permanent"] is True
+
+
+def test_step_limit_stops_the_session():
+    agents = demo_agents(slow_delay=0)
+    slow = agents.get("slow")
+    limited = AgentRegistry(
+        [AgentDefinition("slow", "1", "", slow.model, "", slow.tools, max_steps=6)]
+    )
+    store = InMemoryStore()
+    session_id = new_session(store, "slow", "count to 50")
+    result = run(store, session_id, agents=limited)
+    assert result.outcome == Outcome.FAILED
+    assert "step limit of 6 reached" in store.session(session_id).last_error
+
+
+def test_approval_pauses_then_approve_runs_the_tool():
+    store = InMemoryStore()
+    effects = InMemoryEffects()
+    session_id = new_session(store, "approval", "pay invoice 7")
+    assert run(store, session_id, effects).outcome == Outcome.WAITING_INPUT
+    session = store.session(session_id)
+    assert session.status == SessionStatus.WAITING_INPUT
+    pending = session.checkpoints[-1].state.pending_approval
+    assert pending.tool == "send_payment" and pending.call_id == "call_0_0"
+    assert effects.rows == {}  # nothing ran before the decision
+
+    store.add_operator_step(
+        session_id, {"action": "approve", "call_id": "call_0_0", "actor": "alice"}, status=SessionStatus.QUEUED
+    )
+    result = run(store, session_id, effects)
+    assert result.outcome == Outcome.COMPLETED
+    assert result.final_answer.startswith("Payment sent")
+    assert len(effects.rows) == 1
+    assert store.session(session_id).checkpoints[-1].state.pending_approval is None
+
+
+def test_reject_gives_the_model_an_error_result_and_nothing_runs():
+    store = InMemoryStore()
+    effects = InMemoryEffects()
+    session_id = new_session(store, "approval", "pay invoice 7")
+    run(store, session_id, effects)
+    store.add_operator_step(
+        session_id,
+        {"action": "reject", "call_id": "call_0_0", "actor": "bob", "reason": "duplicate invoice"},
+        status=SessionStatus.QUEUED,
+    )
+    result = run(store, session_id, effects)
+    assert result.outcome == Outcome.COMPLETED
+    assert result.final_answer == "Payment not sent: rejected by bob: duplicate invoice"
+    assert effects.rows == {}
+
+
+def test_cancel_request_stops_the_run_at_the_next_step():
+    store = InMemoryStore()
+    session_id = new_session(store, "slow", "count to 100")
+
+    class CancelAfterThree:
+        def __init__(self):
+            self.calls = 0
+
+        def complete(self, messages, tools, settings):
+            from agent_runtime.providers.scripted import slow
+
+            self.calls += 1
+            if self.calls == 3:
+                store.request_cancel(session_id)
+            return slow(messages)
+
+    model = CancelAfterThree()
+    result = run(store, session_id, make_provider=lambda s, o: (model, "m"))
+    assert result.outcome == Outcome.CANCELLED
+    session = store.session(session_id)
+    assert session.status == SessionStatus.CANCELLED
+    assert session.steps[-1].payload["event"] == "cancelled"
+    assert model.calls == 3
+
+
+def test_fenced_off_worker_stops_without_writing():
+    store = InMemoryStore()
+    session_id = new_session(store, "slow", "count to 5")
+
+    class TakeOver:
+        calls = 0
+
+        def complete(self, messages, tools, settings):
+            from agent_runtime.providers.scripted import slow
+
+            TakeOver.calls += 1
+            if TakeOver.calls == 2:
+                # Another worker takes the session over while this one "pauses".
+                store.expire_lease(session_id)
+                assert store.claim(session_id, "intruder", ttl=30) is not None
+            return slow(messages)
+
+    before = None
+    result = run(store, session_id, make_provider=lambda s, o: (TakeOver(), "m"))
+    assert result.outcome == Outcome.LEASE_LOST
+    steps = store.session(session_id).steps
+    before = len(steps)
+    # Nothing after the takeover: the second model turn was never written.
+    assert [str(s.kind) for s in steps] == ["user", "system", "model", "tool_call", "tool_result"]
+    assert before == 5
+
+
+def test_second_claim_of_a_leased_session_gets_nothing():
+    store = InMemoryStore()
+    session_id = new_session(store, "echo", "hi")
+    assert store.claim(session_id, "a", ttl=30) is not None
+    result = run(store, session_id, worker="b")
+    assert result.outcome == Outcome.NOT_CLAIMED
+    assert len(store.session(session_id).steps) == 1
+
+
+def test_messages_are_rebuilt_from_steps_the_same_after_resume():
+    store = InMemoryStore()
+    session_id = new_session(store, "demo", DEMO_TASK)
+    run(store, session_id)
+    history = store.load_head(session_id).history
+    messages = build_messages("sys", history)
+    assert [m.role for m in messages] == [
+        "system", "user", "assistant", "tool", "tool", "assistant", "tool", "tool", "assistant"
+    ]
+    assert messages[3].tool_call_id == "call_0_0"
+
+
+def test_operator_instruction_is_marked_as_operator_in_messages():
+    store = InMemoryStore()
+    session_id = new_session(store, "echo", "hi")
+    run(store, session_id)
+    store.add_operator_step(session_id, {"action": "instruction", "text": "be brief"}, status=SessionStatus.QUEUED)
+    messages = build_messages("", store.load_head(session_id).history)
+    assert messages[-1].role == "user"
+    assert messages[-1].content == "[Operator instruction] be brief"

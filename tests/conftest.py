@@ -1,0 +1,158 @@
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import Group, User
+from django.db import connection
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(condition: Callable[[], object], *, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+    """Poll until condition() is truthy; return its value or fail the test."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def users(db):
+    """The trio every view test needs: an operator, a viewer and an outsider."""
+    operator_group, _ = Group.objects.get_or_create(name="operator")
+    viewer_group, _ = Group.objects.get_or_create(name="viewer")
+    operator = User.objects.create_user("olivia", password="pw-operator")
+    operator.groups.add(operator_group)
+    viewer = User.objects.create_user("victor", password="pw-viewer")
+    viewer.groups.add(viewer_group)
+    outsider = User.objects.create_user("oscar", password="pw-outsider")
+    return {"operator": operator, "viewer": viewer, "outsider": outsider}
+
+
+@pytest.fixture
+def rq_queue():
+    """The test run's own queue, emptied before and after each test."""
+    from sessions_app.dispatch import queue
+
+    q = queue()
+    q.empty()
+    yield q
+    q.empty()
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    user = db.get("USER") or "postgres"
+    password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
+    return f"postgres://{user}{password}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+
+
+class WorkerProcess:
+    """A real `manage.py rqworker` process on the test database and queue."""
+
+    def __init__(self, env: dict[str, str], log_path: Path, name: str) -> None:
+        self.log_path = log_path
+        self.name = name
+        self._log = open(log_path, "wb")
+        self.process = subprocess.Popen(
+            [sys.executable, "manage.py", "rqworker", settings.RESPAWN_QUEUE, "--name", name],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def pids(self) -> list[int]:
+        """The worker and its work horse (RQ forks one per job, in its own process group)."""
+        try:
+            parent = psutil.Process(self.process.pid)
+            return [parent.pid, *(child.pid for child in parent.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its horse at once, as a machine crash would."""
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+
+@pytest.fixture
+def worker_env(transactional_db) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings_test",
+        DATABASE_URL=_database_url(),
+        REDIS_URL=settings.REDIS_URL,
+        RESPAWN_QUEUE=settings.RESPAWN_QUEUE,
+        RESPAWN_LEASE_TTL=str(settings.RESPAWN_LEASE_TTL),
+        RESPAWN_RECONCILE_INTERVAL=str(settings.RESPAWN_RECONCILE_INTERVAL),
+        RESPAWN_DISPATCH_GRACE=str(settings.RESPAWN_DISPATCH_GRACE),
+        RESPAWN_SLOW_DELAY=str(settings.RESPAWN_SLOW_DELAY),
+        RESPAWN_MODEL_BACKOFF=str(settings.RESPAWN_MODEL_BACKOFF),
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+@pytest.fixture
+def start_worker(worker_env, rq_queue, tmp_path, request):
+    """Start real worker processes; all are stopped (and their logs shown on failure)."""
+    started: list[WorkerProcess] = []
+
+    def start(name: str | None = None, **extra_env: str) -> WorkerProcess:
+        name = name or f"w{len(started) + 1}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+        env = {**worker_env, **extra_env}
+        worker = WorkerProcess(env, tmp_path / f"{name}.log", name)
+        started.append(worker)
+        return worker
+
+    yield start
+    for worker in started:
+        horse_pids = worker.pids()[1:]
+        worker.stop()
+        for pid in horse_pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        for worker in started:
+            print(f"--- log of worker {worker.name} ---\n{worker.log()}")
+
+
+@pytest.hookimpl(tryfirst=True, hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)

@@ -1,0 +1,210 @@
+"""One contract, two stores: the in-memory store and the Django store behave the same."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from agent_runtime.state import (
+    NewCheckpoint,
+    NewStep,
+    SessionState,
+    SessionStatus,
+    StepKind,
+)
+from agent_runtime.store import InMemoryStore, LeaseLost, SessionNotFound
+
+
+class MemoryHarness:
+    def __init__(self):
+        self.store = InMemoryStore()
+
+    def create(self, agent="echo", text="hi") -> str:
+        session_id = f"m-{uuid.uuid4().hex[:8]}"
+        self.store.create_session(session_id, agent, text)
+        return session_id
+
+    def expire(self, session_id):
+        self.store.expire_lease(session_id)
+
+    def set_status(self, session_id, status):
+        self.store.session(session_id).status = status
+
+    def supersede_after(self, session_id, seq):
+        from dataclasses import replace
+
+        s = self.store.session(session_id)
+        s.steps = [replace(x, superseded=True) if x.seq > seq else x for x in s.steps]
+
+    def request_cancel(self, session_id):
+        self.store.request_cancel(session_id)
+
+
+class DjangoHarness:
+    def __init__(self):
+        from sessions_app.store import DjangoSessionStore
+
+        self.store = DjangoSessionStore()
+
+    def create(self, agent="echo", text="hi") -> str:
+        from sessions_app.models import AgentSession, Step
+
+        session = AgentSession.objects.create(agent=agent, last_seq=1, step_count=1)
+        Step.objects.create(session=session, seq=1, kind="user", payload={"text": text})
+        return str(session.id)
+
+    def expire(self, session_id):
+        from django.utils import timezone
+
+        from sessions_app.models import AgentSession
+
+        AgentSession.objects.filter(id=session_id).update(
+            lease_expires_at=timezone.now() - timedelta(seconds=1)
+        )
+
+    def set_status(self, session_id, status):
+        from sessions_app.models import AgentSession
+
+        AgentSession.objects.filter(id=session_id).update(status=status)
+
+    def supersede_after(self, session_id, seq):
+        from django.utils import timezone
+
+        from sessions_app.models import Step
+
+        Step.objects.filter(session_id=session_id, seq__gt=seq).update(superseded_at=timezone.now())
+
+    def request_cancel(self, session_id):
+        from sessions_app.models import AgentSession
+
+        AgentSession.objects.filter(id=session_id).update(cancel_requested=True)
+
+
+@pytest.fixture(params=["memory", "django"])
+def harness(request):
+    if request.param == "memory":
+        return MemoryHarness()
+    request.getfixturevalue("db")
+    return DjangoHarness()
+
+
+def state() -> SessionState:
+    return SessionState(agent_name="echo", agent_version="1")
+
+
+def model_step(text="ok") -> NewStep:
+    return NewStep(kind=StepKind.MODEL, payload={"text": text, "tool_calls": []}, tokens_in=3, tokens_out=2)
+
+
+def test_claim_is_exclusive_until_the_lease_expires(harness):
+    sid = harness.create()
+    first = harness.store.claim(sid, "a", ttl=30)
+    assert first is not None and first.token == 1
+    assert harness.store.claim(sid, "b", ttl=30) is None
+    harness.expire(sid)
+    second = harness.store.claim(sid, "b", ttl=30)
+    assert second is not None and second.token == 2
+    assert harness.store.load_head(sid).status == SessionStatus.RUNNING
+
+
+def test_claim_refuses_sessions_that_are_not_runnable(harness):
+    sid = harness.create()
+    for status in ("paused", "waiting_input", "completed", "failed", "cancelled"):
+        harness.set_status(sid, status)
+        assert harness.store.claim(sid, "a", ttl=30) is None, status
+
+
+def test_claim_of_missing_session_raises(harness):
+    missing = str(uuid.uuid4())
+    with pytest.raises(SessionNotFound):
+        harness.store.claim(missing, "a", ttl=30)
+
+
+def test_append_assigns_contiguous_seqs_and_checkpoint_sets_head(harness):
+    sid = harness.create()
+    lease = harness.store.claim(sid, "a", ttl=30)
+    r1 = harness.store.append(lease, [NewStep(kind=StepKind.SYSTEM, payload={"event": "x"})])
+    r2 = harness.store.append(lease, [model_step()], checkpoint=NewCheckpoint(state=state()))
+    assert r1.seqs == [2] and r2.seqs == [3]
+    head = harness.store.load_head(sid)
+    assert head.head_seq == 3 and head.last_seq == 3
+    assert head.checkpoint.seq == 3 and head.checkpoint.state.agent_name == "echo"
+    assert [s.seq for s in head.history] == [1, 2, 3]
+    assert head.steps_after_checkpoint == []
+    assert head.history[2].tokens_in == 3
+
+
+def test_append_with_status_and_release_frees_the_lease(harness):
+    sid = harness.create()
+    lease = harness.store.claim(sid, "a", ttl=30)
+    harness.store.append(
+        lease, [model_step()], checkpoint=NewCheckpoint(state=state()), status=SessionStatus.COMPLETED, release=True
+    )
+    assert harness.store.load_head(sid).status == SessionStatus.COMPLETED
+    with pytest.raises(LeaseLost):
+        harness.store.append(lease, [model_step()])
+
+
+def test_fenced_off_writer_cannot_append(harness):
+    sid = harness.create()
+    old = harness.store.claim(sid, "a", ttl=30)
+    harness.expire(sid)
+    new = harness.store.claim(sid, "b", ttl=30)
+    with pytest.raises(LeaseLost):
+        harness.store.append(old, [model_step("late")])
+    harness.store.append(new, [model_step("current")])
+    texts = [s.payload.get("text") for s in harness.store.load_head(sid).history]
+    assert texts == ["hi", "current"]
+
+
+def test_heartbeat_extends_the_lease_and_reports_loss(harness):
+    sid = harness.create()
+    lease = harness.store.claim(sid, "a", ttl=0.5)
+    assert harness.store.heartbeat(lease, ttl=30).alive
+    time.sleep(0.6)
+    # Extended: still ours after the first TTL would have run out.
+    assert harness.store.claim(sid, "b", ttl=30) is None
+    harness.expire(sid)
+    assert harness.store.claim(sid, "b", ttl=30) is not None
+    assert harness.store.heartbeat(lease, ttl=30).alive is False
+
+
+def test_heartbeat_and_append_report_a_cancel_request(harness):
+    sid = harness.create()
+    lease = harness.store.claim(sid, "a", ttl=30)
+    assert harness.store.heartbeat(lease, ttl=30).cancel_requested is False
+    harness.request_cancel(sid)
+    assert harness.store.heartbeat(lease, ttl=30).cancel_requested is True
+    assert harness.store.append(lease, [model_step()]).cancel_requested is True
+
+
+def test_release_frees_the_lease_for_another_worker(harness):
+    sid = harness.create()
+    lease = harness.store.claim(sid, "a", ttl=30)
+    assert harness.store.release(lease) is True
+    assert harness.store.claim(sid, "b", ttl=30) is not None
+    assert harness.store.release(lease) is False
+
+
+def test_history_leaves_out_superseded_steps(harness):
+    sid = harness.create()
+    lease = harness.store.claim(sid, "a", ttl=30)
+    harness.store.append(lease, [model_step("one")], checkpoint=NewCheckpoint(state=state()))
+    harness.store.append(lease, [model_step("two")])
+    harness.supersede_after(sid, 2)
+    texts = [s.payload.get("text") for s in harness.store.load_head(sid).history]
+    assert texts == ["hi", "one"]
+
+
+def test_load_head_upgrades_and_refuses_newer_state(harness):
+    from agent_runtime.upgraders import IncompatibleSchemaError, load_state
+
+    blob = state().to_dict()
+    assert load_state(blob).value == state()
+    with pytest.raises(IncompatibleSchemaError, match="newer than this code"):
+        load_state({**blob, "schema_version": 99})
+    sid = harness.create()
+    assert harness.store.load_head(sid).checkpoint is None
