@@ -1,0 +1,159 @@
+"""Real rqworker processes against the real PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from rq.job import Job
+
+from sessions_app.dispatch import enqueue, new_job_id
+from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
+from sessions_app.services import session_start
+
+from ..conftest import wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+STOPPED = {Status.COMPLETED, Status.FAILED, Status.WAITING_INPUT, Status.CANCELLED, Status.PAUSED}
+
+
+def wait_stopped(session, timeout=30.0) -> AgentSession:
+    def stopped():
+        session.refresh_from_db()
+        return session.status in STOPPED
+
+    wait_for(stopped, timeout=timeout, what=f"session {session.id} to stop")
+    return session
+
+
+def trace(session) -> list[tuple[str, dict]]:
+    """Kinds and payloads of the live trace, without per-run system steps or ids."""
+    out = []
+    for step in Step.objects.filter(session=session, superseded_at__isnull=True).order_by("seq"):
+        if step.kind == "system":
+            continue
+        out.append((step.kind, _normalise(step.payload, str(session.id))))
+    return out
+
+
+def _normalise(value, session_id):
+    if isinstance(value, dict):
+        return {k: _normalise(v, session_id) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalise(v, session_id) for v in value]
+    if isinstance(value, str):
+        return value.replace(session_id, "<session>")
+    return value
+
+
+def assert_consistent(session):
+    """The invariants every run must leave behind."""
+    seqs = list(Step.objects.filter(session=session).order_by("seq").values_list("seq", flat=True))
+    assert seqs == list(range(1, len(seqs) + 1)), "seqs are contiguous from 1"
+    session.refresh_from_db()
+    assert session.last_seq == len(seqs)
+    calls = Step.objects.filter(session=session, kind="tool_call")
+    results = {s.payload["call_id"] for s in Step.objects.filter(session=session, kind="tool_result")}
+    for call in calls:
+        assert call.payload["call_id"] in results, f"tool call {call.seq} has a result"
+        assert call.idempotency_key == f"{session.id}:{call.seq}"
+    for checkpoint in Checkpoint.objects.filter(session=session):
+        assert Step.objects.filter(session=session, seq=checkpoint.seq).exists()
+
+
+def test_demo_session_completes_in_a_real_worker(start_worker):
+    start_worker()
+    session = session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
+    wait_stopped(session)
+    assert session.status == Status.COMPLETED
+    assert session.final_answer == f"(12*7)+3 = 87. Saved as note note-{session.id}-call_1_1."
+    assert session.step_count == 13
+    assert Checkpoint.objects.filter(session=session).count() == 3
+    assert SideEffect.objects.filter(session_id=session.id, tool="save_note").count() == 1
+    assert_consistent(session)
+
+
+def test_sigkill_mid_run_another_worker_finishes_with_the_same_trace(start_worker, settings):
+    """Kill a worker (and its work horse) between a tool call and its result."""
+    ticks = 6
+    first = start_worker()
+    reference = session_start(agent="slow", input=f"count to {ticks}")
+    wait_stopped(reference)
+    assert reference.status == Status.COMPLETED
+
+    session = session_start(agent="slow", input=f"count to {ticks}")
+
+    def inside_third_tick():
+        last = Step.objects.filter(session=session).order_by("-seq").first()
+        done = Step.objects.filter(session=session, kind="tool_result").count()
+        return last is not None and last.kind == "tool_call" and done >= 2
+
+    wait_for(inside_third_tick, timeout=30, interval=0.01, what="the third tick's tool call")
+    first.kill()
+    killed_at = time.monotonic()
+    session.refresh_from_db()
+    assert session.status == Status.RUNNING  # nobody finished it for us
+
+    start_worker()
+    wait_stopped(session, timeout=30)
+    recovery = time.monotonic() - killed_at
+    assert session.status == Status.COMPLETED
+    assert session.final_answer == f"Counted to {ticks}."
+
+    # Exactly the steps of the uninterrupted run, in the same order.
+    assert trace(session) == trace(reference)
+    assert_consistent(session)
+    runs = Step.objects.filter(session=session, kind="system", payload__event="run_started").order_by("seq")
+    assert runs.count() == 2
+    resumed = runs[1].payload
+    assert resumed["checkpoint_seq"] is not None and resumed["steps_after_checkpoint"] >= 1
+    assert session.fencing_token == 2
+
+    # The side effect ran once per idempotency key: one row per tick, keyed by its call.
+    keys = set(Step.objects.filter(session=session, kind="tool_call").values_list("idempotency_key", flat=True))
+    effects = SideEffect.objects.filter(session_id=session.id, tool="tick")
+    assert effects.count() == ticks
+    assert set(effects.values_list("key", flat=True)) == keys
+    # Bounded by lease TTL + reconciler period + worker start-up.
+    assert recovery < settings.RESPAWN_LEASE_TTL + settings.RESPAWN_RECONCILE_INTERVAL * 1.2 + 8
+
+
+def test_two_workers_handed_the_same_session_one_advances_it(start_worker, rq_queue):
+    session = session_start(agent="slow", input="count to 3")
+    second_job = new_job_id(session.id)
+    assert enqueue(session.id, second_job)  # the same session, handed out twice
+    start_worker()
+    start_worker()
+    wait_stopped(session)
+    assert session.status == Status.COMPLETED
+
+    def both_done():
+        jobs = [Job.fetch(j, connection=rq_queue.connection) for j in (session.job_id, second_job)]
+        return [j.return_value() for j in jobs] if all(j.is_finished for j in jobs) else None
+
+    outcomes = wait_for(both_done, timeout=20, what="both jobs to finish")
+    assert sorted(outcomes) == ["completed", "not_claimed"]
+    assert Step.objects.filter(session=session, kind="system", payload__event="run_started").count() == 1
+    assert session.fencing_token == 1
+    assert_consistent(session)
+
+
+def test_approval_waits_for_a_person_then_finishes(start_worker):
+    from sessions_app.services import session_approve
+
+    start_worker()
+    session = session_start(agent="approval", input="pay invoice INV-1")
+    wait_stopped(session)
+    assert session.status == Status.WAITING_INPUT
+    assert not SideEffect.objects.filter(session_id=session.id).exists()
+    session_approve(session_id=session.id)
+    session.status = Status.QUEUED
+
+    def done():
+        session.refresh_from_db()
+        return session.status == Status.COMPLETED
+
+    wait_for(done, timeout=20, what="the approved session to complete")
+    assert SideEffect.objects.filter(session_id=session.id, tool="send_payment").count() == 1
+    assert_consistent(session)

@@ -1,0 +1,93 @@
+"""Enqueue after commit, and the reconciler, against the real Redis."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+from rq.job import Job
+
+from sessions_app.dispatch import reconcile
+from sessions_app.models import AgentSession, Status
+from sessions_app.services import session_start
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def queued_ids(q):
+    return set(q.get_job_ids())
+
+
+def test_enqueue_happens_only_after_commit(rq_queue):
+    with transaction.atomic():
+        session = session_start(agent="echo", input="hi")
+        # Inside the transaction: the row is invisible to workers, and so is the job.
+        assert rq_queue.count == 0
+        assert not Job.exists(session.job_id, connection=rq_queue.connection)
+    assert queued_ids(rq_queue) == {session.job_id}
+    job = Job.fetch(session.job_id, connection=rq_queue.connection)
+    assert job.args == (str(session.id),)
+
+
+def test_rolled_back_start_enqueues_nothing(rq_queue):
+    with pytest.raises(RuntimeError):
+        with transaction.atomic():
+            session_start(agent="echo", input="hi")
+            raise RuntimeError("request failed after the insert")
+    assert rq_queue.count == 0
+    assert AgentSession.objects.count() == 0
+
+
+def test_reconciler_dispatches_sessions_that_redis_lost(rq_queue):
+    session = session_start(agent="echo", input="hi")
+    rq_queue.connection.flushdb()  # Redis loses every job
+    assert reconcile() == []  # within the grace period: a worker may simply be busy
+    AgentSession.objects.filter(id=session.id).update(dispatched_at=timezone.now() - timedelta(minutes=5))
+    assert reconcile() == [str(session.id)]
+    session.refresh_from_db()
+    assert queued_ids(rq_queue) == {session.job_id}
+    # A job still waiting in the queue is not dispatched again.
+    AgentSession.objects.filter(id=session.id).update(dispatched_at=timezone.now() - timedelta(minutes=5))
+    assert reconcile() == []
+
+
+def test_reconciler_takes_back_a_running_session_whose_lease_expired(rq_queue):
+    session = session_start(agent="slow", input="count to 2")
+    rq_queue.empty()  # the crashed worker had dequeued the job
+    now = timezone.now()
+    AgentSession.objects.filter(id=session.id).update(
+        status=Status.RUNNING,
+        lease_owner="dead-worker",
+        lease_expires_at=now - timedelta(seconds=1),
+        dispatched_at=now - timedelta(seconds=3),
+    )
+    assert reconcile() == [str(session.id)]
+    # Dispatched once: the next pass sees it dispatched after the lease expired.
+    assert reconcile() == []
+
+
+def test_reconciler_leaves_live_leases_and_finished_sessions_alone(rq_queue):
+    live = session_start(agent="slow", input="count to 2")
+    done = session_start(agent="echo", input="hi")
+    rq_queue.empty()
+    old = timezone.now() - timedelta(minutes=5)
+    AgentSession.objects.filter(id=live.id).update(
+        status=Status.RUNNING, lease_owner="w", lease_expires_at=timezone.now() + timedelta(minutes=1), dispatched_at=old
+    )
+    AgentSession.objects.filter(id=done.id).update(status=Status.COMPLETED, dispatched_at=old)
+    assert reconcile() == []
+
+
+def test_enqueue_failure_is_recorded_and_reconciled_later(rq_queue, settings, caplog):
+    good = settings.RQ_QUEUES
+    settings.RQ_QUEUES = {**good, settings.RESPAWN_QUEUE: {"URL": "redis://127.0.0.1:1/0", "DEFAULT_TIMEOUT": 60}}
+    session = session_start(agent="echo", input="hi")  # Redis down: accepted anyway
+    assert "could not enqueue session" in caplog.text
+    session.refresh_from_db()
+    assert session.status == Status.QUEUED and session.dispatched_at is not None
+    assert reconcile() == []  # the reconciler cannot reach Redis either, and says so
+
+    settings.RQ_QUEUES = good  # Redis is back
+    AgentSession.objects.filter(id=session.id).update(dispatched_at=timezone.now() - timedelta(minutes=5))
+    assert reconcile() == [str(session.id)]
+    assert rq_queue.count == 1

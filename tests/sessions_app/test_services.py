@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from agent_runtime.loop import run_session
+from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
+from sessions_app.runtime import agent_registry, run_config
+from sessions_app.services import (
+    ActionError,
+    checkpoint_rollback,
+    session_approve,
+    session_cancel,
+    session_reject,
+    session_resume,
+    session_start,
+)
+from sessions_app.store import DjangoEffects, DjangoSessionStore
+
+pytestmark = pytest.mark.django_db
+
+
+def run_inline(session):
+    return run_session(
+        str(session.id),
+        store=DjangoSessionStore(),
+        agents=agent_registry(),
+        effects=DjangoEffects(),
+        config=run_config(),
+    )
+
+
+def test_start_creates_session_with_first_user_step_and_audit(users):
+    session = session_start(agent="demo", input="  what is 1+1  ", actor=users["operator"])
+    session.refresh_from_db()
+    assert session.status == Status.QUEUED
+    assert session.title == "what is 1+1"
+    assert session.job_id.startswith(f"run-{session.id}-")
+    step = Step.objects.get(session=session)
+    assert (step.seq, step.kind, step.payload) == (1, "user", {"text": "what is 1+1"})
+    event = AuditEvent.objects.get(session=session)
+    assert event.action == "start" and event.actor_label == "olivia"
+
+
+@pytest.mark.parametrize(
+    ("agent", "text", "message"),
+    [
+        ("nope", "hello", "unknown agent 'nope'"),
+        ("", "hello", "unknown agent ''"),
+        ("demo", "", "input must not be empty"),
+        ("demo", "   \n ", "input must not be empty"),
+    ],
+)
+def test_start_rejects_bad_input_and_writes_nothing(agent, text, message):
+    with pytest.raises(ActionError, match=message):
+        session_start(agent=agent, input=text)
+    assert AgentSession.objects.count() == 0
+    assert Step.objects.count() == 0
+    assert AuditEvent.objects.count() == 0
+
+
+def test_run_inline_stores_steps_and_checkpoints():
+    session = session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
+    run_inline(session)
+    session.refresh_from_db()
+    assert session.status == Status.COMPLETED
+    assert session.final_answer.startswith("(12*7)+3 = 87.")
+    assert session.step_count == session.last_seq == 13
+    assert list(Step.objects.filter(session=session).values_list("seq", flat=True)) == list(range(1, 14))
+    assert session.head == 13
+    assert list(Checkpoint.objects.filter(session=session).values_list("seq", flat=True)) == [7, 12, 13]
+    assert session.tokens_in > 0 and session.tokens_out > 0
+    assert session.lease_owner is None
+
+
+def test_resume_rules():
+    session = session_start(agent="echo", input="hi")
+    run_inline(session)
+    with pytest.raises(ActionError, match="cannot be resumed"):
+        session_resume(session_id=session.id)
+    with pytest.raises(ActionError, match="no session with id"):
+        session_resume(session_id=uuid.uuid4())
+
+    running = session_start(agent="slow", input="count to 2")
+    store = DjangoSessionStore()
+    store.claim(str(running.id), "someone", ttl=60)
+    with pytest.raises(ActionError, match="already running"):
+        session_resume(session_id=running.id)
+
+
+def test_resume_of_failed_session_queues_it_and_fences_the_old_lease():
+    session = session_start(agent="echo", input="hi")
+    AgentSession.objects.filter(id=session.id).update(status=Status.FAILED, last_error="boom", fencing_token=4)
+    resumed = session_resume(session_id=session.id)
+    resumed.refresh_from_db()
+    assert resumed.status == Status.QUEUED and resumed.last_error == ""
+    assert resumed.fencing_token == 5
+    assert AuditEvent.objects.filter(session=session, action="resume").count() == 1
+
+
+def test_cancel_queued_session_at_once_and_running_one_by_request():
+    queued = session_start(agent="slow", input="count to 5")
+    session_cancel(session_id=queued.id)
+    queued.refresh_from_db()
+    assert queued.status == Status.CANCELLED
+    assert queued.steps.last().payload["action"] == "cancel"
+    with pytest.raises(ActionError, match="already cancelled"):
+        session_cancel(session_id=queued.id)
+
+    running = session_start(agent="slow", input="count to 5")
+    DjangoSessionStore().claim(str(running.id), "w", ttl=60)
+    session_cancel(session_id=running.id)
+    running.refresh_from_db()
+    assert running.status == Status.RUNNING and running.cancel_requested
+
+
+def test_approve_runs_the_pending_tool(users):
+    session = session_start(agent="approval", input="pay invoice 9")
+    run_inline(session)
+    session.refresh_from_db()
+    assert session.status == Status.WAITING_INPUT
+    with pytest.raises(ActionError, match="waiting for an approval"):
+        session_resume(session_id=session.id)
+    session_approve(session_id=session.id, actor=users["operator"])
+    session.refresh_from_db()
+    assert session.status == Status.QUEUED
+    decision = session.steps.order_by("-seq").first()
+    assert decision.kind == "operator"
+    assert decision.payload == {"action": "approve", "call_id": "call_0_0", "tool": "send_payment", "actor": "olivia"}
+    run_inline(session)
+    session.refresh_from_db()
+    assert session.status == Status.COMPLETED
+    assert session.final_answer.startswith("Payment sent: reference pay-")
+    assert AuditEvent.objects.filter(session=session, action="approve", actor=users["operator"]).exists()
+
+
+def test_reject_and_nothing_pending():
+    session = session_start(agent="approval", input="pay invoice 9")
+    with pytest.raises(ActionError, match="nothing is waiting"):
+        session_reject(session_id=session.id)
+    run_inline(session)
+    session_reject(session_id=session.id, reason="wrong amount")
+    run_inline(session)
+    session.refresh_from_db()
+    assert session.final_answer == "Payment not sent: rejected by system: wrong amount"
+
+
+def test_rollback_supersedes_later_steps_and_pauses():
+    session = session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
+    run_inline(session)
+    checkpoint_rollback(session_id=session.id, checkpoint_seq=7)
+    session.refresh_from_db()
+    assert session.status == Status.PAUSED and session.head == 7
+    superseded = list(session.steps.filter(superseded_at__isnull=False).values_list("seq", flat=True))
+    assert superseded == list(range(8, 14))
+    assert session.steps.count() == 14  # nothing deleted; the rollback itself is step 14
+    assert Checkpoint.objects.filter(session=session, reason="before-rollback", seq=13).exists()
+    with pytest.raises(ActionError, match="no checkpoint at seq 5"):
+        checkpoint_rollback(session_id=session.id, checkpoint_seq=5)
+    # Resume continues from checkpoint 7 and reaches the same answer again.
+    session_resume(session_id=session.id)
+    run_inline(session)
+    session.refresh_from_db()
+    assert session.status == Status.COMPLETED
+    assert session.final_answer.startswith("(12*7)+3 = 87. Saved as note")
+    live = session.steps.filter(superseded_at__isnull=True).order_by("seq")
+    assert [s.kind for s in live][:8] == ["user", "system", "model", "tool_call", "tool_result", "tool_call", "tool_result", "operator"]
