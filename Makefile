@@ -31,6 +31,7 @@ services:
 	@scripts/test-services.sh
 
 test: $(STAMP) services
+	$(BIN)/ruff check .
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)

@@ -134,7 +134,9 @@ def make_tick(delay: float) -> Tool:
 def flaky_fetch(ctx: ToolContext, resource: str) -> dict[str, Any]:
     """Fetch a resource from a service that fails the first two attempts of every call."""
     if ctx.attempt <= 2:
-        raise ToolError(f"{resource}: 503 service unavailable (attempt {ctx.attempt})", retryable=True)
+        raise ToolError(
+            f"{resource}: 503 service unavailable (attempt {ctx.attempt})", retryable=True
+        )
     return {"resource": resource, "body": "all systems nominal"}
 
 
@@ -159,7 +161,10 @@ def demo_agents(*, slow_delay: float = 0.5) -> AgentRegistry:
             AgentDefinition(
                 name="demo",
                 version="1",
-                description="Plans, calculates and saves a note: 'what is (12*7)+3, then save it as a note'.",
+                description=(
+                    "Plans, calculates and saves a note: "
+                    "'what is (12*7)+3, then save it as a note'."
+                ),
                 model="scripted:demo",
                 system_prompt="You are a careful assistant. Plan first, use tools, then answer.",
                 tools=ToolRegistry([update_plan, calculator, save_note]),
@@ -168,7 +173,7 @@ def demo_agents(*, slow_delay: float = 0.5) -> AgentRegistry:
             AgentDefinition(
                 name="slow",
                 version="1",
-                description="'count to N': N turns, each calling a slow tick tool with a side effect.",
+                description="'count to N': N turns, each calling a slow tick tool (side effect).",
                 model="scripted:slow",
                 system_prompt="Count, one tick per turn.",
                 tools=ToolRegistry([make_tick(slow_delay)]),

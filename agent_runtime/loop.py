@@ -22,7 +22,6 @@ from .agents import AgentDefinition, AgentRegistry, UnknownAgent
 from .providers import Message, ModelSettings, ModelTurn, Provider, ProviderError, ToolCall
 from .providers import make_provider as default_make_provider
 from .state import (
-    CheckpointReason,
     NewCheckpoint,
     NewStep,
     PendingApproval,
@@ -329,7 +328,12 @@ class _Run:
         new_checkpoint = NewCheckpoint(state=self.state) if checkpoint else None
         try:
             result = self.store.append(
-                self.lease, [step], checkpoint=new_checkpoint, status=status, error=error, release=release
+                self.lease,
+                [step],
+                checkpoint=new_checkpoint,
+                status=status,
+                error=error,
+                release=release,
             )
         except Exception:
             self.state = state_before
@@ -337,7 +341,9 @@ class _Run:
         if result.seqs != [record.seq]:
             # Only the lease holder writes, so seqs are predictable; anything else means
             # someone wrote around the fence.
-            raise LeaseLost(f"session {self.session_id}: expected seq {record.seq}, got {result.seqs}")
+            raise LeaseLost(
+                f"session {self.session_id}: expected seq {record.seq}, got {result.seqs}"
+            )
         self.last_seq = record.seq
         self.history.append(record)
         if result.cancel_requested and not release:
@@ -346,7 +352,10 @@ class _Run:
 
     def stop_cancelled(self) -> None:
         self.append(
-            NewStep(kind=StepKind.SYSTEM, payload={"event": "cancelled", "worker": self.config.worker_id}),
+            NewStep(
+                kind=StepKind.SYSTEM,
+                payload={"event": "cancelled", "worker": self.config.worker_id},
+            ),
             checkpoint=False,
             status=SessionStatus.CANCELLED,
             release=True,
@@ -372,9 +381,7 @@ class _Run:
                     "worker": self.config.worker_id,
                     "checkpoint_seq": head.checkpoint.seq if head.checkpoint else None,
                     "steps_after_checkpoint": len(head.steps_after_checkpoint),
-                    "schema_version": (
-                        head.checkpoint.schema_version if head.checkpoint else None
-                    ),
+                    "schema_version": (head.checkpoint.schema_version if head.checkpoint else None),
                     "upgraders": list(head.upgraders_applied),
                 },
                 started_at=utcnow(),
@@ -469,8 +476,16 @@ class _Run:
                     permanent=permanent,
                     error_type=type(error).__name__,
                 )
-            delay = min(self.config.model_backoff * (2 ** (attempt - 1)), self.config.model_backoff_max)
-            log.info("model call for %s failed (%s); retry %d in %.2fs", self.session_id, error, attempt, delay)
+            delay = min(
+                self.config.model_backoff * (2 ** (attempt - 1)), self.config.model_backoff_max
+            )
+            log.info(
+                "model call for %s failed (%s); retry %d in %.2fs",
+                self.session_id,
+                error,
+                attempt,
+                delay,
+            )
             time.sleep(delay)
 
     def run_tools(self, action: RunTools) -> RunResult | None:
@@ -506,7 +521,10 @@ class _Run:
                 continue
             if pending.tool_call_step is not None:
                 # Recorded before a crash, result never committed: run again, same key.
-                key = pending.tool_call_step.idempotency_key or f"{self.session_id}:{pending.tool_call_step.seq}"
+                key = (
+                    pending.tool_call_step.idempotency_key
+                    or f"{self.session_id}:{pending.tool_call_step.seq}"
+                )
                 call_seq = pending.tool_call_step.seq
             else:
                 call_seq = self.last_seq + 1
@@ -516,7 +534,11 @@ class _Run:
                         kind=StepKind.TOOL_CALL,
                         # The key lives in the step's own column: it is derived from the seq,
                         # and payloads stay identical between a resumed and a straight run.
-                        payload={"call_id": call.id, "name": call.name, "arguments": call.arguments},
+                        payload={
+                            "call_id": call.id,
+                            "name": call.name,
+                            "arguments": call.arguments,
+                        },
                         started_at=utcnow(),
                         idempotency_key=key,
                     )
@@ -524,7 +546,9 @@ class _Run:
             started = utcnow()
             if tool is None:
                 known = ", ".join(t.name for t in self.agent.tools) or "none"
-                outcome = ToolOutcome(ok=False, error=f"unknown tool {call.name!r} (available: {known})")
+                outcome = ToolOutcome(
+                    ok=False, error=f"unknown tool {call.name!r} (available: {known})"
+                )
             else:
                 outcome = tool.run(
                     lambda attempt, call=call, key=key, call_seq=call_seq: ToolContext(

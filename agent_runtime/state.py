@@ -43,9 +43,7 @@ class SessionStatus(enum.StrEnum):
 
 
 RUNNABLE_STATUSES = frozenset({SessionStatus.QUEUED, SessionStatus.RUNNING})
-FINAL_STATUSES = frozenset(
-    {SessionStatus.COMPLETED, SessionStatus.FAILED, SessionStatus.CANCELLED}
-)
+FINAL_STATUSES = frozenset({SessionStatus.COMPLETED, SessionStatus.FAILED, SessionStatus.CANCELLED})
 
 
 class CheckpointReason(enum.StrEnum):
@@ -145,7 +143,9 @@ class SessionState:
                 agent_name=str(agent["name"]),
                 agent_version=str(agent["version"]),
                 turn=int(data.get("turn", 0)),
-                plan=[PlanItem(title=str(p["title"]), status=str(p["status"])) for p in data["plan"]],
+                plan=[
+                    PlanItem(title=str(p["title"]), status=str(p["status"])) for p in data["plan"]
+                ],
                 memory_refs=[str(ref) for ref in data["memory_refs"]],
                 counters=Counters(**data["counters"]),
                 budgets=Budgets(**data["budgets"]),
@@ -155,7 +155,9 @@ class SessionState:
                 final_answer=data.get("final_answer"),
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(f"state does not match schema version {SCHEMA_VERSION}: {exc}") from exc
+            raise StateError(
+                f"state does not match schema version {SCHEMA_VERSION}: {exc}"
+            ) from exc
 
 
 @dataclass(frozen=True)

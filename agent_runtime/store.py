@@ -154,9 +154,7 @@ class InMemoryStore:
         with self._lock:
             session = self._get(session_id)
             session.last_seq += 1
-            session.steps.append(
-                StepRecord(seq=session.last_seq, kind="operator", payload=payload)
-            )
+            session.steps.append(StepRecord(seq=session.last_seq, kind="operator", payload=payload))
             if status is not None:
                 session.status = status
             session.fencing_token += 1

@@ -140,11 +140,15 @@ class Tool:
                 return ToolOutcome(ok=False, error=str(exc), attempts=attempt)
             except TimeoutError:
                 return ToolOutcome(
-                    ok=False, error=f"{self.name} timed out after {self.timeout:g}s", attempts=attempt
+                    ok=False,
+                    error=f"{self.name} timed out after {self.timeout:g}s",
+                    attempts=attempt,
                 )
             except Exception as exc:  # a tool's bug is the model's problem to see, not a crash
                 return ToolOutcome(
-                    ok=False, error=f"{self.name} raised {type(exc).__name__}: {exc}", attempts=attempt
+                    ok=False,
+                    error=f"{self.name} raised {type(exc).__name__}: {exc}",
+                    attempts=attempt,
                 )
 
 

@@ -50,7 +50,9 @@ class Loaded:
 
 def _upgrade(blob: dict[str, Any], version: Any, chain: dict[int, Upgrader], what: str) -> Loaded:
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise IncompatibleSchemaError(f"{what} has no valid schema version: {version!r}", found=version)
+        raise IncompatibleSchemaError(
+            f"{what} has no valid schema version: {version!r}", found=version
+        )
     if version > SCHEMA_VERSION:
         raise IncompatibleSchemaError(
             f"{what} was written by schema version {version}, newer than this code "

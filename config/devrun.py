@@ -44,8 +44,21 @@ def start_embedded_redis(env: dict[str, str]) -> subprocess.Popen:
     port = free_port()
     VAR.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
-        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-         "--dir", str(VAR), "--logfile", str(VAR / "redis.log")],
+        [
+            binary,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(VAR),
+            "--logfile",
+            str(VAR / "redis.log"),
+        ],
         stdin=subprocess.DEVNULL,
     )
     wait_for_port(port)
@@ -58,7 +71,14 @@ def manage(*args: str, env: dict[str, str]) -> None:
     subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, check=True)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main() -> None:
+    # Ctrl-C and a plain `kill` both stop everything this started.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     env = dict(os.environ)
     env.setdefault("DEBUG", "1")
     host = env.get("RESPAWN_HOST", "127.0.0.1")

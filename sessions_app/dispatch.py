@@ -72,7 +72,11 @@ def _job_waiting(job_id: str, connection) -> bool:
         job = Job.fetch(job_id, connection=connection)
     except Exception:  # missing (Redis lost it) or unreadable: not waiting
         return False
-    return job.get_status(refresh=False) in {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED}
+    return job.get_status(refresh=False) in {
+        JobStatus.QUEUED,
+        JobStatus.SCHEDULED,
+        JobStatus.DEFERRED,
+    }
 
 
 def reconcile(*, limit: int = 500) -> list[str]:

@@ -78,7 +78,7 @@ class AgentSession(models.Model):
 
     class Meta:
         indexes = [
-            # The dashboard list: filter by status, newest activity first (keyset on updated_at, id).
+            # The dashboard list by status, newest activity first (keyset: updated_at, id).
             models.Index(fields=["status", "-updated_at", "id"], name="session_status_updated"),
             # The unfiltered list and the keyset cursor.
             models.Index(fields=["-updated_at", "id"], name="session_updated"),

@@ -82,7 +82,9 @@ def _locked(session_id: Any) -> AgentSession:
         raise ActionError(f"not a session id: {session_id!r}", code="not_found") from None
 
 
-def _append_operator_step(session: AgentSession, payload: dict[str, Any], kind: str = Kind.OPERATOR) -> Step:
+def _append_operator_step(
+    session: AgentSession, payload: dict[str, Any], kind: str = Kind.OPERATOR
+) -> Step:
     """A step written outside any run. Bumps the fencing token: whoever held the lease is
     fenced off, so no late write can land after a person's decision."""
     now = timezone.now()
@@ -117,7 +119,9 @@ def session_start(
         agent_registry().get(agent)
     except UnknownAgent:
         known = ", ".join(agent_registry().names())
-        raise ActionError(f"unknown agent {agent!r} (known: {known})", code="unknown_agent") from None
+        raise ActionError(
+            f"unknown agent {agent!r} (known: {known})", code="unknown_agent"
+        ) from None
     text = (input or "").strip()
     if not text:
         raise ActionError("input must not be empty", code="empty_input")
@@ -145,12 +149,20 @@ def session_start(
             finished_at=now,
             created_at=now,
         )
-        audit(actor=who, action="start", session=session, after=_summary(session), request_meta=request_meta)
+        audit(
+            actor=who,
+            action="start",
+            session=session,
+            after=_summary(session),
+            request_meta=request_meta,
+        )
         dispatch.dispatch_on_commit(session)
     return session
 
 
-def session_resume(*, session_id: Any, actor: Actor = None, request_meta: dict | None = None) -> AgentSession:
+def session_resume(
+    *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
+) -> AgentSession:
     """Queue a paused, failed, waiting or stuck session to continue from its head."""
     who = _actor(actor)
     with transaction.atomic():
@@ -177,15 +189,29 @@ def session_resume(*, session_id: Any, actor: Actor = None, request_meta: dict |
         session.updated_at = timezone.now()
         session.save(
             update_fields=[
-                "status", "last_error", "fencing_token", "lease_owner", "lease_expires_at", "updated_at"
+                "status",
+                "last_error",
+                "fencing_token",
+                "lease_owner",
+                "lease_expires_at",
+                "updated_at",
             ]
         )
-        audit(actor=who, action="resume", session=session, before=before, after=_summary(session), request_meta=request_meta)
+        audit(
+            actor=who,
+            action="resume",
+            session=session,
+            before=before,
+            after=_summary(session),
+            request_meta=request_meta,
+        )
         dispatch.dispatch_on_commit(session)
     return session
 
 
-def session_cancel(*, session_id: Any, actor: Actor = None, request_meta: dict | None = None) -> AgentSession:
+def session_cancel(
+    *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
+) -> AgentSession:
     """Cancel a session. A running one is asked to stop at its next step; its lease holder
     writes the final step. Anything else is cancelled at once."""
     who = _actor(actor)
@@ -201,11 +227,20 @@ def session_cancel(*, session_id: Any, actor: Actor = None, request_meta: dict |
             _append_operator_step(session, {"action": "cancel", "actor": who.label})
             session.status = Status.CANCELLED
             session.save()
-        audit(actor=who, action="cancel", session=session, before=before, after=_summary(session), request_meta=request_meta)
+        audit(
+            actor=who,
+            action="cancel",
+            session=session,
+            before=before,
+            after=_summary(session),
+            request_meta=request_meta,
+        )
     return session
 
 
-def _decide(session_id: Any, decision: str, actor: Actor, reason: str, request_meta: dict | None) -> AgentSession:
+def _decide(
+    session_id: Any, decision: str, actor: Actor, reason: str, request_meta: dict | None
+) -> AgentSession:
     who = _actor(actor)
     with transaction.atomic():
         session = _locked(session_id)
@@ -216,7 +251,12 @@ def _decide(session_id: Any, decision: str, actor: Actor, reason: str, request_m
         if not pending:
             raise ActionError("nothing is waiting for approval in this session", code="bad_status")
         before = _summary(session)
-        payload = {"action": decision, "call_id": pending["call_id"], "tool": pending["tool"], "actor": who.label}
+        payload = {
+            "action": decision,
+            "call_id": pending["call_id"],
+            "tool": pending["tool"],
+            "actor": who.label,
+        }
         if reason:
             payload["reason"] = reason
         _append_operator_step(session, payload)
@@ -234,13 +274,16 @@ def _decide(session_id: Any, decision: str, actor: Actor, reason: str, request_m
     return session
 
 
-def session_approve(*, session_id: Any, actor: Actor = None, reason: str = "", request_meta: dict | None = None) -> AgentSession:
+def session_approve(
+    *, session_id: Any, actor: Actor = None, reason: str = "", request_meta: dict | None = None
+) -> AgentSession:
     return _decide(session_id, "approve", actor, reason, request_meta)
 
 
-def session_reject(*, session_id: Any, actor: Actor = None, reason: str = "", request_meta: dict | None = None) -> AgentSession:
+def session_reject(
+    *, session_id: Any, actor: Actor = None, reason: str = "", request_meta: dict | None = None
+) -> AgentSession:
     return _decide(session_id, "reject", actor, reason, request_meta)
-
 
 
 def checkpoint_rollback(
@@ -255,7 +298,9 @@ def checkpoint_rollback(
     with transaction.atomic():
         session = _locked(session_id)
         if session.status in RUNNABLE and session.lease_is_live():
-            raise ActionError("cannot roll back a running session; cancel it or wait", code="already_running")
+            raise ActionError(
+                "cannot roll back a running session; cancel it or wait", code="already_running"
+            )
         target = (
             Checkpoint.objects.filter(session=session, seq=checkpoint_seq)
             .exclude(reason=Reason.BEFORE_ROLLBACK)
@@ -263,9 +308,13 @@ def checkpoint_rollback(
             .first()
         )
         if target is None:
-            raise ActionError(f"session has no checkpoint at seq {checkpoint_seq}", code="not_found")
+            raise ActionError(
+                f"session has no checkpoint at seq {checkpoint_seq}", code="not_found"
+            )
         before = _summary(session)
-        current = Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
+        current = (
+            Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
+        )
         now = timezone.now()
         if current is not None:
             Checkpoint.objects.create(

@@ -160,9 +160,9 @@ class DjangoSessionStore:
                 raise LeaseLost(
                     f"session {lease.session_id}: lease token {lease.token} was fenced off"
                 )
-            last_seq, cancel_requested = AgentSession.objects.filter(id=lease.session_id).values_list(
-                "last_seq", "cancel_requested"
-            )[0]
+            last_seq, cancel_requested = AgentSession.objects.filter(
+                id=lease.session_id
+            ).values_list("last_seq", "cancel_requested")[0]
             first = last_seq - count + 1
             Step.objects.bulk_create(
                 [
@@ -189,7 +189,9 @@ class DjangoSessionStore:
                     reason=checkpoint.reason.value,
                     created_at=now,
                 )
-        return AppendResult(seqs=list(range(first, last_seq + 1)), cancel_requested=cancel_requested)
+        return AppendResult(
+            seqs=list(range(first, last_seq + 1)), cancel_requested=cancel_requested
+        )
 
     def heartbeat(self, lease: Lease, ttl: float) -> HeartbeatResult:
         now = timezone.now()

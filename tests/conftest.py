@@ -17,7 +17,13 @@ from django.db import connection
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def wait_for(condition: Callable[[], object], *, timeout: float = 20.0, interval: float = 0.05, what: str = "condition"):
+def wait_for(
+    condition: Callable[[], object],
+    *,
+    timeout: float = 20.0,
+    interval: float = 0.05,
+    what: str = "condition",
+):
     """Poll until condition() is truthy; return its value or fail the test."""
     deadline = time.monotonic() + timeout
     while True:
@@ -57,7 +63,8 @@ def _database_url() -> str:
     db = connection.settings_dict
     user = db.get("USER") or "postgres"
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
-    return f"postgres://{user}{password}@{db.get('HOST') or '127.0.0.1'}:{db.get('PORT') or 5432}/{db['NAME']}"
+    host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
+    return f"postgres://{user}{password}@{host}:{port}/{db['NAME']}"
 
 
 class WorkerProcess:

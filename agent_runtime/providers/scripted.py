@@ -61,9 +61,11 @@ def demo(messages: list[Message]) -> ModelTurn:
             )
         )
     expression = match.group("expr").strip()
-    plan = [f"compute {expression}"] + (["save the result as a note"] if wants_note else []) + [
-        "answer"
-    ]
+    plan = (
+        [f"compute {expression}"]
+        + (["save the result as a note"] if wants_note else [])
+        + ["answer"]
+    )
     if turn == 0:
         return ModelTurn(
             text=f"Plan: {'; '.join(plan)}.",
@@ -89,7 +91,9 @@ def demo(messages: list[Message]) -> ModelTurn:
     if note is not None and note.get("ok"):
         return ModelTurn(text=f"{expression} = {value}. Saved as note {note['output']['note']}.")
     if note is not None:
-        return ModelTurn(text=f"{expression} = {value}, but saving the note failed: {note['error']}")
+        return ModelTurn(
+            text=f"{expression} = {value}, but saving the note failed: {note['error']}"
+        )
     return ModelTurn(text=f"{expression} = {value}.")
 
 

@@ -44,13 +44,17 @@ def new_session(store: InMemoryStore, agent: str, text: str) -> str:
     return session_id
 
 
-def run(store, session_id: str, effects=None, agents=None, worker: str = "w1", **kwargs) -> RunResult:
+def run(
+    store, session_id: str, effects=None, agents=None, worker: str = "w1", **kwargs
+) -> RunResult:
     return run_session(
         session_id,
         store=store,
         agents=agents or demo_agents(slow_delay=0),
         effects=effects if effects is not None else InMemoryEffects(),
-        config=RunConfig(worker_id=worker, lease_ttl=30, model_backoff=0.0, **kwargs.pop("config", {})),
+        config=RunConfig(
+            worker_id=worker, lease_ttl=30, model_backoff=0.0, **kwargs.pop("config", {})
+        ),
         **kwargs,
     )
 

@@ -30,9 +30,18 @@ def test_demo_run_gives_expected_steps_and_answer():
     assert result.outcome == Outcome.COMPLETED
     assert result.final_answer == f"(12*7)+3 = 87. Saved as note note-{session_id}-call_1_1."
     assert kinds(store, session_id) == [
-        "user", "system",
-        "model", "tool_call", "tool_result", "tool_call", "tool_result",
-        "model", "tool_call", "tool_result", "tool_call", "tool_result",
+        "user",
+        "system",
+        "model",
+        "tool_call",
+        "tool_result",
+        "tool_call",
+        "tool_result",
+        "model",
+        "tool_call",
+        "tool_result",
+        "tool_call",
+        "tool_result",
         "model",
     ]
     steps = store.session(session_id).steps
@@ -229,7 +238,9 @@ def test_approval_pauses_then_approve_runs_the_tool():
     assert effects.rows == {}  # nothing ran before the decision
 
     store.add_operator_step(
-        session_id, {"action": "approve", "call_id": "call_0_0", "actor": "alice"}, status=SessionStatus.QUEUED
+        session_id,
+        {"action": "approve", "call_id": "call_0_0", "actor": "alice"},
+        status=SessionStatus.QUEUED,
     )
     result = run(store, session_id, effects)
     assert result.outcome == Outcome.COMPLETED
@@ -322,7 +333,15 @@ def test_messages_are_rebuilt_from_steps_the_same_after_resume():
     history = store.load_head(session_id).history
     messages = build_messages("sys", history)
     assert [m.role for m in messages] == [
-        "system", "user", "assistant", "tool", "tool", "assistant", "tool", "tool", "assistant"
+        "system",
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
     ]
     assert messages[3].tool_call_id == "call_0_0"
 
@@ -331,7 +350,9 @@ def test_operator_instruction_is_marked_as_operator_in_messages():
     store = InMemoryStore()
     session_id = new_session(store, "echo", "hi")
     run(store, session_id)
-    store.add_operator_step(session_id, {"action": "instruction", "text": "be brief"}, status=SessionStatus.QUEUED)
+    store.add_operator_step(
+        session_id, {"action": "instruction", "text": "be brief"}, status=SessionStatus.QUEUED
+    )
     messages = build_messages("", store.load_head(session_id).history)
     assert messages[-1].role == "user"
     assert messages[-1].content == "[Operator instruction] be brief"

@@ -9,7 +9,12 @@ from agent_runtime.tools import ToolContext, ToolError, ToolRegistry, tool
 
 def ctx_factory(key="s:1"):
     return lambda attempt: ToolContext(
-        session_id="s", call_id="c", seq=1, idempotency_key=key, attempt=attempt, effects=InMemoryEffects()
+        session_id="s",
+        call_id="c",
+        seq=1,
+        idempotency_key=key,
+        attempt=attempt,
+        effects=InMemoryEffects(),
     )
 
 

@@ -96,7 +96,9 @@ def state() -> SessionState:
 
 
 def model_step(text="ok") -> NewStep:
-    return NewStep(kind=StepKind.MODEL, payload={"text": text, "tool_calls": []}, tokens_in=3, tokens_out=2)
+    return NewStep(
+        kind=StepKind.MODEL, payload={"text": text, "tool_calls": []}, tokens_in=3, tokens_out=2
+    )
 
 
 def test_claim_is_exclusive_until_the_lease_expires(harness):
@@ -141,7 +143,11 @@ def test_append_with_status_and_release_frees_the_lease(harness):
     sid = harness.create()
     lease = harness.store.claim(sid, "a", ttl=30)
     harness.store.append(
-        lease, [model_step()], checkpoint=NewCheckpoint(state=state()), status=SessionStatus.COMPLETED, release=True
+        lease,
+        [model_step()],
+        checkpoint=NewCheckpoint(state=state()),
+        status=SessionStatus.COMPLETED,
+        release=True,
     )
     assert harness.store.load_head(sid).status == SessionStatus.COMPLETED
     with pytest.raises(LeaseLost):

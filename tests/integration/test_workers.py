@@ -54,7 +54,9 @@ def assert_consistent(session):
     session.refresh_from_db()
     assert session.last_seq == len(seqs)
     calls = Step.objects.filter(session=session, kind="tool_call")
-    results = {s.payload["call_id"] for s in Step.objects.filter(session=session, kind="tool_result")}
+    results = {
+        s.payload["call_id"] for s in Step.objects.filter(session=session, kind="tool_result")
+    }
     for call in calls:
         assert call.payload["call_id"] in results, f"tool call {call.seq} has a result"
         assert call.idempotency_key == f"{session.id}:{call.seq}"
@@ -104,14 +106,20 @@ def test_sigkill_mid_run_another_worker_finishes_with_the_same_trace(start_worke
     # Exactly the steps of the uninterrupted run, in the same order.
     assert trace(session) == trace(reference)
     assert_consistent(session)
-    runs = Step.objects.filter(session=session, kind="system", payload__event="run_started").order_by("seq")
+    runs = Step.objects.filter(
+        session=session, kind="system", payload__event="run_started"
+    ).order_by("seq")
     assert runs.count() == 2
     resumed = runs[1].payload
     assert resumed["checkpoint_seq"] is not None and resumed["steps_after_checkpoint"] >= 1
     assert session.fencing_token == 2
 
     # The side effect ran once per idempotency key: one row per tick, keyed by its call.
-    keys = set(Step.objects.filter(session=session, kind="tool_call").values_list("idempotency_key", flat=True))
+    keys = set(
+        Step.objects.filter(session=session, kind="tool_call").values_list(
+            "idempotency_key", flat=True
+        )
+    )
     effects = SideEffect.objects.filter(session_id=session.id, tool="tick")
     assert effects.count() == ticks
     assert set(effects.values_list("key", flat=True)) == keys
@@ -134,7 +142,10 @@ def test_two_workers_handed_the_same_session_one_advances_it(start_worker, rq_qu
 
     outcomes = wait_for(both_done, timeout=20, what="both jobs to finish")
     assert sorted(outcomes) == ["completed", "not_claimed"]
-    assert Step.objects.filter(session=session, kind="system", payload__event="run_started").count() == 1
+    assert (
+        Step.objects.filter(session=session, kind="system", payload__event="run_started").count()
+        == 1
+    )
     assert session.fencing_token == 1
     assert_consistent(session)
 

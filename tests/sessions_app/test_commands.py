@@ -51,13 +51,24 @@ def test_start_session_exits_non_zero_from_the_shell():
         env={**__import__("os").environ, "DJANGO_SETTINGS_MODULE": "config.settings_test"},
     )
     assert out.returncode != 0
-    assert out.stderr.strip() == "CommandError: unknown agent 'nope' (known: approval, demo, echo, flaky, slow)"
+    assert (
+        out.stderr.strip()
+        == "CommandError: unknown agent 'nope' (known: approval, demo, echo, flaky, slow)"
+    )
 
 
 def test_seed_demo_creates_users_and_every_status():
     call_command("seed_demo", stdout=StringIO())
     statuses = set(AgentSession.objects.values_list("status", flat=True))
-    assert {"completed", "waiting_input", "failed", "paused", "cancelled", "running", "queued"} <= statuses
+    assert {
+        "completed",
+        "waiting_input",
+        "failed",
+        "paused",
+        "cancelled",
+        "running",
+        "queued",
+    } <= statuses
     stuck = AgentSession.objects.get(title="worker crashed mid-tool-call")
     assert stuck.is_stuck()
     from django.contrib.auth.models import User

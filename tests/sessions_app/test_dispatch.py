@@ -42,12 +42,16 @@ def test_reconciler_dispatches_sessions_that_redis_lost(rq_queue):
     session = session_start(agent="echo", input="hi")
     rq_queue.connection.flushdb()  # Redis loses every job
     assert reconcile() == []  # within the grace period: a worker may simply be busy
-    AgentSession.objects.filter(id=session.id).update(dispatched_at=timezone.now() - timedelta(minutes=5))
+    AgentSession.objects.filter(id=session.id).update(
+        dispatched_at=timezone.now() - timedelta(minutes=5)
+    )
     assert reconcile() == [str(session.id)]
     session.refresh_from_db()
     assert queued_ids(rq_queue) == {session.job_id}
     # A job still waiting in the queue is not dispatched again.
-    AgentSession.objects.filter(id=session.id).update(dispatched_at=timezone.now() - timedelta(minutes=5))
+    AgentSession.objects.filter(id=session.id).update(
+        dispatched_at=timezone.now() - timedelta(minutes=5)
+    )
     assert reconcile() == []
 
 
@@ -72,7 +76,10 @@ def test_reconciler_leaves_live_leases_and_finished_sessions_alone(rq_queue):
     rq_queue.empty()
     old = timezone.now() - timedelta(minutes=5)
     AgentSession.objects.filter(id=live.id).update(
-        status=Status.RUNNING, lease_owner="w", lease_expires_at=timezone.now() + timedelta(minutes=1), dispatched_at=old
+        status=Status.RUNNING,
+        lease_owner="w",
+        lease_expires_at=timezone.now() + timedelta(minutes=1),
+        dispatched_at=old,
     )
     AgentSession.objects.filter(id=done.id).update(status=Status.COMPLETED, dispatched_at=old)
     assert reconcile() == []
@@ -80,7 +87,10 @@ def test_reconciler_leaves_live_leases_and_finished_sessions_alone(rq_queue):
 
 def test_enqueue_failure_is_recorded_and_reconciled_later(rq_queue, settings, caplog):
     good = settings.RQ_QUEUES
-    settings.RQ_QUEUES = {**good, settings.RESPAWN_QUEUE: {"URL": "redis://127.0.0.1:1/0", "DEFAULT_TIMEOUT": 60}}
+    settings.RQ_QUEUES = {
+        **good,
+        settings.RESPAWN_QUEUE: {"URL": "redis://127.0.0.1:1/0", "DEFAULT_TIMEOUT": 60},
+    }
     session = session_start(agent="echo", input="hi")  # Redis down: accepted anyway
     assert "could not enqueue session" in caplog.text
     session.refresh_from_db()
@@ -88,6 +98,8 @@ def test_enqueue_failure_is_recorded_and_reconciled_later(rq_queue, settings, ca
     assert reconcile() == []  # the reconciler cannot reach Redis either, and says so
 
     settings.RQ_QUEUES = good  # Redis is back
-    AgentSession.objects.filter(id=session.id).update(dispatched_at=timezone.now() - timedelta(minutes=5))
+    AgentSession.objects.filter(id=session.id).update(
+        dispatched_at=timezone.now() - timedelta(minutes=5)
+    )
     assert reconcile() == [str(session.id)]
     assert rq_queue.count == 1

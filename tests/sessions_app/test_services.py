@@ -67,9 +67,15 @@ def test_run_inline_stores_steps_and_checkpoints():
     assert session.status == Status.COMPLETED
     assert session.final_answer.startswith("(12*7)+3 = 87.")
     assert session.step_count == session.last_seq == 13
-    assert list(Step.objects.filter(session=session).values_list("seq", flat=True)) == list(range(1, 14))
+    assert list(Step.objects.filter(session=session).values_list("seq", flat=True)) == list(
+        range(1, 14)
+    )
     assert session.head == 13
-    assert list(Checkpoint.objects.filter(session=session).values_list("seq", flat=True)) == [7, 12, 13]
+    assert list(Checkpoint.objects.filter(session=session).values_list("seq", flat=True)) == [
+        7,
+        12,
+        13,
+    ]
     assert session.tokens_in > 0 and session.tokens_out > 0
     assert session.lease_owner is None
 
@@ -91,7 +97,9 @@ def test_resume_rules():
 
 def test_resume_of_failed_session_queues_it_and_fences_the_old_lease():
     session = session_start(agent="echo", input="hi")
-    AgentSession.objects.filter(id=session.id).update(status=Status.FAILED, last_error="boom", fencing_token=4)
+    AgentSession.objects.filter(id=session.id).update(
+        status=Status.FAILED, last_error="boom", fencing_token=4
+    )
     resumed = session_resume(session_id=session.id)
     resumed.refresh_from_db()
     assert resumed.status == Status.QUEUED and resumed.last_error == ""
@@ -127,12 +135,19 @@ def test_approve_runs_the_pending_tool(users):
     assert session.status == Status.QUEUED
     decision = session.steps.order_by("-seq").first()
     assert decision.kind == "operator"
-    assert decision.payload == {"action": "approve", "call_id": "call_0_0", "tool": "send_payment", "actor": "olivia"}
+    assert decision.payload == {
+        "action": "approve",
+        "call_id": "call_0_0",
+        "tool": "send_payment",
+        "actor": "olivia",
+    }
     run_inline(session)
     session.refresh_from_db()
     assert session.status == Status.COMPLETED
     assert session.final_answer.startswith("Payment sent: reference pay-")
-    assert AuditEvent.objects.filter(session=session, action="approve", actor=users["operator"]).exists()
+    assert AuditEvent.objects.filter(
+        session=session, action="approve", actor=users["operator"]
+    ).exists()
 
 
 def test_reject_and_nothing_pending():
@@ -152,7 +167,9 @@ def test_rollback_supersedes_later_steps_and_pauses():
     checkpoint_rollback(session_id=session.id, checkpoint_seq=7)
     session.refresh_from_db()
     assert session.status == Status.PAUSED and session.head == 7
-    superseded = list(session.steps.filter(superseded_at__isnull=False).values_list("seq", flat=True))
+    superseded = list(
+        session.steps.filter(superseded_at__isnull=False).values_list("seq", flat=True)
+    )
     assert superseded == list(range(8, 14))
     assert session.steps.count() == 14  # nothing deleted; the rollback itself is step 14
     assert Checkpoint.objects.filter(session=session, reason="before-rollback", seq=13).exists()
@@ -165,4 +182,13 @@ def test_rollback_supersedes_later_steps_and_pauses():
     assert session.status == Status.COMPLETED
     assert session.final_answer.startswith("(12*7)+3 = 87. Saved as note")
     live = session.steps.filter(superseded_at__isnull=True).order_by("seq")
-    assert [s.kind for s in live][:8] == ["user", "system", "model", "tool_call", "tool_result", "tool_call", "tool_result", "operator"]
+    assert [s.kind for s in live][:8] == [
+        "user",
+        "system",
+        "model",
+        "tool_call",
+        "tool_result",
+        "tool_call",
+        "tool_result",
+        "operator",
+    ]

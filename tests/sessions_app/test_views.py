@@ -32,7 +32,12 @@ def test_list_query_count_is_bounded(client, users, django_assert_max_num_querie
 
 def test_detail_escapes_untrusted_content(client, users):
     session = AgentSession.objects.create(agent="demo", title="<script>alert(1)</script>")
-    Step.objects.create(session=session, seq=1, kind="tool_result", payload={"output": "<img src=x onerror=alert(1)>"})
+    Step.objects.create(
+        session=session,
+        seq=1,
+        kind="tool_result",
+        payload={"output": "<img src=x onerror=alert(1)>"},
+    )
     client.force_login(users["viewer"])
     response = client.get(reverse("sessions:detail", args=[session.id]))
     assert response.status_code == 200

@@ -57,7 +57,9 @@ class Command(BaseCommand):
         waiting = session_start(agent="approval", input="pay invoice INV-1042 to ACME Ltd")
         run(waiting)
 
-        failed = session_start(agent="demo", input="what is 6*7?", title="demo with a revoked API key")
+        failed = session_start(
+            agent="demo", input="what is 6*7?", title="demo with a revoked API key"
+        )
         run(failed, make_provider=lambda spec, options: (_RevokedKeyProvider(), spec))
 
         paused = session_start(agent="demo", input="what is 2**10, then save it as a note")
@@ -65,10 +67,14 @@ class Command(BaseCommand):
         first_boundary = paused.checkpoints.order_by("seq").values_list("seq", flat=True).first()
         checkpoint_rollback(session_id=paused.id, checkpoint_seq=first_boundary)
 
-        cancelled = session_start(agent="slow", input="count to 50", title="a long count, cancelled")
+        cancelled = session_start(
+            agent="slow", input="count to 50", title="a long count, cancelled"
+        )
         session_cancel(session_id=cancelled.id)
 
-        stuck = session_start(agent="slow", input="count to 4", title="worker crashed mid-tool-call")
+        stuck = session_start(
+            agent="slow", input="count to 4", title="worker crashed mid-tool-call"
+        )
         self.crash_mid_call(store, stuck)
 
         queued = session_start(agent="slow", input="count to 20", title="slow count: watch it live")
@@ -96,7 +102,9 @@ class Command(BaseCommand):
         store.append(
             lease,
             [
-                NewStep(kind=StepKind.SYSTEM, payload={"event": "run_started", "worker": lease.owner}),
+                NewStep(
+                    kind=StepKind.SYSTEM, payload={"event": "run_started", "worker": lease.owner}
+                ),
                 NewStep(
                     kind=StepKind.MODEL,
                     payload={

@@ -2,7 +2,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError
 
-from sessions_app.models import FINAL, AgentSession, Status
+from sessions_app.models import FINAL, Status
 from sessions_app.services import ActionError, session_start
 
 STOPPED = (*FINAL, Status.WAITING_INPUT, Status.PAUSED)
@@ -20,7 +20,9 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         try:
-            session = session_start(agent=options["agent"], input=options["input"], title=options["title"])
+            session = session_start(
+                agent=options["agent"], input=options["input"], title=options["title"]
+            )
         except ActionError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(str(session.id))
