@@ -53,7 +53,12 @@ def run(
         agents=agents or demo_agents(slow_delay=0),
         effects=effects if effects is not None else InMemoryEffects(),
         config=RunConfig(
-            worker_id=worker, lease_ttl=30, model_backoff=0.0, **kwargs.pop("config", {})
+            **{
+                "worker_id": worker,
+                "lease_ttl": 30,
+                "model_backoff": 0.0,
+                **kwargs.pop("config", {}),
+            }
         ),
         **kwargs,
     )

@@ -356,3 +356,33 @@ def test_operator_instruction_is_marked_as_operator_in_messages():
     messages = build_messages("", store.load_head(session_id).history)
     assert messages[-1].role == "user"
     assert messages[-1].content == "[Operator instruction] be brief"
+
+
+def test_heartbeat_keeps_the_lease_while_a_tool_outlives_the_ttl():
+    """A tick that takes three lease TTLs: nobody can claim the session meanwhile."""
+    import threading
+
+    store = InMemoryStore()
+    session_id = new_session(store, "slow", "count to 1")
+    stolen = []
+
+    def try_to_steal():
+        while store.session(session_id).lease_owner != "w1":  # wait until the run holds it
+            threading.Event().wait(0.005)
+        while not stolen and store.session(session_id).status != SessionStatus.COMPLETED:
+            lease = store.claim(session_id, "thief", ttl=30)
+            if lease is not None:
+                stolen.append(lease)
+            threading.Event().wait(0.02)
+
+    thief = threading.Thread(target=try_to_steal)
+    thief.start()
+    result = run(
+        store,
+        session_id,
+        agents=demo_agents(slow_delay=0.9),
+        config={"lease_ttl": 0.3, "heartbeat_interval": 0.05},
+    )
+    thief.join()
+    assert result.outcome == Outcome.COMPLETED
+    assert stolen == []
