@@ -213,3 +213,46 @@ class SideEffect(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class ApiToken(models.Model):
+    """A per-user bearer token for the JSON API. Only a SHA-256 hash is stored; the token
+    itself is shown once, when it is created."""
+
+    PREFIX = "rsp_"
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100, blank=True)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    key_prefix = models.CharField(
+        max_length=12, editable=False, help_text="First characters, to tell tokens apart."
+    )
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.key_prefix}… ({self.user})"
+
+    @staticmethod
+    def hash(raw: str) -> str:
+        import hashlib
+
+        return hashlib.sha256(raw.encode()).hexdigest()
+
+    @classmethod
+    def issue(cls, user, name: str = "") -> tuple[ApiToken, str]:
+        """Create a token; returns it with the raw secret (never stored)."""
+        import secrets
+
+        raw = cls.PREFIX + secrets.token_urlsafe(30)
+        token = cls.objects.create(
+            user=user, name=name, key_hash=cls.hash(raw), key_prefix=raw[:10]
+        )
+        return token, raw
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None
