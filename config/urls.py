@@ -3,6 +3,8 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from sessions_app.api import api
+
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="sessions:list", permanent=False)),
     path("login/", auth_views.LoginView.as_view(), name="login"),
@@ -10,4 +12,5 @@ urlpatterns = [
     path("sessions/", include("sessions_app.urls")),
     path("admin/rq/", include("django_rq.urls")),
     path("admin/", admin.site.urls),
+    path("api/", api.urls),
 ]

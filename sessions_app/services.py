@@ -351,3 +351,135 @@ def checkpoint_rollback(
             request_meta=request_meta,
         )
     return session
+
+
+MESSAGE_STATUSES = (Status.COMPLETED, Status.PAUSED, Status.FAILED)
+
+
+def session_send_message(
+    *, session_id: Any, content: str, actor: Actor = None, request_meta: dict | None = None
+) -> AgentSession:
+    """Continue a conversation: append a user step and queue the session."""
+    text = (content or "").strip()
+    if not text:
+        raise ActionError("content must not be empty", code="empty_input")
+    if len(text) > MAX_INPUT_CHARS:
+        raise ActionError(f"content is longer than {MAX_INPUT_CHARS} characters", code="too_long")
+    who = _actor(actor)
+    with transaction.atomic():
+        session = _locked(session_id)
+        if session.status == Status.WAITING_INPUT:
+            raise ActionError(
+                "session is waiting for an approval: approve or reject the pending tool call first",
+                code="bad_status",
+            )
+        if session.status not in MESSAGE_STATUSES:
+            raise ActionError(
+                f"cannot send a message to a {session.get_status_display().lower()} session "
+                "(only completed, paused or failed ones take new messages)",
+                code="bad_status" if session.status != Status.RUNNING else "already_running",
+            )
+        before = _summary(session)
+        step = _append_operator_step(session, {"text": text}, kind=Kind.USER)
+        session.status = Status.QUEUED
+        session.last_error = ""
+        session.final_answer = ""
+        session.save()
+        audit(
+            actor=who,
+            action="message",
+            session=session,
+            before=before,
+            after={**_summary(session), "step": step.seq},
+            request_meta=request_meta,
+        )
+        dispatch.dispatch_on_commit(session)
+    return session
+
+
+def session_fork(
+    *, session_id: Any, checkpoint_seq: int, actor: Actor = None, request_meta: dict | None = None
+) -> AgentSession:
+    """A new session whose history is the parent's live history up to checkpoint K
+    (copied, renumbered 1..N), with K's state as its head. It starts paused: resume it or
+    send it a message."""
+    from .models import Checkpoint, Reason
+
+    who = _actor(actor)
+    with transaction.atomic():
+        parent = _locked(session_id)
+        target = (
+            Checkpoint.objects.filter(session=parent, seq=checkpoint_seq)
+            .exclude(reason=Reason.BEFORE_ROLLBACK)
+            .order_by("-id")
+            .first()
+        )
+        if target is None:
+            raise ActionError(
+                f"session has no checkpoint at seq {checkpoint_seq}", code="not_found"
+            )
+        steps = list(
+            Step.objects.filter(
+                session=parent, seq__lte=checkpoint_seq, superseded_at__isnull=True
+            ).order_by("seq")
+        )
+        now = timezone.now()
+        fork = AgentSession.objects.create(
+            agent=parent.agent,
+            title=f"Fork of {parent.title or parent.id}"[:300],
+            status=Status.PAUSED,
+            created_by=who.user,
+            parent=parent,
+            fork_seq=checkpoint_seq,
+            head=len(steps),
+            last_seq=len(steps),
+            step_count=len(steps),
+            tokens_in=sum(s.tokens_in for s in steps),
+            tokens_out=sum(s.tokens_out for s in steps),
+            final_answer=target.state.get("final_answer") or "",
+            created_at=now,
+            updated_at=now,
+        )
+        Step.objects.bulk_create(
+            [
+                Step(
+                    session=fork,
+                    seq=index,
+                    kind=s.kind,
+                    payload=s.payload,
+                    schema_version=s.schema_version,
+                    started_at=s.started_at,
+                    finished_at=s.finished_at,
+                    tokens_in=s.tokens_in,
+                    tokens_out=s.tokens_out,
+                    # Keys stay the parent's: those effects happened under them.
+                    idempotency_key=s.idempotency_key,
+                    created_at=now,
+                )
+                for index, s in enumerate(steps, start=1)
+            ]
+        )
+        Checkpoint.objects.create(
+            session=fork,
+            seq=len(steps),
+            state=target.state,
+            schema_version=target.schema_version,
+            reason=Reason.MANUAL,
+            created_at=now,
+        )
+        audit(
+            actor=who,
+            action="fork",
+            session=fork,
+            before={"parent": str(parent.id), "checkpoint_seq": checkpoint_seq},
+            after=_summary(fork),
+            request_meta=request_meta,
+        )
+        audit(
+            actor=who,
+            action="forked",
+            session=parent,
+            after={"fork": str(fork.id), "checkpoint_seq": checkpoint_seq},
+            request_meta=request_meta,
+        )
+    return fork

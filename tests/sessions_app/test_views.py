@@ -50,3 +50,10 @@ def test_detail_of_missing_session_is_404(client, users):
     client.force_login(users["viewer"])
     response = client.get("/sessions/00000000-0000-0000-0000-000000000000/")
     assert response.status_code == 404
+
+
+def test_outsider_without_a_role_gets_403(client, users):
+    session = AgentSession.objects.create(agent="demo")
+    client.force_login(users["outsider"])
+    assert client.get(reverse("sessions:list")).status_code == 403
+    assert client.get(reverse("sessions:detail", args=[session.id])).status_code == 403

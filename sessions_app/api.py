@@ -1,0 +1,449 @@
+"""The JSON API for agent clients (django-ninja: pydantic schemas and OpenAPI for free).
+
+Authentication is a per-user bearer token (`manage.py create_api_token USER`). Reads need
+the viewer role, everything that changes a session the operator role: the same rules as
+the dashboard, because every action goes through `services`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from django.db.models import Q
+from django.http import HttpRequest
+from django.utils import timezone
+from ninja import Field, NinjaAPI, Query, Schema
+from ninja import Status as Reply
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.security import HttpBearer
+
+from . import services
+from .models import AgentSession, ApiToken, Checkpoint, Status, Step
+from .permissions import can_operate, can_view
+
+MAX_PAGE = 200
+
+
+class BearerToken(HttpBearer):
+    def __call__(self, request: HttpRequest) -> Any:
+        # Not HttpBearer's own __call__: that one logs the header it rejects under DEBUG.
+        value = request.headers.get("Authorization") or ""
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            return None
+        return self.authenticate(request, token.strip())
+
+    def authenticate(self, request: HttpRequest, token: str) -> Any:
+        found = (
+            ApiToken.objects.select_related("user")
+            .filter(key_hash=ApiToken.hash(token), revoked_at__isnull=True)
+            .first()
+        )
+        if found is None or not found.user.is_active:
+            return None
+        ApiToken.objects.filter(pk=found.pk).update(last_used_at=timezone.now())
+        request.user = found.user
+        return found.user
+
+
+api = NinjaAPI(
+    title="Respawn API",
+    version="1",
+    description="Start, follow and steer durable agent sessions.",
+    urls_namespace="api",
+    auth=BearerToken(),
+    docs_url="/docs",
+)
+
+
+# --- Schemas ----------------------------------------------------------------------------
+
+
+class ErrorOut(Schema):
+    error: str = Field(description="a machine-readable code")
+    detail: str = Field(description="what is wrong, for a person")
+
+
+class CountersOut(Schema):
+    steps: int
+    tokens_in: int
+    tokens_out: int
+    cost: float
+
+
+class PendingApprovalOut(Schema):
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    requested_at: str | None = None
+
+
+class SessionOut(Schema):
+    id: UUID
+    agent: str
+    title: str
+    status: str
+    head: int
+    last_seq: int
+    counters: CountersOut
+    pending_approval: PendingApprovalOut | None = None
+    final_answer: str | None = None
+    last_error: str | None = None
+    parent: UUID | None = None
+    fork_seq: int | None = None
+    stuck: bool
+    created_at: datetime
+    updated_at: datetime
+
+
+class SessionPage(Schema):
+    items: list[SessionOut]
+    next: str | None = Field(description="cursor of the next page; null on the last one")
+
+
+class StepOut(Schema):
+    seq: int
+    kind: str
+    payload: dict[str, Any]
+    schema_version: int
+    superseded: bool
+    started_at: datetime | None
+    finished_at: datetime | None
+    tokens_in: int
+    tokens_out: int
+    idempotency_key: str | None
+
+
+class StepPage(Schema):
+    items: list[StepOut]
+    next: int | None = Field(description="pass as `after` for the next page; null when done")
+
+
+class StartIn(Schema):
+    agent: str = Field(min_length=1, max_length=100)
+    input: str = Field(min_length=1, max_length=services.MAX_INPUT_CHARS)
+    title: str = Field("", max_length=300)
+
+
+class MessageIn(Schema):
+    content: str = Field(min_length=1, max_length=services.MAX_INPUT_CHARS)
+
+
+class CheckpointIn(Schema):
+    checkpoint_seq: int = Field(ge=0, le=2_147_483_647)
+
+
+class DecisionIn(Schema):
+    reason: str = Field("", max_length=2000)
+
+
+# --- Helpers ----------------------------------------------------------------------------
+
+STATUS_CODES = {
+    "not_found": 404,
+    "bad_status": 409,
+    "already_running": 409,
+}
+
+
+def _meta(request: HttpRequest) -> dict[str, Any]:
+    return {
+        "via": "api",
+        "ip": request.META.get("REMOTE_ADDR"),
+        "user_agent": request.headers.get("User-Agent", "")[:200],
+    }
+
+
+def _require_view(request: HttpRequest) -> None:
+    if not can_view(request.auth):
+        raise HttpError(403, "your account may not read sessions (needs the viewer role)")
+
+
+def _require_operate(request: HttpRequest) -> None:
+    if not can_operate(request.auth):
+        raise HttpError(403, "your account may not change sessions (needs the operator role)")
+
+
+def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str, Any]:
+    return {
+        "id": session.id,
+        "agent": session.agent,
+        "title": session.title,
+        "status": session.status,
+        "head": session.head,
+        "last_seq": session.last_seq,
+        "counters": {
+            "steps": session.step_count,
+            "tokens_in": session.tokens_in,
+            "tokens_out": session.tokens_out,
+            "cost": float(session.cost),
+        },
+        "pending_approval": pending,
+        "final_answer": session.final_answer or None,
+        "last_error": session.last_error or None,
+        "parent": session.parent_id,
+        "fork_seq": session.fork_seq,
+        "stuck": session.is_stuck(),
+        "created_at": session.created_at,
+        "updated_at": session.updated_at,
+    }
+
+
+def _pending(session: AgentSession) -> dict | None:
+    if session.status != Status.WAITING_INPUT:
+        return None
+    checkpoint = (
+        Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
+    )
+    pending = (checkpoint.state if checkpoint else {}).get("pending_approval")
+    if not pending:
+        return None
+    return {k: pending.get(k) for k in ("call_id", "tool", "arguments", "requested_at")}
+
+
+def _get(session_id: UUID) -> AgentSession:
+    session = AgentSession.objects.filter(id=session_id).first()
+    if session is None:
+        raise services.ActionError(f"no session with id {session_id}", code="not_found")
+    return session
+
+
+def _detail(session: AgentSession) -> dict[str, Any]:
+    return _session_out(session, _pending(session))
+
+
+def _encode_cursor(session: AgentSession) -> str:
+    raw = f"{session.updated_at.isoformat()}|{session.id}"
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        stamp, _, raw_id = base64.urlsafe_b64decode(padded.encode()).decode().partition("|")
+        updated = datetime.fromisoformat(stamp)
+        if updated.tzinfo is None:
+            raise ValueError("naive")
+        return updated, UUID(raw_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise HttpError(400, "cursor is not one this API returned") from None
+
+
+# --- Errors: always JSON, always naming the problem --------------------------------------
+
+
+@api.exception_handler(services.ActionError)
+def action_error(request: HttpRequest, exc: services.ActionError):
+    return api.create_response(
+        request, {"error": exc.code, "detail": str(exc)}, status=STATUS_CODES.get(exc.code, 400)
+    )
+
+
+@api.exception_handler(HttpError)
+def http_error(request: HttpRequest, exc: HttpError):
+    codes = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
+    return api.create_response(
+        request,
+        {"error": codes.get(exc.status_code, "error"), "detail": str(exc)},
+        status=exc.status_code,
+    )
+
+
+@api.exception_handler(AuthenticationError)
+def auth_error(request: HttpRequest, exc: AuthenticationError):
+    return api.create_response(
+        request,
+        {
+            "error": "unauthorized",
+            "detail": "send a valid API token: Authorization: Bearer <token>",
+        },
+        status=401,
+    )
+
+
+@api.exception_handler(ValidationError)
+def validation_error(request: HttpRequest, exc: ValidationError):
+    problems = []
+    for err in exc.errors:
+        where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("body", "payload"))
+        problems.append(f"{where or 'body'}: {err.get('msg')}")
+    return api.create_response(
+        request,
+        {"error": "invalid", "detail": "; ".join(problems), "problems": exc.errors},
+        status=422,
+    )
+
+
+# --- Endpoints --------------------------------------------------------------------------
+
+ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+
+
+@api.post("/sessions", response={201: SessionOut, **ERRORS}, summary="Start a session")
+def start(request: HttpRequest, body: StartIn):
+    _require_operate(request)
+    session = services.session_start(
+        agent=body.agent,
+        input=body.input,
+        title=body.title,
+        actor=request.auth,
+        request_meta=_meta(request),
+    )
+    return Reply(201, _detail(session))
+
+
+@api.get("/sessions", response={200: SessionPage, **ERRORS}, summary="List sessions")
+def list_sessions(
+    request: HttpRequest,
+    status: str | None = Query(None, description="one of " + ", ".join(Status.values)),
+    agent: str | None = Query(None, max_length=100),
+    cursor: str | None = Query(None, max_length=200),
+    limit: int = Query(50, ge=1, le=MAX_PAGE),
+):
+    _require_view(request)
+    sessions = AgentSession.objects.order_by("-updated_at", "-id")
+    if status:
+        if status not in Status.values:
+            raise HttpError(400, f"unknown status {status!r} (one of {', '.join(Status.values)})")
+        sessions = sessions.filter(status=status)
+    if agent:
+        sessions = sessions.filter(agent=agent)
+    if cursor:
+        updated, last_id = _decode_cursor(cursor)
+        sessions = sessions.filter(
+            Q(updated_at__lt=updated) | Q(updated_at=updated, id__lt=last_id)
+        )
+    page = list(sessions[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    return {
+        "items": [_session_out(s, None) for s in page],
+        "next": _encode_cursor(page[-1]) if more and page else None,
+    }
+
+
+@api.get("/sessions/{session_id}", response={200: SessionOut, **ERRORS}, summary="A session")
+def get_session(request: HttpRequest, session_id: UUID):
+    _require_view(request)
+    return _detail(_get(session_id))
+
+
+@api.get("/sessions/{session_id}/steps", response={200: StepPage, **ERRORS}, summary="Its steps")
+def list_steps(
+    request: HttpRequest,
+    session_id: UUID,
+    after: int = Query(0, ge=0, le=2_147_483_647, description="return steps with seq > after"),
+    limit: int = Query(100, ge=1, le=MAX_PAGE),
+    include_superseded: bool = Query(True),
+):
+    _require_view(request)
+    session = _get(session_id)
+    steps = Step.objects.filter(session=session, seq__gt=after).order_by("seq")
+    if not include_superseded:
+        steps = steps.filter(superseded_at__isnull=True)
+    page = list(steps[: limit + 1])
+    more = len(page) > limit
+    page = page[:limit]
+    return {
+        "items": [
+            {
+                "seq": s.seq,
+                "kind": s.kind,
+                "payload": s.payload,
+                "schema_version": s.schema_version,
+                "superseded": s.superseded_at is not None,
+                "started_at": s.started_at,
+                "finished_at": s.finished_at,
+                "tokens_in": s.tokens_in,
+                "tokens_out": s.tokens_out,
+                "idempotency_key": s.idempotency_key,
+            }
+            for s in page
+        ],
+        "next": page[-1].seq if more and page else None,
+    }
+
+
+@api.post(
+    "/sessions/{session_id}/messages",
+    response={202: SessionOut, **ERRORS},
+    summary="Send a message",
+)
+def send_message(request: HttpRequest, session_id: UUID, body: MessageIn):
+    _require_operate(request)
+    session = services.session_send_message(
+        session_id=session_id, content=body.content, actor=request.auth, request_meta=_meta(request)
+    )
+    return Reply(202, _detail(session))
+
+
+@api.post("/sessions/{session_id}/resume", response={202: SessionOut, **ERRORS}, summary="Resume")
+def resume(request: HttpRequest, session_id: UUID):
+    _require_operate(request)
+    session = services.session_resume(
+        session_id=session_id, actor=request.auth, request_meta=_meta(request)
+    )
+    return Reply(202, _detail(session))
+
+
+@api.post("/sessions/{session_id}/cancel", response={200: SessionOut, **ERRORS}, summary="Cancel")
+def cancel(request: HttpRequest, session_id: UUID):
+    _require_operate(request)
+    session = services.session_cancel(
+        session_id=session_id, actor=request.auth, request_meta=_meta(request)
+    )
+    return Reply(200, _detail(session))
+
+
+@api.post(
+    "/sessions/{session_id}/rollback", response={200: SessionOut, **ERRORS}, summary="Roll back"
+)
+def rollback(request: HttpRequest, session_id: UUID, body: CheckpointIn):
+    _require_operate(request)
+    session = services.checkpoint_rollback(
+        session_id=session_id,
+        checkpoint_seq=body.checkpoint_seq,
+        actor=request.auth,
+        request_meta=_meta(request),
+    )
+    return Reply(200, _detail(session))
+
+
+@api.post("/sessions/{session_id}/fork", response={201: SessionOut, **ERRORS}, summary="Fork")
+def fork(request: HttpRequest, session_id: UUID, body: CheckpointIn):
+    _require_operate(request)
+    session = services.session_fork(
+        session_id=session_id,
+        checkpoint_seq=body.checkpoint_seq,
+        actor=request.auth,
+        request_meta=_meta(request),
+    )
+    return Reply(201, _detail(session))
+
+
+@api.post("/sessions/{session_id}/approve", response={202: SessionOut, **ERRORS}, summary="Approve")
+def approve(request: HttpRequest, session_id: UUID, body: DecisionIn | None = None):
+    _require_operate(request)
+    session = services.session_approve(
+        session_id=session_id,
+        actor=request.auth,
+        reason=(body.reason if body else ""),
+        request_meta=_meta(request),
+    )
+    return Reply(202, _detail(session))
+
+
+@api.post("/sessions/{session_id}/reject", response={202: SessionOut, **ERRORS}, summary="Reject")
+def reject(request: HttpRequest, session_id: UUID, body: DecisionIn | None = None):
+    _require_operate(request)
+    session = services.session_reject(
+        session_id=session_id,
+        actor=request.auth,
+        reason=(body.reason if body else ""),
+        request_meta=_meta(request),
+    )
+    return Reply(202, _detail(session))

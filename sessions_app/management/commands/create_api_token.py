@@ -1,0 +1,21 @@
+from django.contrib.auth import get_user_model
+from django.core.management.base import BaseCommand, CommandError
+
+from sessions_app.models import ApiToken
+
+
+class Command(BaseCommand):
+    help = "Create an API token for USER and print it (it is shown this once; only a hash is kept)."
+
+    def add_arguments(self, parser):
+        parser.add_argument("username")
+        parser.add_argument("--name", default="", help="what the token is for")
+
+    def handle(self, *args, **options):
+        User = get_user_model()
+        try:
+            user = User.objects.get(username=options["username"])
+        except User.DoesNotExist:
+            raise CommandError(f"no user named {options['username']!r}") from None
+        _, raw = ApiToken.issue(user, name=options["name"])
+        self.stdout.write(raw)
