@@ -100,7 +100,8 @@ class Finished:
 
 Action = CallModel | RunTools | Finished
 
-_NEW_INPUT_OPERATOR_ACTIONS = {"instruction"}
+# Operator steps that give the model something new to respond to (a person's edit).
+_NEW_INPUT_OPERATOR_ACTIONS = {"instruction", "correct_result"}
 
 
 def _is_new_input(step: StepRecord) -> bool:
@@ -180,6 +181,11 @@ def apply_step(state: SessionState, step: StepRecord) -> None:
 def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Message]:
     """The conversation a provider sees, rebuilt from durable steps only."""
     messages = [Message(role="system", content=system_prompt)] if system_prompt else []
+    corrections = {
+        s.payload.get("call_id"): s.payload
+        for s in history
+        if s.kind == StepKind.OPERATOR and s.payload.get("action") == "correct_result"
+    }
     for step in history:
         payload = step.payload
         if step.kind == StepKind.USER:
@@ -193,23 +199,37 @@ def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Messag
                 )
             )
         elif step.kind == StepKind.TOOL_RESULT:
-            content = json.dumps(
-                {
-                    "name": payload.get("name"),
-                    "ok": payload.get("ok"),
-                    "output": payload.get("output"),
-                    "error": payload.get("error"),
-                    "attempts": payload.get("attempts", 1),
-                },
-                sort_keys=True,
-                default=str,
-            )
+            result = {
+                "name": payload.get("name"),
+                "ok": payload.get("ok"),
+                "output": payload.get("output"),
+                "error": payload.get("error"),
+                "attempts": payload.get("attempts", 1),
+            }
+            correction = corrections.get(payload.get("call_id"))
+            if correction is not None:
+                # The corrected value, labelled as an operator's: never passed off as the tool's.
+                result.update(ok=True, output=correction.get("output"), error=None)
+                result["corrected_by_operator"] = correction.get("actor")
+                if correction.get("note"):
+                    result["operator_note"] = correction["note"]
+            content = json.dumps(result, sort_keys=True, default=str)
             messages.append(
                 Message(
                     role="tool",
                     content=content,
                     tool_call_id=payload.get("call_id"),
                     name=payload.get("name"),
+                )
+            )
+        elif step.kind == StepKind.OPERATOR and payload.get("action") == "correct_result":
+            messages.append(
+                Message(
+                    role="user",
+                    content=(
+                        f"[Operator correction] The result of tool call {payload.get('call_id')} "
+                        "was corrected by an operator; continue from the corrected result."
+                    ),
                 )
             )
         elif step.kind == StepKind.OPERATOR and payload.get("action") == "instruction":

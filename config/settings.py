@@ -145,6 +145,11 @@ RESPAWN_DISPATCH_GRACE = env_float("RESPAWN_DISPATCH_GRACE", 30.0)
 RESPAWN_MODEL_RETRIES = int(env_float("RESPAWN_MODEL_RETRIES", 3))
 RESPAWN_MODEL_BACKOFF = env_float("RESPAWN_MODEL_BACKOFF", 0.5)
 RESPAWN_SLOW_DELAY = env_float("RESPAWN_SLOW_DELAY", 0.5)
+# Approvals waiting longer than this many seconds are listed under "needs attention".
+RESPAWN_APPROVAL_SLA = env_float("RESPAWN_APPROVAL_SLA", 3600)
+# The reconciler dispatches at most this many sessions per pass: bulk resumes of
+# thousands reach the workers (and the model provider) in waves, not all at once.
+RESPAWN_RECONCILE_BATCH = int(env_float("RESPAWN_RECONCILE_BATCH", 200))
 RESPAWN_MODEL = os.environ.get("RESPAWN_MODEL", "")
 OPENAI_BASE_URL = os.environ.get("OPENAI_BASE_URL", "")
 OPENAI_API_KEY = os.environ.get("OPENAI_API_KEY", "")

@@ -79,13 +79,14 @@ def _job_waiting(job_id: str, connection) -> bool:
     }
 
 
-def reconcile(*, limit: int = 500) -> list[str]:
+def reconcile(*, limit: int | None = None) -> list[str]:
     """Dispatch again every runnable session that nobody is running and nothing will run.
 
     Candidates: queued or running, lease free or expired, and either dispatched longer ago
     than the grace period or (a running session) not dispatched since its lease expired.
     Returns the ids dispatched.
     """
+    limit = limit or settings.RESPAWN_RECONCILE_BATCH
     now = timezone.now()
     grace = now - timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
     candidates = (
@@ -96,7 +97,7 @@ def reconcile(*, limit: int = 500) -> list[str]:
             | Q(dispatched_at__lt=grace)
             | Q(status=Status.RUNNING, dispatched_at__lt=F("lease_expires_at"))
         )
-        .order_by("dispatched_at")
+        .order_by(F("dispatched_at").asc(nulls_first=True))
         .values_list("id", "job_id", "dispatched_at")[:limit]
     )
     try:

@@ -161,9 +161,16 @@ def session_start(
 
 
 def session_resume(
-    *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
+    *,
+    session_id: Any,
+    actor: Actor = None,
+    request_meta: dict | None = None,
+    dispatch_now: bool = True,
 ) -> AgentSession:
-    """Queue a paused, failed, waiting or stuck session to continue from its head."""
+    """Queue a paused, failed or stuck session to continue from its head.
+
+    dispatch_now=False leaves the enqueue to the reconciler, which dispatches at most
+    RESPAWN_RECONCILE_BATCH sessions per pass: how bulk resumes are throttled."""
     who = _actor(actor)
     with transaction.atomic():
         session = _locked(session_id)
@@ -205,7 +212,10 @@ def session_resume(
             after=_summary(session),
             request_meta=request_meta,
         )
-        dispatch.dispatch_on_commit(session)
+        if dispatch_now:
+            dispatch.dispatch_on_commit(session)
+        else:
+            AgentSession.objects.filter(id=session.id).update(dispatched_at=None, job_id="")
     return session
 
 
@@ -483,3 +493,109 @@ def session_fork(
             request_meta=request_meta,
         )
     return fork
+
+
+EDITABLE_STATUSES = (Status.PAUSED, Status.FAILED, Status.COMPLETED)
+
+
+def _editable(session: AgentSession) -> None:
+    if session.status in RUNNABLE:
+        raise ActionError(
+            "cannot edit a session that is queued or running; cancel it or wait",
+            code="already_running",
+        )
+    if session.status not in EDITABLE_STATUSES:
+        raise ActionError(
+            f"a {session.get_status_display().lower()} session cannot be edited", code="bad_status"
+        )
+
+
+def session_correct_result(
+    *,
+    session_id: Any,
+    result_seq: int,
+    output: Any,
+    note: str = "",
+    actor: Actor = None,
+    request_meta: dict | None = None,
+) -> AgentSession:
+    """Edit and resume: replace what a tool returned. The original result stays in the
+    trace; an `operator` step records the correction, and the model sees the corrected
+    value labelled as an operator's. Then the session is queued to continue."""
+    import json
+
+    try:
+        json.dumps(output)
+    except (TypeError, ValueError):
+        raise ActionError("the corrected output must be JSON", code="invalid") from None
+    who = _actor(actor)
+    with transaction.atomic():
+        session = _locked(session_id)
+        _editable(session)
+        target = Step.objects.filter(
+            session=session, seq=result_seq, superseded_at__isnull=True
+        ).first()
+        if target is None or target.kind != Kind.TOOL_RESULT:
+            raise ActionError(
+                f"step {result_seq} is not a live tool result of this session", code="not_found"
+            )
+        before = {**_summary(session), "result_seq": result_seq, "original": target.payload}
+        payload = {
+            "action": "correct_result",
+            "actor": who.label,
+            "call_id": target.payload.get("call_id"),
+            "name": target.payload.get("name"),
+            "result_seq": result_seq,
+            "output": output,
+        }
+        if note.strip():
+            payload["note"] = note.strip()[:2000]
+        step = _append_operator_step(session, payload)
+        session.status = Status.QUEUED
+        session.last_error = ""
+        session.save()
+        audit(
+            actor=who,
+            action="correct_result",
+            session=session,
+            before=before,
+            after={**_summary(session), "step": step.seq, "output": output},
+            request_meta=request_meta,
+        )
+        dispatch.dispatch_on_commit(session)
+    return session
+
+
+def session_add_instruction(
+    *, session_id: Any, text: str, actor: Actor = None, request_meta: dict | None = None
+) -> AgentSession:
+    """Edit and resume: give the agent an operator's instruction (marked as such), then
+    queue it to continue."""
+    text = (text or "").strip()
+    if not text:
+        raise ActionError("the instruction must not be empty", code="empty_input")
+    if len(text) > MAX_INPUT_CHARS:
+        raise ActionError(
+            f"the instruction is longer than {MAX_INPUT_CHARS} characters", code="too_long"
+        )
+    who = _actor(actor)
+    with transaction.atomic():
+        session = _locked(session_id)
+        _editable(session)
+        before = _summary(session)
+        step = _append_operator_step(
+            session, {"action": "instruction", "actor": who.label, "text": text}
+        )
+        session.status = Status.QUEUED
+        session.last_error = ""
+        session.save()
+        audit(
+            actor=who,
+            action="instruction",
+            session=session,
+            before=before,
+            after={**_summary(session), "step": step.seq, "text": text},
+            request_meta=request_meta,
+        )
+        dispatch.dispatch_on_commit(session)
+    return session

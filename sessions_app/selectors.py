@@ -1,0 +1,357 @@
+"""Reads that need care: filtered keyset pages, counts, the attention queue, previews."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import uuid
+from dataclasses import dataclass, field
+from datetime import date, datetime, time, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, TextField
+from django.db.models.functions import Cast, TruncHour
+from django.utils import timezone
+
+from .models import FINAL, RUNNABLE, AgentSession, Checkpoint, Status, Step
+from .runtime import agent_registry
+
+SORTS = {
+    "-updated": ("-updated_at", "-id"),
+    "updated": ("updated_at", "id"),
+    "-created": ("-created_at", "-id"),
+    "created": ("created_at", "id"),
+}
+
+
+class BadFilter(ValueError):
+    pass
+
+
+@dataclass
+class SessionFilters:
+    q: str = ""
+    status: str = ""
+    agent: str = ""
+    created_from: date | None = None
+    created_to: date | None = None
+    updated_from: date | None = None
+    updated_to: date | None = None
+    sort: str = "-updated"
+    errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_query(cls, params: Any) -> SessionFilters:
+        f = cls(
+            q=(params.get("q") or "").strip()[:200],
+            status=params.get("status") or "",
+            agent=params.get("agent") or "",
+            sort=params.get("sort") or "-updated",
+        )
+        if f.status and f.status not in Status.values:
+            f.errors.append(f"unknown status {f.status!r}")
+            f.status = ""
+        if f.sort not in SORTS:
+            f.errors.append(f"unknown sort {f.sort!r}")
+            f.sort = "-updated"
+        for name in ("created_from", "created_to", "updated_from", "updated_to"):
+            raw = params.get(name) or ""
+            if raw:
+                try:
+                    setattr(f, name, date.fromisoformat(raw))
+                except ValueError:
+                    f.errors.append(f"{name.replace('_', ' ')}: not a date (YYYY-MM-DD): {raw!r}")
+        return f
+
+    def as_query(self, **override: Any) -> dict[str, str]:
+        values = {
+            "q": self.q,
+            "status": self.status,
+            "agent": self.agent,
+            "created_from": self.created_from.isoformat() if self.created_from else "",
+            "created_to": self.created_to.isoformat() if self.created_to else "",
+            "updated_from": self.updated_from.isoformat() if self.updated_from else "",
+            "updated_to": self.updated_to.isoformat() if self.updated_to else "",
+            "sort": self.sort if self.sort != "-updated" else "",
+        }
+        values.update({k: v for k, v in override.items()})
+        return {k: v for k, v in values.items() if v}
+
+
+def _day_start(day: date) -> datetime:
+    return timezone.make_aware(datetime.combine(day, time.min), timezone.get_current_timezone())
+
+
+def step_search_matches(q: str) -> QuerySet[Step]:
+    """Steps whose payload contains the words of q: PostgreSQL full-text search over the
+    payload text (served by the step_payload_search GIN index); icontains elsewhere."""
+    if connection.vendor == "postgresql":
+        from django.contrib.postgres.search import SearchQuery, SearchVector
+
+        return Step.objects.annotate(
+            search=SearchVector(Cast("payload", TextField()), config="simple")
+        ).filter(search=SearchQuery(q, config="simple", search_type="plain"))
+    return Step.objects.annotate(text=Cast("payload", TextField())).filter(text__icontains=q)
+
+
+def filtered_sessions(f: SessionFilters) -> QuerySet[AgentSession]:
+    sessions = AgentSession.objects.all()
+    if f.status:
+        sessions = sessions.filter(status=f.status)
+    if f.agent:
+        sessions = sessions.filter(agent=f.agent)
+    if f.created_from:
+        sessions = sessions.filter(created_at__gte=_day_start(f.created_from))
+    if f.created_to:
+        sessions = sessions.filter(created_at__lt=_day_start(f.created_to + timedelta(days=1)))
+    if f.updated_from:
+        sessions = sessions.filter(updated_at__gte=_day_start(f.updated_from))
+    if f.updated_to:
+        sessions = sessions.filter(updated_at__lt=_day_start(f.updated_to + timedelta(days=1)))
+    if f.q:
+        try:
+            return sessions.filter(id=uuid.UUID(f.q))
+        except ValueError:
+            pass
+        in_steps = Exists(step_search_matches(f.q).filter(session=OuterRef("pk")))
+        sessions = sessions.filter(Q(title__icontains=f.q) | in_steps)
+    return sessions
+
+
+def encode_cursor(session: AgentSession, sort: str) -> str:
+    field_name = SORTS[sort][0].lstrip("-")
+    value = getattr(session, field_name).isoformat()
+    return base64.urlsafe_b64encode(f"{value}|{session.id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode((cursor + "=" * (-len(cursor) % 4)).encode()).decode()
+        stamp, _, session_id = raw.partition("|")
+        value = datetime.fromisoformat(stamp)
+        if value.tzinfo is None:
+            raise ValueError
+        return value, uuid.UUID(session_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise BadFilter("that page link is broken (bad cursor); start from the first page") from None
+
+
+def session_page(f: SessionFilters, cursor: str | None, size: int) -> tuple[list[AgentSession], str | None]:
+    """One keyset page (no OFFSET): rows after the cursor in the chosen order."""
+    order = SORTS[f.sort]
+    field_name = order[0].lstrip("-")
+    descending = order[0].startswith("-")
+    sessions = filtered_sessions(f)
+    if cursor:
+        value, last_id = decode_cursor(cursor)
+        if descending:
+            after = Q(**{f"{field_name}__lt": value}) | Q(**{field_name: value, "id__lt": last_id})
+        else:
+            after = Q(**{f"{field_name}__gt": value}) | Q(**{field_name: value, "id__gt": last_id})
+        sessions = sessions.filter(after)
+    rows = list(sessions.order_by(*order)[: size + 1])
+    more = len(rows) > size
+    rows = rows[:size]
+    return rows, (encode_cursor(rows[-1], f.sort) if more and rows else None)
+
+
+def status_counts() -> dict[str, int]:
+    counts = dict.fromkeys(Status.values, 0)
+    for row in AgentSession.objects.values("status").annotate(n=Count("id")).order_by():
+        counts[row["status"]] = row["n"]
+    return counts
+
+
+def agent_names() -> list[str]:
+    return agent_registry().names()
+
+
+# --- Needs attention --------------------------------------------------------------------
+
+
+def stuck_sessions(limit: int = 100) -> list[AgentSession]:
+    now = timezone.now()
+    grace = now - timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
+    rows = (
+        AgentSession.objects.filter(status__in=RUNNABLE)
+        .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lte=now))
+        .filter(Q(status=Status.RUNNING) | Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=grace))
+        .order_by("updated_at")[:limit]
+    )
+    return [s for s in rows if s.is_stuck(now)]
+
+
+def overdue_approvals(limit: int = 100) -> list[AgentSession]:
+    cutoff = timezone.now() - timedelta(seconds=settings.RESPAWN_APPROVAL_SLA)
+    return list(
+        AgentSession.objects.filter(status=Status.WAITING_INPUT, updated_at__lt=cutoff).order_by(
+            "updated_at"
+        )[:limit]
+    )
+
+
+@dataclass(frozen=True)
+class RepeatedFailure:
+    session: AgentSession
+    error: str
+    times: int
+
+
+def repeated_failures(limit: int = 50, threshold: int = 2) -> list[RepeatedFailure]:
+    """Failed sessions whose latest error happened at least `threshold` times."""
+    failed = list(AgentSession.objects.filter(status=Status.FAILED).order_by("-updated_at")[:500])
+    if not failed:
+        return []
+    errors = (
+        Step.objects.filter(session__in=failed, kind="error", superseded_at__isnull=True)
+        .values("session_id", "payload__error")
+        .annotate(n=Count("id"))
+        .filter(n__gte=threshold)
+        .order_by()
+    )
+    by_id = {s.id: s for s in failed}
+    out = [
+        RepeatedFailure(by_id[row["session_id"]], str(row["payload__error"]), row["n"])
+        for row in errors
+        if row["session_id"] in by_id
+    ]
+    out.sort(key=lambda r: r.session.updated_at, reverse=True)
+    return out[:limit]
+
+
+def activity_last_24h() -> list[dict[str, Any]]:
+    """Sessions started and finished per hour over the last 24 hours."""
+    now = timezone.now()
+    start = (now - timedelta(hours=23)).replace(minute=0, second=0, microsecond=0)
+    started = dict(
+        AgentSession.objects.filter(created_at__gte=start)
+        .annotate(hour=TruncHour("created_at"))
+        .values("hour")
+        .annotate(n=Count("id"))
+        .values_list("hour", "n")
+    )
+    finished = dict(
+        AgentSession.objects.filter(updated_at__gte=start, status__in=FINAL)
+        .annotate(hour=TruncHour("updated_at"))
+        .values("hour")
+        .annotate(n=Count("id"))
+        .values_list("hour", "n")
+    )
+    hours = []
+    for i in range(24):
+        hour = start + timedelta(hours=i)
+        hours.append({"hour": hour, "started": started.get(hour, 0), "finished": finished.get(hour, 0)})
+    return hours
+
+
+# --- Previews ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RerunCall:
+    seq: int | None
+    name: str
+    call_id: str
+    idempotent: bool | None
+    needs_approval: bool
+
+
+@dataclass
+class Preview:
+    action: str
+    checkpoint_seq: int
+    superseded: list[Step] = field(default_factory=list)
+    superseded_count: int = 0
+    reruns: list[RerunCall] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _tool_flags(agent: str, name: str) -> tuple[bool | None, bool]:
+    try:
+        tool = agent_registry().get(agent).tools.get(name)
+    except KeyError:
+        tool = None
+    if tool is None:
+        return None, False
+    return tool.idempotent, tool.needs_approval
+
+
+def _pending_calls(session: AgentSession, after_seq: int) -> list[RerunCall]:
+    """Tool calls of the last model turn at or before the resume point that have no result."""
+    live = Step.objects.filter(session=session, superseded_at__isnull=True)
+    model = live.filter(kind="model", seq__lte=max(after_seq, session.last_seq)).order_by("-seq").first()
+    if model is None:
+        return []
+    later = list(live.filter(seq__gt=model.seq).order_by("seq"))
+    done = {s.payload.get("call_id") for s in later if s.kind == "tool_result"}
+    recorded = {s.payload.get("call_id"): s.seq for s in later if s.kind == "tool_call"}
+    out = []
+    for call in model.payload.get("tool_calls") or []:
+        if call.get("id") in done:
+            continue
+        idempotent, approval = _tool_flags(session.agent, call.get("name", ""))
+        out.append(RerunCall(recorded.get(call.get("id")), call.get("name", ""), call.get("id", ""), idempotent, approval))
+    return out
+
+
+def preview_resume(session: AgentSession) -> Preview:
+    preview = Preview(action="resume", checkpoint_seq=session.head)
+    after = Step.objects.filter(session=session, seq__gt=session.head, superseded_at__isnull=True)
+    count = after.count()
+    if count:
+        preview.notes.append(
+            f"{count} step(s) after checkpoint {session.head} are kept and folded into the state; "
+            "nothing before the checkpoint runs again."
+        )
+    preview.reruns = _pending_calls(session, session.last_seq)
+    for call in preview.reruns:
+        if call.seq is not None:
+            preview.notes.append(
+                f"Tool call #{call.seq} ({call.name}) was recorded but has no result: it runs again "
+                f"with the same idempotency key{'' if call.idempotent else ' — it is NOT idempotent'}."
+            )
+    if not preview.reruns:
+        preview.notes.append("The model is called next, with the history as it stands.")
+    return preview
+
+
+def preview_rollback(session: AgentSession, checkpoint_seq: int) -> Preview:
+    preview = Preview(action="rollback", checkpoint_seq=checkpoint_seq)
+    later = Step.objects.filter(session=session, seq__gt=checkpoint_seq, superseded_at__isnull=True)
+    preview.superseded_count = later.count()
+    preview.superseded = list(later.order_by("seq")[:50])
+    done_calls = [s for s in later.filter(kind="tool_call").order_by("seq")[:200]]
+    for step in done_calls:
+        idempotent, approval = _tool_flags(session.agent, step.payload.get("name", ""))
+        preview.reruns.append(
+            RerunCall(step.seq, step.payload.get("name", ""), step.payload.get("call_id", ""), idempotent, approval)
+        )
+    if preview.reruns:
+        preview.notes.append(
+            "These tool calls already ran and are rolled back in the trace only: their side effects "
+            "stay. If the model asks for them again after a resume, they run again with new keys."
+        )
+    preview.notes.append("The session is paused afterwards; nothing runs until someone resumes it.")
+    return preview
+
+
+def checkpoints_of(session: AgentSession) -> list[Checkpoint]:
+    return list(Checkpoint.objects.filter(session=session).order_by("seq", "id").defer("state"))
+
+
+def first_error_seq(session: AgentSession) -> int | None:
+    return (
+        Step.objects.filter(session=session, kind="error", superseded_at__isnull=True)
+        .order_by("seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
+
+
+def head_state(session: AgentSession) -> dict[str, Any]:
+    checkpoint = Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
+    return checkpoint.state if checkpoint else {}
+
+
