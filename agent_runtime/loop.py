@@ -182,7 +182,7 @@ def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Messag
     """The conversation a provider sees, rebuilt from durable steps only."""
     messages = [Message(role="system", content=system_prompt)] if system_prompt else []
     corrections = {
-        s.payload.get("call_id"): s.payload
+        s.payload.get("result_seq"): s.payload
         for s in history
         if s.kind == StepKind.OPERATOR and s.payload.get("action") == "correct_result"
     }
@@ -206,7 +206,7 @@ def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Messag
                 "error": payload.get("error"),
                 "attempts": payload.get("attempts", 1),
             }
-            correction = corrections.get(payload.get("call_id"))
+            correction = corrections.get(step.seq)
             if correction is not None:
                 # The corrected value, labelled as an operator's: never passed off as the tool's.
                 result.update(ok=True, output=correction.get("output"), error=None)

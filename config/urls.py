@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from sessions_app import views as session_views
 from sessions_app.api import api
 
 urlpatterns = [
@@ -10,6 +11,7 @@ urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", include("sessions_app.urls")),
+    path("audit/", session_views.audit_log, name="audit"),
     path("admin/rq/", include("django_rq.urls")),
     path("admin/", admin.site.urls),
     path("api/", api.urls),

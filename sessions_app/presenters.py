@@ -73,7 +73,11 @@ def present_step(step: Step, checkpoint_reasons: list[str] | None = None) -> Ste
             view.blocks.append(Block("text", _text(payload)))
         for call in calls:
             view.blocks.append(
-                Block(f"calls {call.get('name')} ({call.get('id')})", pretty(call.get("arguments")), True)
+                Block(
+                    f"calls {call.get('name')} ({call.get('id')})",
+                    pretty(call.get("arguments")),
+                    True,
+                )
             )
         if not calls:
             view.tone = "ok"
@@ -148,6 +152,11 @@ def diff_states(before: Any, after: Any) -> list[DiffLine]:
             lines.append(DiffLine(path, "removed", json.dumps(a[path], default=str), ""))
         elif a[path] != b[path]:
             lines.append(
-                DiffLine(path, "changed", json.dumps(a[path], default=str), json.dumps(b[path], default=str))
+                DiffLine(
+                    path,
+                    "changed",
+                    json.dumps(a[path], default=str),
+                    json.dumps(b[path], default=str),
+                )
             )
     return lines

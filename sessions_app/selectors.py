@@ -135,10 +135,14 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
             raise ValueError
         return value, uuid.UUID(session_id)
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise BadFilter("that page link is broken (bad cursor); start from the first page") from None
+        raise BadFilter(
+            "that page link is broken (bad cursor); start from the first page"
+        ) from None
 
 
-def session_page(f: SessionFilters, cursor: str | None, size: int) -> tuple[list[AgentSession], str | None]:
+def session_page(
+    f: SessionFilters, cursor: str | None, size: int
+) -> tuple[list[AgentSession], str | None]:
     """One keyset page (no OFFSET): rows after the cursor in the chosen order."""
     order = SORTS[f.sort]
     field_name = order[0].lstrip("-")
@@ -177,7 +181,9 @@ def stuck_sessions(limit: int = 100) -> list[AgentSession]:
     rows = (
         AgentSession.objects.filter(status__in=RUNNABLE)
         .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lte=now))
-        .filter(Q(status=Status.RUNNING) | Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=grace))
+        .filter(
+            Q(status=Status.RUNNING) | Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=grace)
+        )
         .order_by("updated_at")[:limit]
     )
     return [s for s in rows if s.is_stuck(now)]
@@ -242,7 +248,9 @@ def activity_last_24h() -> list[dict[str, Any]]:
     hours = []
     for i in range(24):
         hour = start + timedelta(hours=i)
-        hours.append({"hour": hour, "started": started.get(hour, 0), "finished": finished.get(hour, 0)})
+        hours.append(
+            {"hour": hour, "started": started.get(hour, 0), "finished": finished.get(hour, 0)}
+        )
     return hours
 
 
@@ -281,7 +289,11 @@ def _tool_flags(agent: str, name: str) -> tuple[bool | None, bool]:
 def _pending_calls(session: AgentSession, after_seq: int) -> list[RerunCall]:
     """Tool calls of the last model turn at or before the resume point that have no result."""
     live = Step.objects.filter(session=session, superseded_at__isnull=True)
-    model = live.filter(kind="model", seq__lte=max(after_seq, session.last_seq)).order_by("-seq").first()
+    model = (
+        live.filter(kind="model", seq__lte=max(after_seq, session.last_seq))
+        .order_by("-seq")
+        .first()
+    )
     if model is None:
         return []
     later = list(live.filter(seq__gt=model.seq).order_by("seq"))
@@ -292,7 +304,15 @@ def _pending_calls(session: AgentSession, after_seq: int) -> list[RerunCall]:
         if call.get("id") in done:
             continue
         idempotent, approval = _tool_flags(session.agent, call.get("name", ""))
-        out.append(RerunCall(recorded.get(call.get("id")), call.get("name", ""), call.get("id", ""), idempotent, approval))
+        out.append(
+            RerunCall(
+                recorded.get(call.get("id")),
+                call.get("name", ""),
+                call.get("id", ""),
+                idempotent,
+                approval,
+            )
+        )
     return out
 
 
@@ -309,8 +329,9 @@ def preview_resume(session: AgentSession) -> Preview:
     for call in preview.reruns:
         if call.seq is not None:
             preview.notes.append(
-                f"Tool call #{call.seq} ({call.name}) was recorded but has no result: it runs again "
-                f"with the same idempotency key{'' if call.idempotent else ' — it is NOT idempotent'}."
+                f"Tool call #{call.seq} ({call.name}) was recorded but has no result: it runs "
+                "again with the same idempotency key"
+                + ("." if call.idempotent else " — it is NOT idempotent.")
             )
     if not preview.reruns:
         preview.notes.append("The model is called next, with the history as it stands.")
@@ -326,12 +347,19 @@ def preview_rollback(session: AgentSession, checkpoint_seq: int) -> Preview:
     for step in done_calls:
         idempotent, approval = _tool_flags(session.agent, step.payload.get("name", ""))
         preview.reruns.append(
-            RerunCall(step.seq, step.payload.get("name", ""), step.payload.get("call_id", ""), idempotent, approval)
+            RerunCall(
+                step.seq,
+                step.payload.get("name", ""),
+                step.payload.get("call_id", ""),
+                idempotent,
+                approval,
+            )
         )
     if preview.reruns:
         preview.notes.append(
-            "These tool calls already ran and are rolled back in the trace only: their side effects "
-            "stay. If the model asks for them again after a resume, they run again with new keys."
+            "These tool calls already ran and are rolled back in the trace only: their side "
+            "effects stay. If the model asks for them again after a resume, they run again "
+            "with new keys."
         )
     preview.notes.append("The session is paused afterwards; nothing runs until someone resumes it.")
     return preview
@@ -351,7 +379,7 @@ def first_error_seq(session: AgentSession) -> int | None:
 
 
 def head_state(session: AgentSession) -> dict[str, Any]:
-    checkpoint = Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
+    checkpoint = (
+        Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
+    )
     return checkpoint.state if checkpoint else {}
-
-

@@ -6,5 +6,15 @@ app_name = "sessions"
 
 urlpatterns = [
     path("", views.session_list, name="list"),
+    path("counts/", views.status_counts, name="counts"),
+    path("bulk/", views.bulk_action, name="bulk"),
+    path("attention/", views.attention, name="attention"),
     path("<uuid:session_id>/", views.session_detail, name="detail"),
+    path("<uuid:session_id>/panel/", views.session_header, name="panel"),
+    path("<uuid:session_id>/row/", views.session_row, name="row"),
+    path("<uuid:session_id>/steps/", views.session_steps, name="steps"),
+    path("<uuid:session_id>/waterfall.svg", views.session_waterfall, name="waterfall"),
+    path("<uuid:session_id>/diff/", views.checkpoint_diff, name="diff"),
+    path("<uuid:session_id>/preview/<str:action>/", views.action_preview, name="preview"),
+    path("<uuid:session_id>/actions/<str:action>/", views.session_action, name="action"),
 ]

@@ -44,11 +44,17 @@ def _call(turn: int, index: int, name: str, **arguments: Any) -> ToolCall:
     return ToolCall(id=f"call_{turn}_{index}", name=name, arguments=arguments)
 
 
+def _calls(messages: list[Message]) -> int:
+    """Model turns so far in the whole conversation: call ids stay unique across episodes."""
+    return sum(1 for m in messages if m.role == "assistant")
+
+
 EXPRESSION = re.compile(r"what\s+is\s+(?P<expr>[-+*/().\d\s]+?)\s*(?:[,?;]|then\b|$)", re.I)
 
 
 def demo(messages: list[Message]) -> ModelTurn:
     task, after = _episode(messages)
+    base = _calls(messages) - _turn_number(after)
     turn = _turn_number(after)
     results = _results(after)
     match = EXPRESSION.search(task)
@@ -70,8 +76,8 @@ def demo(messages: list[Message]) -> ModelTurn:
         return ModelTurn(
             text=f"Plan: {'; '.join(plan)}.",
             tool_calls=[
-                _call(turn, 0, "update_plan", items=plan, done=0),
-                _call(turn, 1, "calculator", expression=expression),
+                _call(base + turn, 0, "update_plan", items=plan, done=0),
+                _call(base + turn, 1, "calculator", expression=expression),
             ],
         )
     calc = next((r for r in results if r.get("name") == "calculator"), None)
@@ -83,8 +89,8 @@ def demo(messages: list[Message]) -> ModelTurn:
         return ModelTurn(
             text=f"{expression} = {value}. Saving it as a note.",
             tool_calls=[
-                _call(turn, 0, "update_plan", items=plan, done=1),
-                _call(turn, 1, "save_note", text=f"{expression} = {value}"),
+                _call(base + turn, 0, "update_plan", items=plan, done=1),
+                _call(base + turn, 1, "save_note", text=f"{expression} = {value}"),
             ],
         )
     note = next((r for r in results if r.get("name") == "save_note"), None)
@@ -99,24 +105,26 @@ def demo(messages: list[Message]) -> ModelTurn:
 
 def slow(messages: list[Message]) -> ModelTurn:
     task, after = _episode(messages)
+    base = _calls(messages) - _turn_number(after)
     match = re.search(r"count\s+to\s+(\d+)", task, re.I)
     target = min(int(match.group(1)), 10_000) if match else 3
     turn = _turn_number(after)
     if turn < target:
         return ModelTurn(
             text=f"Tick {turn + 1} of {target}.",
-            tool_calls=[_call(turn, 0, "tick", n=turn + 1)],
+            tool_calls=[_call(base + turn, 0, "tick", n=turn + 1)],
         )
     return ModelTurn(text=f"Counted to {target}.")
 
 
 def flaky(messages: list[Message]) -> ModelTurn:
     _, after = _episode(messages)
+    base = _calls(messages) - _turn_number(after)
     turn = _turn_number(after)
     if turn == 0:
         return ModelTurn(
             text="Fetching the status page.",
-            tool_calls=[_call(turn, 0, "flaky_fetch", resource="status")],
+            tool_calls=[_call(base + turn, 0, "flaky_fetch", resource="status")],
         )
     result = _results(after)[-1]
     if result.get("ok"):
@@ -128,12 +136,20 @@ def flaky(messages: list[Message]) -> ModelTurn:
 
 def approval(messages: list[Message]) -> ModelTurn:
     task, after = _episode(messages)
+    base = _calls(messages) - _turn_number(after)
     turn = _turn_number(after)
     if turn == 0:
         return ModelTurn(
             text="This needs a payment; asking for approval.",
             tool_calls=[
-                _call(turn, 0, "send_payment", recipient="ACME Ltd", amount_cents=4200, memo=task)
+                _call(
+                    base + turn,
+                    0,
+                    "send_payment",
+                    recipient="ACME Ltd",
+                    amount_cents=4200,
+                    memo=task,
+                )
             ],
         )
     result = _results(after)[-1]
