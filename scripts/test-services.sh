@@ -60,3 +60,18 @@ if ! port_open "$redis_host" "$redis_port"; then
     wait_port "$redis_host" "$redis_port" || { echo "Redis did not come up on $redis_host:$redis_port" >&2; exit 1; }
 fi
 echo "PostgreSQL $pg_host:$pg_port and Redis $redis_host:$redis_port answer"
+
+# The browser tests drive Debian's Chromium (no browser download step exists).
+chromium_bin="${RESPAWN_CHROMIUM:-$(command -v chromium || true)}"
+if [ -z "$chromium_bin" ] || [ ! -x "$chromium_bin" ]; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing Debian's chromium for the browser tests"
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    else
+        echo "Chromium is not installed. Install it (Debian/Ubuntu: sudo apt-get install chromium)," >&2
+        echo "or set RESPAWN_CHROMIUM to a Chromium binary." >&2
+        exit 1
+    fi
+fi
+echo "Chromium: $(command -v chromium || echo "$RESPAWN_CHROMIUM")"
