@@ -176,7 +176,7 @@ def test_fork_from_a_checkpoint(page, users):
     login(page, "olivia", "pw-operator")
     page.goto(f"/sessions/{session.id}/")
     page.locator("#step-7 button", has_text="fork from here").click()
-    page.wait_for_url(re.compile(r"/sessions/(?!%s)[0-9a-f-]+/$" % session.id))
+    page.wait_for_url(re.compile(rf"/sessions/(?!{session.id})[0-9a-f-]+/$"))
     fork = AgentSession.objects.get(parent=session)
     assert page.url.endswith(f"/sessions/{fork.id}/")
     assert "Forked from" in page.locator("#header").inner_text()
