@@ -78,12 +78,16 @@ class AgentSession(models.Model):
 
     class Meta:
         indexes = [
-            # The dashboard list by status, newest activity first (keyset: updated_at, id).
-            models.Index(fields=["status", "-updated_at", "id"], name="session_status_updated"),
-            # The unfiltered list and the keyset cursor.
-            models.Index(fields=["-updated_at", "id"], name="session_updated"),
+            # The dashboard list by status, latest activity first (keyset: updated_at, id).
+            models.Index(fields=["status", "-updated_at", "-id"], name="session_status_updated"),
+            # The unfiltered list and its keyset cursor.
+            models.Index(fields=["-updated_at", "-id"], name="session_updated"),
             # Filter by agent.
-            models.Index(fields=["agent", "-updated_at"], name="session_agent_updated"),
+            models.Index(fields=["agent", "-updated_at", "-id"], name="session_agent_updated"),
+            # The list sorted by creation (newest or oldest first), alone or by status/agent.
+            models.Index(fields=["-created_at", "-id"], name="session_created"),
+            models.Index(fields=["status", "-created_at", "-id"], name="session_status_created"),
+            models.Index(fields=["agent", "-created_at", "-id"], name="session_agent_created"),
             # The reconciler: runnable sessions whose lease is free or expired.
             models.Index(
                 fields=["lease_expires_at"],
@@ -141,6 +145,12 @@ class Step(models.Model):
         indexes = [
             # "Jump to first error" and per-kind filters inside one trace.
             models.Index(fields=["session", "kind", "seq"], name="step_session_kind_seq"),
+            # Superseded steps of a session (the toggle's count), a small set: partial.
+            models.Index(
+                fields=["session", "seq"],
+                name="step_superseded",
+                condition=Q(superseded_at__isnull=False),
+            ),
         ]
         ordering = ["session", "seq"]
 

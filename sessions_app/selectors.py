@@ -161,10 +161,21 @@ def session_page(
     return rows, (encode_cursor(rows[-1], f.sort) if more and rows else None)
 
 
+COUNTS_CACHE_SECONDS = 5
+
+
 def status_counts() -> dict[str, int]:
+    """Sessions per status. A GROUP BY over every session (~170 ms at 1,000,000 rows), so
+    it is cached for a few seconds: every open dashboard polls it."""
+    from django.core.cache import cache
+
+    cached = cache.get("respawn:status-counts")
+    if cached is not None:
+        return cached
     counts = dict.fromkeys(Status.values, 0)
     for row in AgentSession.objects.values("status").annotate(n=Count("id")).order_by():
         counts[row["status"]] = row["n"]
+    cache.set("respawn:status-counts", counts, COUNTS_CACHE_SECONDS)
     return counts
 
 

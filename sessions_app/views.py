@@ -232,52 +232,57 @@ def _trace_page(session: AgentSession, after: int, show_superseded: bool, limit:
     return views, more, (seqs[-1] if seqs else after)
 
 
-def _detail_context(request: HttpRequest, session: AgentSession) -> dict[str, Any]:
-    show_superseded = request.GET.get("superseded") == "1"
-    start = request.GET.get("from")
-    after = 0
-    if start and start.isdigit():
-        after = max(int(start) - 1, 0)
-    steps, more, last = _trace_page(session, after, show_superseded)
+def _detail_context(
+    request: HttpRequest, session: AgentSession, part: str = "page"
+) -> dict[str, Any]:
+    """What the page (or one of its parts: panel, header, actions) needs, and no more:
+    each part is polled or re-rendered on its own, and a 100,000-step trace must not make
+    a header refresh slow."""
+    operate = can_operate(request.user)
     state = selectors.head_state(session)
-    checkpoints = selectors.checkpoints_of(session)
-    duration = (session.updated_at - session.created_at) if session.updated_at else None
-    results = (
-        list(
+    context: dict[str, Any] = {
+        "session": session,
+        "state": state,
+        "can_operate": operate,
+        "is_live": _is_live(session),
+        "live_poll": LIVE_POLL,
+        "duration": (session.updated_at - session.created_at) if session.updated_at else None,
+        "schema_version": state.get("schema_version"),
+        "model": _model_name(session),
+        "pending": state.get("pending_approval")
+        if session.status == Status.WAITING_INPUT
+        else None,
+    }
+    if part in ("page", "panel", "actions") and operate:
+        context["tool_results"] = list(
             Step.objects.filter(session=session, kind="tool_result", superseded_at__isnull=True)
             .order_by("-seq")
             .values_list("seq", "payload__name")[:50]
         )
-        if can_operate(request.user)
-        else []
+    if part != "page":
+        return context
+    show_superseded = request.GET.get("superseded") == "1"
+    start = request.GET.get("from")
+    after = max(int(start) - 1, 0) if start and start.isdigit() else 0
+    steps, more, last = _trace_page(session, after, show_superseded)
+    checkpoints = selectors.checkpoints_of(session)
+    context.update(
+        {
+            "steps": steps,
+            "more": more,
+            "last_seq_shown": last,
+            "show_superseded": show_superseded,
+            "superseded_count": Step.objects.filter(
+                session=session, superseded_at__isnull=False
+            ).count(),
+            "from_seq": after + 1 if after else None,
+            "first_error": selectors.first_error_seq(session),
+            "latest_from": max(session.last_seq - TRACE_PAGE + 1, 1),
+            "checkpoints": checkpoints,
+            "audit": list(AuditEvent.objects.filter(session=session).order_by("-created_at")[:20]),
+        }
     )
-    return {
-        "session": session,
-        "state": state,
-        "pending": state.get("pending_approval")
-        if session.status == Status.WAITING_INPUT
-        else None,
-        "steps": steps,
-        "more": more,
-        "last_seq_shown": last,
-        "show_superseded": show_superseded,
-        "superseded_count": Step.objects.filter(
-            session=session, superseded_at__isnull=False
-        ).count(),
-        "from_seq": after + 1 if after else None,
-        "first_error": selectors.first_error_seq(session),
-        "latest_from": max(session.last_seq - TRACE_PAGE + 1, 1),
-        "checkpoints": checkpoints,
-        "boundary_checkpoints": [c for c in checkpoints if c.reason != "before-rollback"],
-        "can_operate": can_operate(request.user),
-        "is_live": _is_live(session),
-        "live_poll": LIVE_POLL,
-        "duration": duration,
-        "audit": list(AuditEvent.objects.filter(session=session).order_by("-created_at")[:20]),
-        "tool_results": results,
-        "schema_version": state.get("schema_version"),
-        "model": _model_name(session),
-    }
+    return context
 
 
 def _model_name(session: AgentSession) -> str:
@@ -306,7 +311,9 @@ def session_header(request: HttpRequest, session_id: UUID) -> HttpResponse:
     part = request.GET.get("part", "panel")
     if part not in ("panel", "header", "actions"):
         raise Http404("no such part")
-    response = render(request, f"sessions/detail.html#{part}", _detail_context(request, session))
+    response = render(
+        request, f"sessions/detail.html#{part}", _detail_context(request, session, part)
+    )
     if part == "header" and not _is_live(session):
         # Settled: stop polling, and tell the actions to redraw for the new status.
         response.status_code = HttpResponseStopPolling.status_code
@@ -482,7 +489,10 @@ def _action_response(
         return redirect("sessions:detail", session_id=session.id)
     session.refresh_from_db()
     response = render(
-        request, "sessions/detail.html#panel", _detail_context(request, session), status=status
+        request,
+        "sessions/detail.html#panel",
+        _detail_context(request, session, "panel"),
+        status=status,
     )
     if ok:
         trigger_client_event(response, "trace-changed", after="swap")

@@ -1,0 +1,48 @@
+"""Benchmark databases: each bench gets a fresh PostgreSQL database of its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from urllib.parse import urlparse, urlunparse
+
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
+
+
+def server_url() -> str:
+    return os.environ.get("BENCH_DATABASE_URL") or os.environ.get("DATABASE_URL") or DEFAULT_SERVER
+
+
+def with_db(url: str, name: str) -> str:
+    parts = urlparse(url)
+    return urlunparse(parts._replace(path=f"/{name}"))
+
+
+def fresh_database(name: str, *, migrate: bool = True) -> str:
+    """Drop and create database `name` on the server, migrate it; returns its URL."""
+    admin = with_db(server_url(), "postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = with_db(server_url(), name)
+    if migrate:
+        env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings"}
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
+        )
+    return url
+
+
+def setup_django(url: str) -> None:
+    os.environ["DATABASE_URL"] = url
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    os.environ.setdefault("RESPAWN_DB_POOL", "0")
+    sys.path.insert(0, str(ROOT))
+    import django
+
+    django.setup()
