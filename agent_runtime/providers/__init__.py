@@ -1,5 +1,7 @@
 """Model providers, registered by name and imported lazily (optional SDKs cost nothing
-until an agent uses them). A model is named `provider:model`, e.g. `scripted:demo`."""
+until an agent uses them). A model is named `provider:model`, e.g. `scripted:demo`,
+`openai:gpt-4o-mini` (or a model of any OpenAI-compatible server), `anthropic:claude-sonnet-4-5`.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ __all__ = [
 # provider name -> "module:factory"; the factory takes (model, options) and returns a Provider
 PROVIDERS: dict[str, str] = {
     "scripted": "agent_runtime.providers.scripted:ScriptedProvider",
+    "openai": "agent_runtime.providers.openai:OpenAIProvider",
+    "anthropic": "agent_runtime.providers.anthropic:AnthropicProvider",
 }
 
 

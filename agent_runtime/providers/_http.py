@@ -1,0 +1,180 @@
+"""What the HTTP providers share: error classification, operator-readable messages that
+never carry a credential, and decoding of tool-call arguments."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable
+from http import HTTPStatus
+from types import ModuleType
+from typing import Any
+
+from .base import ProviderError
+
+REDACTED = "[redacted]"
+
+# Tool-call arguments that are not a JSON object are kept under this key instead of being
+# dropped or failing the turn: a name with a leading underscore is never a pydantic field
+# (pydantic makes it private) and @tool's argument models forbid extra keys, so validation
+# rejects the call and the model sees, in its next turn, what it sent and why it failed.
+INVALID_ARGUMENTS_KEY = "_invalid_json"
+
+# 408 timeout, 409 conflict (a lock on the server side), 425 too early and 429 rate limit
+# mean "not now"; every other 4xx is the request's or the credentials' fault and would
+# fail the same way again. 5xx (incl. 529 overloaded) is the server's trouble: retry.
+_RETRYABLE_4XX = frozenset({408, 409, 425, 429})
+
+# Things that look like credentials, for messages that quote a server or an exception.
+_SECRET_PATTERNS: list[tuple[re.Pattern[str], str]] = [
+    (re.compile(r"(?i)\bbearer\s+[A-Za-z0-9._~+/=*-]{8,}"), f"Bearer {REDACTED}"),
+    (re.compile(r"\b(?:sk|pk|rk)-[A-Za-z0-9_*-]{6,}"), REDACTED),
+    (
+        re.compile(
+            r"(?i)\b(api[_-]?key|x-api-key|authorization|access[_-]?token)"
+            r"([\"']?\s*[:=]\s*[\"']?)(?!bearer\s)[^\s\"',;}&]+"
+        ),
+        rf"\1\2{REDACTED}",
+    ),
+    (re.compile(r"(://)[^/\s:@]+:[^/\s@]+@"), rf"\1{REDACTED}@"),  # user:password@ in URLs
+    (re.compile(r"(?i)([?&](?:key|token)=)[^&\s]+"), rf"\1{REDACTED}"),  # ...?key= in URLs
+]
+
+_DETAIL_LIMIT = 500
+
+
+class MalformedResponse(ValueError):
+    """A 2xx response that does not have the protocol's shape; the text says what is off."""
+
+
+class Scrubber:
+    """Removes the configured secrets, and anything shaped like a key, from a text."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        # Longest first, so a key that contains another is removed whole. Very short
+        # values are not secrets worth mangling every message for.
+        self._secrets = sorted({s for s in secrets if s and len(s) >= 4}, key=len, reverse=True)
+
+    def __call__(self, text: str) -> str:
+        for secret in self._secrets:
+            text = text.replace(secret, REDACTED)
+        for pattern, replacement in _SECRET_PATTERNS:
+            text = pattern.sub(replacement, text)
+        return text
+
+
+def is_permanent_status(status: int) -> bool:
+    return 400 <= status < 500 and status not in _RETRYABLE_4XX
+
+
+def shorten(text: str, limit: int = _DETAIL_LIMIT) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def server_detail(body: object) -> str:
+    """The server's own explanation from an error body (OpenAI, Anthropic, vLLM shapes)."""
+    if isinstance(body, bytes):
+        body = body.decode(errors="replace")
+    if isinstance(body, str):
+        return shorten(body)
+    if not isinstance(body, dict):
+        return "" if body is None else shorten(json.dumps(body, default=str))
+    error = body.get("error", body)
+    message: object = None
+    if isinstance(error, dict):
+        message = error.get("message") or error.get("detail")
+    elif isinstance(error, str):
+        message = error
+    if message is None:
+        message = body.get("message") or body.get("detail")
+    if message is None:
+        message = body
+    return shorten(message if isinstance(message, str) else json.dumps(message, default=str))
+
+
+def translate_sdk_error(
+    exc: Exception,
+    *,
+    sdk: ModuleType,
+    base_error: type[Exception],
+    provider: str,
+    endpoint: str,
+    timeout: float,
+) -> ProviderError:
+    """Map an exception of an official SDK (both share one generated error hierarchy:
+    APIStatusError, APITimeoutError, APIConnectionError under `base_error`).
+
+    The message is not scrubbed here; the caller does that with its own secrets.
+    """
+    if isinstance(exc, sdk.APIStatusError):
+        status = exc.status_code
+        reason = exc.response.reason_phrase or _phrase(status)
+        message = f"{provider}: {status} {reason}".rstrip()
+        detail = server_detail(exc.body)
+        if detail:
+            message += f": {detail}"
+        return ProviderError(message, permanent=is_permanent_status(status), status=status)
+    if isinstance(exc, sdk.APITimeoutError):  # before APIConnectionError: a subclass of it
+        return ProviderError(
+            f"{provider}: no response from {endpoint} within {timeout:g}s", permanent=False
+        )
+    if isinstance(exc, sdk.APIConnectionError):
+        cause = exc.__cause__
+        detail = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+        return ProviderError(f"{provider}: cannot reach {endpoint}: {detail}", permanent=False)
+    # The SDK's other errors come from building the client or the request (configuration,
+    # arguments), before anything was sent: the same call would fail the same way.
+    # Anything else is unexpected; the loop's own rule for those is to retry.
+    return ProviderError(
+        f"{provider}: {type(exc).__name__}: {exc}", permanent=isinstance(exc, base_error)
+    )
+
+
+def _phrase(status: int) -> str:
+    if status == 529:
+        return "Overloaded"  # Anthropic's own status, unknown to the HTTP standard
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return ""
+
+
+def decode_arguments(text: str) -> dict[str, Any]:
+    """Tool-call arguments from the JSON text a model wrote (see INVALID_ARGUMENTS_KEY)."""
+    if not text.strip():
+        return {}  # some compatible servers send "" for a call without arguments
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {INVALID_ARGUMENTS_KEY: text}
+    return value if isinstance(value, dict) else {INVALID_ARGUMENTS_KEY: text}
+
+
+def canonical(value: Any) -> Any:
+    """The same JSON value with object keys sorted.
+
+    A payload read back from PostgreSQL's JSONB has its keys in JSONB's order, not the
+    model's; sorting makes the request bytes of a resumed run equal to an uninterrupted
+    one's whatever store they came from (and keeps prompt-cache prefixes stable).
+    """
+    return json.loads(json.dumps(value, sort_keys=True, ensure_ascii=False))
+
+
+def snippet(text: str, limit: int = 200) -> str:
+    return repr(shorten(text, limit)) if text.strip() else "an empty body"
+
+
+def kind(value: object) -> str:
+    """A JSON-ish name for a value's type, for malformed-response messages."""
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean"}
+    if value is None:
+        return "null"
+    return names.get(type(value), "a number" if isinstance(value, int | float) else "?")
+
+
+def token_count(value: object) -> int:
+    """A usage figure, or 0 when a (compatible) server sends none or nonsense."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return 0

@@ -1,0 +1,227 @@
+"""Anthropic's Messages API with tool use, through the official SDK.
+
+options["anthropic_api_key"] authenticates; options["anthropic_base_url"] (optional, empty:
+the SDK's default) points the client at a gateway or a test server.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import anthropic
+
+from ..tools import ToolSpec
+from ._http import (
+    MalformedResponse,
+    Scrubber,
+    canonical,
+    kind,
+    server_detail,
+    snippet,
+    token_count,
+    translate_sdk_error,
+)
+from .base import Message, ModelSettings, ModelTurn, ProviderError, ToolCall, Usage
+
+NAME = "anthropic"
+# The API requires max_tokens on every request; enough for a long answer or several calls.
+DEFAULT_MAX_TOKENS = 4096
+
+
+class AnthropicProvider:
+    """One Messages request per turn. Retries and backoff belong to the loop."""
+
+    def __init__(self, *, model: str, options: dict[str, Any]) -> None:
+        self.model = model
+        self.base_url: str | None = (options.get("anthropic_base_url") or "").strip() or None
+        api_key = (options.get("anthropic_api_key") or "").strip()
+        if not api_key:
+            raise ProviderError("anthropic: no API key: set ANTHROPIC_API_KEY", permanent=True)
+        self._api_key = api_key
+        self._scrub = Scrubber([api_key])
+
+    def complete(
+        self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings
+    ) -> ModelTurn:
+        request = self.request(messages, tools, settings)
+        endpoint = self.base_url or "the Anthropic API"
+        try:
+            with anthropic.Anthropic(
+                api_key=self._api_key,  # explicit: the SDK then reads no credential files
+                base_url=self.base_url,  # None: the SDK's default
+                timeout=settings.timeout,
+                max_retries=0,  # the loop retries, with its backoff, and records the attempts
+            ) as client:
+                endpoint = str(client.base_url)
+                # The raw body, not the SDK's model: the SDK accepts any JSON without
+                # validating it; checking the shape ourselves gives one clear error.
+                response = client.messages.with_raw_response.create(
+                    **request, timeout=settings.timeout
+                )
+                status, body = response.http_response.status_code, response.http_response.text
+        except Exception as exc:  # every error leaves through the scrubber
+            error = translate_sdk_error(
+                exc,
+                sdk=anthropic,
+                base_error=anthropic.AnthropicError,
+                provider=NAME,
+                endpoint=endpoint,
+                timeout=settings.timeout,
+            )
+            # from None: the SDK's exception holds the request, key included; it must not
+            # ride along into a logged traceback.
+            raise ProviderError(
+                self._scrub(str(error)), permanent=error.permanent, status=error.status
+            ) from None
+        try:
+            return parse_message(body)
+        except MalformedResponse as exc:
+            # Retryable, as for OpenAI: most often a proxy's page or a cut-off body, and a
+            # server that always answers like this costs only the loop's bounded retries.
+            raise ProviderError(
+                self._scrub(
+                    f"anthropic: malformed response (HTTP {status}) from {endpoint}: {exc}"
+                ),
+                permanent=False,
+                status=status,
+            ) from None
+
+    def request(
+        self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings
+    ) -> dict[str, Any]:
+        """The Messages request body for one turn."""
+        request: dict[str, Any] = {
+            "model": settings.model or self.model,
+            "max_tokens": settings.max_tokens or DEFAULT_MAX_TOKENS,
+            "messages": conversation(messages),
+        }
+        system = "\n\n".join(m.content for m in messages if m.role == "system" and m.content)
+        if system:
+            request["system"] = system  # the system prompt is a parameter, not a message
+        if tools:
+            request["tools"] = [tool_definition(spec) for spec in tools]
+        # settings.temperature is not sent: the Messages API version this SDK speaks has no
+        # sampling temperature (the SDK refuses the argument).
+        return request
+
+
+def tool_definition(spec: ToolSpec) -> dict[str, Any]:
+    definition: dict[str, Any] = {"name": spec.name, "input_schema": spec.parameters}
+    if spec.description:
+        definition["description"] = spec.description
+    return definition
+
+
+def conversation(messages: list[Message]) -> list[dict[str, Any]]:
+    """The conversation as Messages API turns.
+
+    Roles must alternate and every tool_use needs its tool_result in the very next user
+    turn, so consecutive tool results (and any user text next to them) share one user
+    turn, with the tool_result blocks first, as the API requires.
+    """
+    turns: list[dict[str, Any]] = []
+    for message in messages:
+        if message.role == "system":
+            continue
+        role, blocks = _blocks(message)
+        if not blocks:
+            continue  # an empty block is refused; an empty turn carries nothing anyway
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    for turn in turns:
+        if turn["role"] == "user":
+            turn["content"].sort(key=lambda block: block["type"] != "tool_result")  # stable
+    return turns
+
+
+def _blocks(message: Message) -> tuple[str, list[dict[str, Any]]]:
+    if message.role == "user":
+        return "user", [{"type": "text", "text": message.content}] if message.content else []
+    if message.role == "assistant":
+        blocks: list[dict[str, Any]] = []
+        if message.content:
+            blocks.append({"type": "text", "text": message.content})
+        for call in message.tool_calls:
+            blocks.append(
+                {
+                    "type": "tool_use",
+                    "id": call.id,
+                    "name": call.name,
+                    # Sorted keys: the same bytes whichever store the step came from.
+                    "input": canonical(call.arguments),
+                }
+            )
+        return "assistant", blocks
+    if message.role == "tool":
+        result: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": message.tool_call_id or "",
+            "content": message.content or "",
+        }
+        if _failed(message.content):
+            result["is_error"] = True  # lets the model tell a failed tool from an answer
+        return "user", [result]
+    raise ProviderError(f"anthropic: cannot send a {message.role!r} message", permanent=True)
+
+
+def _failed(content: str | None) -> bool:
+    """Whether a tool message (the loop's JSON result) reports a failure."""
+    try:
+        result = json.loads(content or "")
+    except ValueError:
+        return False
+    return isinstance(result, dict) and result.get("ok") is False
+
+
+def parse_message(text: str) -> ModelTurn:
+    """The turn in a Messages response body; MalformedResponse if it has none."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise MalformedResponse(f"the body is not JSON: {snippet(text)}") from None
+    if not isinstance(data, dict):
+        raise MalformedResponse(f"expected a JSON object, got {kind(data)}")
+    if data.get("type") == "error":
+        raise MalformedResponse(f"an error in a success response: {server_detail(data)}")
+    content = data.get("content")
+    if not isinstance(content, list):
+        raise MalformedResponse(f"no 'content' array in {snippet(text)}")
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    for index, block in enumerate(content):
+        where = f"content[{index}]"
+        if not isinstance(block, dict):
+            raise MalformedResponse(f"{where} must be an object, got {kind(block)}")
+        if block.get("type") == "text":
+            if not isinstance(block.get("text"), str):
+                raise MalformedResponse(f"{where}.text must be a string")
+            texts.append(block["text"])
+        elif block.get("type") == "tool_use":
+            call_id, name, arguments = block.get("id"), block.get("name"), block.get("input")
+            if not isinstance(call_id, str) or not call_id:
+                raise MalformedResponse(f"{where}.id is missing")
+            if not isinstance(name, str) or not name:
+                raise MalformedResponse(f"{where}.name is missing")
+            if not isinstance(arguments, dict):
+                raise MalformedResponse(f"{where}.input must be an object, got {kind(arguments)}")
+            calls.append(ToolCall(id=call_id, name=name, arguments=arguments))
+        # Other block types (thinking, server tools) belong to features this provider does
+        # not request.
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        usage = {}
+    return ModelTurn(
+        text="".join(texts) if texts else None,
+        tool_calls=calls,
+        usage=Usage(
+            # input_tokens counts only what was not read from or written to the prompt
+            # cache; all of it was sent, and budgets count what was sent.
+            input_tokens=token_count(usage.get("input_tokens"))
+            + token_count(usage.get("cache_creation_input_tokens"))
+            + token_count(usage.get("cache_read_input_tokens")),
+            output_tokens=token_count(usage.get("output_tokens")),
+        ),
+    )
