@@ -237,7 +237,36 @@ def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Messag
             messages.append(
                 Message(role="user", content=f"[Operator instruction] {payload.get('text', '')}")
             )
-    return messages
+    return _answer_abandoned_calls(messages)
+
+
+def _answer_abandoned_calls(messages: list[Message]) -> list[Message]:
+    """Give every tool call that never got a result (new input arrived first, e.g. after a
+    rollback to a pending approval) an explicit "not run" result, right where the
+    conversation moved on. Both provider APIs refuse a tool call left unanswered."""
+    out: list[Message] = []
+    open_calls: dict[str, str] = {}
+    for message in messages:
+        if message.role == "tool":
+            open_calls.pop(message.tool_call_id or "", None)
+        elif open_calls:
+            for call_id, name in open_calls.items():
+                content = json.dumps(
+                    {
+                        "name": name,
+                        "ok": False,
+                        "output": None,
+                        "attempts": 0,
+                        "error": "not run: the conversation moved on before this call ran",
+                    },
+                    sort_keys=True,
+                )
+                out.append(Message(role="tool", content=content, tool_call_id=call_id, name=name))
+            open_calls = {}
+        if message.role == "assistant":
+            open_calls = {c.id: c.name for c in message.tool_calls}
+        out.append(message)
+    return out
 
 
 # --- The lease heartbeat ----------------------------------------------------------------
@@ -370,6 +399,13 @@ class _Run:
             self.stop_cancelled()
         return record
 
+    def _scrub(self, text: str) -> str:
+        """Keep configured secrets out of recorded errors, whatever a provider raised."""
+        for name, value in self.config.provider_options.items():
+            if "key" in name and isinstance(value, str) and len(value) >= 8:
+                text = text.replace(value, "[redacted]")
+        return text
+
     def stop_cancelled(self) -> None:
         self.append(
             NewStep(
@@ -490,7 +526,7 @@ class _Run:
             if permanent or attempt > retries:
                 self.fail(
                     "model",
-                    f"model call failed after {attempt} attempt(s): {error}",
+                    f"model call failed after {attempt} attempt(s): {self._scrub(str(error))}",
                     model=spec,
                     attempts=attempt,
                     permanent=permanent,

@@ -212,7 +212,9 @@ def main() -> None:
         from ._db import ROOT
 
         env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings"}
-        subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+        subprocess.run(
+            [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
+        )
         big = None
     else:
         print(

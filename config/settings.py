@@ -154,7 +154,10 @@ RESPAWN_RECONCILE_BATCH = int(env_float("RESPAWN_RECONCILE_BATCH", 200))
 RESPAWN_MODEL = os.environ.get("RESPAWN_MODEL", "")
 OPENAI_BASE_URL = os.environ.get("OPENAI_BASE_URL", "")
 OPENAI_API_KEY = os.environ.get("OPENAI_API_KEY", "")
+ANTHROPIC_BASE_URL = os.environ.get("ANTHROPIC_BASE_URL", "")
 ANTHROPIC_API_KEY = os.environ.get("ANTHROPIC_API_KEY", "")
+# Seconds one model call may take before it is abandoned and retried.
+RESPAWN_MODEL_TIMEOUT = env_float("RESPAWN_MODEL_TIMEOUT", 60.0)
 
 # --- Auth, i18n, static -----------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -31,9 +31,11 @@ def run_config() -> RunConfig:
         model_retries=settings.RESPAWN_MODEL_RETRIES,
         model_backoff=settings.RESPAWN_MODEL_BACKOFF,
         model_override=settings.RESPAWN_MODEL or None,
+        model_timeout=settings.RESPAWN_MODEL_TIMEOUT,
         provider_options={
             "openai_base_url": settings.OPENAI_BASE_URL,
             "openai_api_key": settings.OPENAI_API_KEY,
+            "anthropic_base_url": settings.ANTHROPIC_BASE_URL,
             "anthropic_api_key": settings.ANTHROPIC_API_KEY,
         },
     )

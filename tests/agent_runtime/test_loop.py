@@ -386,3 +386,46 @@ def test_heartbeat_keeps_the_lease_while_a_tool_outlives_the_ttl():
     thief.join()
     assert result.outcome == Outcome.COMPLETED
     assert stolen == []
+
+
+def test_calls_left_without_result_are_answered_before_new_input():
+    from agent_runtime.state import StepRecord
+
+    history = [
+        StepRecord(seq=1, kind=StepKind.USER, payload={"text": "pay"}),
+        StepRecord(
+            seq=2,
+            kind=StepKind.MODEL,
+            payload={
+                "text": None,
+                "tool_calls": [{"id": "c1", "name": "send_payment", "arguments": {}}],
+            },
+        ),
+        StepRecord(
+            seq=3, kind=StepKind.OPERATOR, payload={"action": "instruction", "text": "stop"}
+        ),
+    ]
+    messages = build_messages("", history)
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "user"]
+    assert messages[2].tool_call_id == "c1" and "not run" in messages[2].content
+
+
+def test_secrets_in_unexpected_provider_errors_are_redacted():
+    class Leaky:
+        def complete(self, messages, tools, settings):
+            raise RuntimeError("bad auth for sk-live-0123456789abcdef")
+
+    store = InMemoryStore()
+    session_id = new_session(store, "echo", "hi")
+    run(
+        store,
+        session_id,
+        make_provider=lambda s, o: (Leaky(), "m"),
+        config={
+            "model_retries": 0,
+            "provider_options": {"openai_api_key": "sk-live-0123456789abcdef"},
+        },
+    )
+    session = store.session(session_id)
+    assert "sk-live" not in session.last_error and "[redacted]" in session.last_error
+    assert all("sk-live" not in str(s.payload) for s in session.steps)

@@ -131,8 +131,10 @@ def test_two_workers_handed_the_same_session_one_advances_it(start_worker, rq_qu
     session = session_start(agent="slow", input="count to 3")
     second_job = new_job_id(session.id)
     assert enqueue(session.id, second_job)  # the same session, handed out twice
-    start_worker()
-    start_worker()
+    # No reconciler here: it could hand out a third job while the first is between
+    # dequeue and claim, and this test counts jobs.
+    start_worker(RESPAWN_RECONCILE_INTERVAL="0")
+    start_worker(RESPAWN_RECONCILE_INTERVAL="0")
     wait_stopped(session)
     assert session.status == Status.COMPLETED
 
