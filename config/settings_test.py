@@ -13,6 +13,7 @@ os.environ.setdefault("RESPAWN_RECONCILE_INTERVAL", "0.5")
 os.environ.setdefault("RESPAWN_DISPATCH_GRACE", "2")
 os.environ.setdefault("RESPAWN_SLOW_DELAY", "0.2")
 os.environ.setdefault("RESPAWN_MODEL_BACKOFF", "0.01")
+os.environ.setdefault("RESPAWN_PRODUCTION", "0")
 
 from .settings import *  # noqa: E402,F403
 

@@ -5,10 +5,11 @@ from django.views.generic import RedirectView
 
 from sessions_app import views as session_views
 from sessions_app.api import api
+from sessions_app.auth import ThrottledLoginView
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="sessions:list", permanent=False)),
-    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("login/", ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", include("sessions_app.urls")),
     path("audit/", session_views.audit_log, name="audit"),

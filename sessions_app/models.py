@@ -184,13 +184,27 @@ class Checkpoint(models.Model):
 
 
 class AuditEvent(models.Model):
+    """Append-only: a database trigger refuses every UPDATE and DELETE (migration 0007).
+    The foreign keys are unconstrained and untouched when a user or session is deleted,
+    so the record keeps pointing at what it was about."""
+
     actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="+",
     )
     actor_label = models.CharField(max_length=200, help_text="Who acted, kept if the user goes.")
     action = models.CharField(max_length=50)
     session = models.ForeignKey(
-        AgentSession, null=True, blank=True, on_delete=models.SET_NULL, related_name="audit_events"
+        AgentSession,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        related_name="audit_events",
     )
     before = models.JSONField(default=dict, blank=True)
     after = models.JSONField(default=dict, blank=True)
@@ -266,3 +280,18 @@ class ApiToken(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+
+class LoginFailure(models.Model):
+    """A failed log-in, for throttling by account and by address."""
+
+    username = models.CharField(max_length=150)
+    ip = models.GenericIPAddressField(null=True, blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            # "Failures of this account / from this address in the last window."
+            models.Index(fields=["username", "created_at"], name="loginfail_user"),
+            models.Index(fields=["ip", "created_at"], name="loginfail_ip"),
+        ]

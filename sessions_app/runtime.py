@@ -12,6 +12,7 @@ from django.conf import settings
 
 from agent_runtime.agents import AgentRegistry, demo_agents
 from agent_runtime.loop import RunConfig
+from agent_runtime.redaction import Redactor
 
 
 @functools.cache
@@ -24,6 +25,16 @@ def worker_identity() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+@functools.cache
+def redactor() -> Redactor:
+    """Built-in patterns, the deployment's own (RESPAWN_REDACT_PATTERNS), and the
+    configured provider keys matched literally."""
+    return Redactor(
+        extra_patterns=settings.RESPAWN_REDACT_PATTERNS,
+        secrets=[settings.OPENAI_API_KEY, settings.ANTHROPIC_API_KEY],
+    )
+
+
 def run_config() -> RunConfig:
     return RunConfig(
         worker_id=worker_identity(),
@@ -32,6 +43,7 @@ def run_config() -> RunConfig:
         model_backoff=settings.RESPAWN_MODEL_BACKOFF,
         model_override=settings.RESPAWN_MODEL or None,
         model_timeout=settings.RESPAWN_MODEL_TIMEOUT,
+        redactor=redactor(),
         provider_options={
             "openai_base_url": settings.OPENAI_BASE_URL,
             "openai_api_key": settings.OPENAI_API_KEY,

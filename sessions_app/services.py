@@ -16,7 +16,7 @@ from agent_runtime.agents import UnknownAgent
 
 from . import dispatch
 from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Kind, Status, Step
-from .runtime import agent_registry
+from .runtime import agent_registry, redactor
 
 log = logging.getLogger("respawn.services")
 
@@ -62,13 +62,14 @@ def audit(
     after: dict[str, Any] | None = None,
     request_meta: dict[str, Any] | None = None,
 ) -> AuditEvent:
+    clean = redactor().redact
     return AuditEvent.objects.create(
         actor=actor.user,
         actor_label=actor.label,
         action=action,
         session=session,
-        before=before or {},
-        after=after or {},
+        before=clean(before or {}),
+        after=clean(after or {}),
         request_meta=request_meta or {},
     )
 
@@ -88,6 +89,7 @@ def _append_operator_step(
     """A step written outside any run. Bumps the fencing token: whoever held the lease is
     fenced off, so no late write can land after a person's decision."""
     now = timezone.now()
+    payload = redactor().redact(payload)
     session.last_seq += 1
     session.step_count += 1
     session.fencing_token += 1
@@ -129,10 +131,11 @@ def session_start(
         raise ActionError(f"input is longer than {MAX_INPUT_CHARS} characters", code="too_long")
     who = _actor(actor)
     now = timezone.now()
+    text = redactor().text(text)
     with transaction.atomic():
         session = AgentSession.objects.create(
             agent=agent,
-            title=(title or text)[:300],
+            title=redactor().text(title or text)[:300],
             status=Status.QUEUED,
             created_by=who.user,
             last_seq=1,

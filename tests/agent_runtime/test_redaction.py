@@ -1,0 +1,105 @@
+import pytest
+
+from agent_runtime.redaction import Redactor
+
+from .helpers import new_session, run
+
+FAKES = {
+    "openai-key": "sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789",
+    "anthropic-key": "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWxYz0123",
+    "aws-access-key": "AKIAIOSFODNN7EXAMPLE",
+    "github-token": "ghp_" + "a1B2c3D4e5" * 4,
+    "slack-token": "xoxb-1234567890-abcdefghij",
+    "google-api-key": "AIza" + "B" * 35,
+    "stripe-key": "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc",
+    "respawn-token": "rsp_" + "x" * 40,
+    "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FAKES))
+def test_known_key_shapes_are_replaced(kind):
+    text = f"here it is: {FAKES[kind]} (keep it safe)"
+    out = Redactor().text(text)
+    assert FAKES[kind] not in out
+    assert "[REDACTED:" in out and out.startswith("here it is: ") and out.endswith("(keep it safe)")
+
+
+def test_passwords_in_urls_bearer_tokens_and_private_keys():
+    r = Redactor()
+    assert (
+        r.text("postgres://app:hunter22@db:5432/x")
+        == "postgres://app:[REDACTED:password]@db:5432/x"
+    )
+    assert "abcdefghijklmnop1234" not in r.text("Authorization: Bearer abcdefghijklmnop1234")
+    pem = "-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----"
+    assert r.text(f"key:\n{pem}\nend") == "key:\n[REDACTED:private-key]\nend"
+
+
+def test_ordinary_text_is_left_alone():
+    r = Redactor()
+    for text in [
+        "what is (12*7)+3",
+        "skip-this-step",
+        "a task about AKIA",
+        "Bearer of bad news",
+        "https://example.com/a?b=c",
+    ]:
+        assert r.text(text) == text
+
+
+def test_configured_secrets_extra_patterns_and_secret_keys():
+    r = Redactor(extra_patterns=[r"ACME-\d{6}"], secrets=["my-very-own-key-123"])
+    value = {
+        "note": "key my-very-own-key-123 and ACME-123456",
+        "password": "plain",
+        "items": ["sk-" + "z" * 30],
+    }
+    out = r.redact(value)
+    assert out == {
+        "note": "key [REDACTED:configured-secret] and [REDACTED:custom-1]",
+        "password": "[REDACTED:password]",
+        "items": ["[REDACTED:openai-key]"],
+    }
+    with pytest.raises(ValueError, match="not a valid regex"):
+        Redactor(extra_patterns=["(unclosed"])
+
+
+def test_loop_never_stores_a_secret_from_a_tool_result():
+    from agent_runtime.agents import AgentDefinition, AgentRegistry
+    from agent_runtime.providers import ModelTurn, ToolCall
+    from agent_runtime.store import InMemoryStore
+    from agent_runtime.tools import ToolContext, ToolRegistry, tool
+
+    secret = FAKES["openai-key"]
+
+    @tool
+    def leak(ctx: ToolContext) -> dict:
+        """Returns a credential it found."""
+        ctx.remember(f"doc-with-{secret}")
+        return {"found": f"OPENAI_API_KEY={secret}"}
+
+    class Model:
+        def complete(self, messages, tools, settings):
+            if messages[-1].role == "tool":
+                return ModelTurn(text=f"The key is {secret}")
+            return ModelTurn(text=None, tool_calls=[ToolCall("c1", "leak", {})])
+
+    agents = AgentRegistry(
+        [AgentDefinition("leaky", "1", "", "scripted:echo", "", ToolRegistry([leak]))]
+    )
+    store = InMemoryStore()
+    session_id = new_session(store, "leaky", "find keys")
+    run(
+        store,
+        session_id,
+        agents=agents,
+        make_provider=lambda s, o: (Model(), "m"),
+        config={"redactor": Redactor()},
+    )
+    session = store.session(session_id)
+    stored = repr([s.payload for s in session.steps]) + repr(
+        [c.state.to_dict() for c in session.checkpoints]
+    )
+    assert secret not in stored
+    assert "[REDACTED:openai-key]" in stored

@@ -1,0 +1,131 @@
+"""Production settings, headers, log-in throttling and the append-only audit log."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.db import DatabaseError, transaction
+from django.urls import reverse
+
+from sessions_app.models import AuditEvent, LoginFailure
+from sessions_app.services import session_start
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def manage(*args, **env):
+    # A deployment's environment: none of the test run's development switches.
+    dropped = ("DEBUG", "RESPAWN_PRODUCTION", "SECRET_KEY", "DJANGO_ALLOW_ASYNC_UNSAFE")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
+    base.update({"DJANGO_SETTINGS_MODULE": "config.settings", **env})
+    return subprocess.run(
+        [sys.executable, "manage.py", *args], cwd=ROOT, env=base, capture_output=True, text=True
+    )
+
+
+def test_check_deploy_is_clean_with_production_settings():
+    out = manage(
+        "check",
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        DATABASE_URL=os.environ["DATABASE_URL"],
+        SECRET_KEY=secrets.token_urlsafe(64),
+        ALLOWED_HOSTS="respawn.example.com",
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "System check identified no issues" in out.stdout
+
+
+def test_production_refuses_to_start_without_a_real_secret_key():
+    out = manage("check", DATABASE_URL=os.environ["DATABASE_URL"])
+    assert out.returncode != 0
+    assert "SECRET_KEY must be set to a long random value in production" in out.stderr
+    out = manage("check", DATABASE_URL=os.environ["DATABASE_URL"], SECRET_KEY="short")
+    assert out.returncode != 0
+
+
+@pytest.mark.django_db
+def test_every_page_carries_a_strict_csp(client, users):
+    client.force_login(users["viewer"])
+    for url in [reverse("login"), reverse("sessions:list"), reverse("audit"), "/api/openapi.json"]:
+        policy = client.get(url)["Content-Security-Policy"]
+        assert "script-src 'self'" in policy and "frame-ancestors 'none'" in policy
+        assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
+
+
+@pytest.mark.django_db
+def test_pages_have_no_inline_script(client, users):
+    import re
+
+    session = session_start(agent="echo", input="hi")
+    client.force_login(users["operator"])
+    for url in [
+        reverse("login"),
+        reverse("sessions:list"),
+        reverse("sessions:detail", args=[session.id]),
+        reverse("sessions:attention"),
+        reverse("audit"),
+    ]:
+        client.logout() if url == reverse("login") else None
+        body = client.get(url).content.decode()
+        for tag in re.findall(r"<script[^>]*>", body):
+            assert "src=" in tag, (url, tag)
+        assert " on" not in re.sub(r"<[^>]*>", "", body) or True
+        assert not re.search(r"<[^>]+\son\w+=", body), url
+        client.force_login(users["operator"])
+
+
+@pytest.mark.django_db
+def test_login_is_throttled_per_account(client, users, settings):
+    settings.RESPAWN_LOGIN_MAX_PER_ACCOUNT = 3
+    for _ in range(3):
+        response = client.post(reverse("login"), {"username": "olivia", "password": "wrong"})
+        assert "Please enter a correct username and password" in response.content.decode()
+    response = client.post(reverse("login"), {"username": "olivia", "password": "pw-operator"})
+    assert response.status_code == 200  # the right password is refused too, for now
+    assert "Too many failed log-ins" in response.content.decode()
+    assert "_auth_user_id" not in client.session
+    LoginFailure.objects.all().delete()  # the window passes
+    response = client.post(reverse("login"), {"username": "olivia", "password": "pw-operator"})
+    assert response.status_code == 302
+
+
+@pytest.mark.django_db
+def test_login_is_throttled_per_address(client, users, settings):
+    settings.RESPAWN_LOGIN_MAX_PER_IP = 4
+    for i in range(4):
+        client.post(
+            reverse("login"), {"username": f"guess{i}", "password": "x"}, REMOTE_ADDR="10.9.8.7"
+        )
+    response = client.post(
+        reverse("login"), {"username": "victor", "password": "pw-viewer"}, REMOTE_ADDR="10.9.8.7"
+    )
+    assert "Too many failed log-ins" in response.content.decode()
+    response = client.post(
+        reverse("login"), {"username": "victor", "password": "pw-viewer"}, REMOTE_ADDR="10.9.8.8"
+    )
+    assert response.status_code == 302
+
+
+@pytest.mark.django_db
+def test_audit_log_is_append_only_in_the_database(users):
+    session = session_start(agent="echo", input="hi", actor=users["operator"])
+    event = AuditEvent.objects.get(session=session)
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        AuditEvent.objects.filter(pk=event.pk).update(action="nothing happened")
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        AuditEvent.objects.filter(pk=event.pk).delete()
+    event.action = "edited"
+    with pytest.raises(DatabaseError, match="append-only"), transaction.atomic():
+        event.save()
+    assert AuditEvent.objects.get(pk=event.pk).action == "start"
+    # Deleting the session leaves its audit trail untouched (and pointing at it).
+    session_id = session.id
+    session.delete()
+    assert AuditEvent.objects.get(pk=event.pk).session_id == session_id
