@@ -179,6 +179,12 @@ def session_resume(
         session = _locked(session_id)
         if session.status in RUNNABLE and session.lease_is_live():
             raise ActionError("session is already running", code="already_running")
+        if session.status in RUNNABLE and not session.is_stuck():
+            # Queued and dispatched moments ago: a worker will take it. Resuming again
+            # would only hand out a second job (and, under a burst of clicks, many).
+            raise ActionError(
+                "session is already queued; a worker will pick it up", code="already_running"
+            )
         if session.status in (Status.COMPLETED, Status.CANCELLED):
             raise ActionError(
                 f"a {session.get_status_display().lower()} session cannot be resumed; "
