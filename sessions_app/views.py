@@ -9,6 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
 from .models import AgentSession, Status
+from .selectors import session_trace
 
 PAGE_SIZE = 50
 
@@ -29,5 +30,5 @@ def session_list(request: HttpRequest) -> HttpResponse:
 @login_required
 def session_detail(request: HttpRequest, session_id: UUID) -> HttpResponse:
     session = get_object_or_404(AgentSession, id=session_id)
-    steps = session.steps.order_by("seq")[:500]
+    steps = session_trace(session, limit=500)
     return render(request, "sessions/detail.html", {"session": session, "steps": steps})
