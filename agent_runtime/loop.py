@@ -26,11 +26,14 @@ from .state import (
     NewCheckpoint,
     NewStep,
     PendingApproval,
-    PlanItem,
     SessionState,
     SessionStatus,
     StepKind,
     StepRecord,
+    model_payload,
+    replan,
+    step_text,
+    tool_ok,
 )
 from .store import EffectLedger, Lease, LeaseLost, SessionHead, SessionStore, utcnow
 from .tools import ToolContext, ToolOutcome
@@ -128,7 +131,7 @@ def next_action(history: list[StepRecord]) -> Action:
     model_step = history[last_model]
     calls = [ToolCall(**c) for c in model_step.payload.get("tool_calls") or []]
     if not calls:
-        return Finished(model_step.payload.get("text"))
+        return Finished(step_text(model_step.payload))
     after = history[last_model + 1 :]
     results = {s.payload.get("call_id") for s in after if s.kind == StepKind.TOOL_RESULT}
     recorded = {s.payload.get("call_id"): s for s in after if s.kind == StepKind.TOOL_CALL}
@@ -160,12 +163,14 @@ def apply_step(state: SessionState, step: StepRecord) -> None:
         state.counters.tokens_out += step.tokens_out
         state.counters.cost += float((payload.get("usage") or {}).get("cost") or 0.0)
         if not payload.get("tool_calls"):
-            state.final_answer = payload.get("text")
+            state.final_answer = step_text(payload)
     elif step.kind == StepKind.TOOL_RESULT:
         state.counters.tool_calls += 1
         state.counters.retries += max(0, int(payload.get("attempts") or 1) - 1)
         if payload.get("plan_update") is not None:
-            state.plan = [PlanItem(title=t, status=s) for t, s in payload["plan_update"]]
+            state.plan = replan(
+                state.plan, [(item["title"], item["status"]) for item in payload["plan_update"]]
+            )
         for ref in payload.get("memory_added") or []:
             if ref not in state.memory_refs:
                 state.memory_refs.append(ref)
@@ -182,7 +187,9 @@ def apply_step(state: SessionState, step: StepRecord) -> None:
 
 
 def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Message]:
-    """The conversation a provider sees, rebuilt from durable steps only."""
+    """The conversation a provider sees, rebuilt from durable steps only (already upgraded
+    to the current schema). A session stored in an older version renders exactly as it did
+    then: tests hold every version's fixtures to that."""
     messages = [Message(role="system", content=system_prompt)] if system_prompt else []
     corrections = {
         s.payload.get("result_seq"): s.payload
@@ -192,19 +199,21 @@ def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Messag
     for step in history:
         payload = step.payload
         if step.kind == StepKind.USER:
-            messages.append(Message(role="user", content=payload.get("text", "")))
+            messages.append(Message(role="user", content=step_text(payload) or ""))
         elif step.kind == StepKind.MODEL:
             messages.append(
                 Message(
                     role="assistant",
-                    content=payload.get("text"),
+                    content=step_text(payload),
                     tool_calls=tuple(ToolCall(**c) for c in payload.get("tool_calls") or []),
                 )
             )
         elif step.kind == StepKind.TOOL_RESULT:
+            # The model has always been shown {"ok": bool, ...}; the stored status is mapped
+            # back so sessions read the same to a model across the v1 -> v2 change.
             result = {
                 "name": payload.get("name"),
-                "ok": payload.get("ok"),
+                "ok": tool_ok(payload),
                 "output": payload.get("output"),
                 "error": payload.get("error"),
                 "attempts": payload.get("attempts", 1),
@@ -238,7 +247,7 @@ def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Messag
         elif step.kind == StepKind.OPERATOR and payload.get("action") == "instruction":
             # Marked as coming from an operator, never passed off as the model or a tool.
             messages.append(
-                Message(role="user", content=f"[Operator instruction] {payload.get('text', '')}")
+                Message(role="user", content=f"[Operator instruction] {step_text(payload) or ''}")
             )
     return _answer_abandoned_calls(messages)
 
@@ -445,6 +454,8 @@ class _Run:
                     "steps_after_checkpoint": len(head.steps_after_checkpoint),
                     "schema_version": (head.checkpoint.schema_version if head.checkpoint else None),
                     "upgraders": list(head.upgraders_applied),
+                    # Stored version -> how many of the loaded steps were stored in it.
+                    "step_versions": {str(v): n for v, n in sorted(head.step_versions.items())},
                 },
                 started_at=utcnow(),
             )
@@ -486,16 +497,16 @@ class _Run:
         messages = build_messages(self.agent.system_prompt, self.history)
         started = utcnow()
         turn = self._complete_with_retries(provider, messages, settings, spec)
-        payload = {
-            "text": turn.text,
-            "tool_calls": [c.to_dict() for c in turn.tool_calls],
-            "usage": {
+        payload = model_payload(
+            turn.text,
+            [c.to_dict() for c in turn.tool_calls],
+            {
                 "input_tokens": turn.usage.input_tokens,
                 "output_tokens": turn.usage.output_tokens,
                 "cost": turn.usage.cost,
             },
-            "model": spec,
-        }
+            spec,
+        )
         step = NewStep(
             kind=StepKind.MODEL,
             payload=payload,
@@ -632,7 +643,9 @@ class _Run:
     ) -> None:
         payload = outcome.payload(call.id, call.name)
         if outcome.plan_update is not None:
-            payload["plan_update"] = [list(item) for item in outcome.plan_update]
+            payload["plan_update"] = [
+                {"title": title, "status": status} for title, status in outcome.plan_update
+            ]
         if outcome.memory_added:
             payload["memory_added"] = list(outcome.memory_added)
         self.append(

@@ -1,21 +1,27 @@
 """The state a checkpoint carries, and the step records of the trace.
 
-Versions of the stored shape (one line each; a released version is never changed):
+Versions of the stored shape (one line each; a released version is never changed; the
+full shapes of every version are written down in `upgraders.py`):
   1: plan, memory refs, counters, budgets, pending approval, uncertain calls, batch cursor,
-     agent name/version, final answer. Step payloads: see `StepKind` and `upgraders.py`.
+     agent name/version, final answer; messages as plain `text`, tool results with `ok`.
+  2: plan items carry stable ids, counters grouped by model/tools; user, model and operator
+     instruction payloads hold content parts, tool results a `status` of "ok" | "error".
 
-The message history is not part of the state: it is the session's steps.
+The message history is not part of the state: it is the session's steps. Code outside this
+module and `upgraders.py` reads and writes payloads through the helpers at the bottom
+(`user_payload`, `model_payload`, `step_text`, `describe_step`, ...), never by their keys.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 class StateError(ValueError):
@@ -55,11 +61,35 @@ class CheckpointReason(enum.StrEnum):
 
 @dataclass
 class PlanItem:
+    id: str  # stable across plan updates: "p1", "p2", ...
     title: str
     status: str = "pending"  # pending | in_progress | done
 
     def to_dict(self) -> dict[str, Any]:
-        return {"title": self.title, "status": self.status}
+        return {"id": self.id, "title": self.title, "status": self.status}
+
+
+def _plan_number(item_id: str) -> int:
+    return int(item_id[1:]) if item_id[:1] == "p" and item_id[1:].isdigit() else 0
+
+
+def replan(old: list[PlanItem], items: list[tuple[str, str]]) -> list[PlanItem]:
+    """The plan after an update to (title, status) pairs: an item whose title was already in
+    the plan keeps its id, a new one gets the next free id. Deterministic, so a replay after
+    a checkpoint gives the same ids as the live run did."""
+    free: dict[str, list[str]] = {}
+    for item in old:
+        free.setdefault(item.title, []).append(item.id)
+    next_number = max((_plan_number(item.id) for item in old), default=0) + 1
+    plan = []
+    for title, status in items:
+        ids = free.get(title)
+        if ids:
+            item_id = ids.pop(0)
+        else:
+            item_id, next_number = f"p{next_number}", next_number + 1
+        plan.append(PlanItem(id=item_id, title=title, status=status))
+    return plan
 
 
 @dataclass
@@ -109,13 +139,23 @@ class SessionState:
 
     def to_dict(self) -> dict[str, Any]:
         """Serialise to the current schema version (writers only ever emit that)."""
+        c = self.counters
         return {
             "schema_version": SCHEMA_VERSION,
             "agent": {"name": self.agent_name, "version": self.agent_version},
             "turn": self.turn,
             "plan": [item.to_dict() for item in self.plan],
             "memory_refs": list(self.memory_refs),
-            "counters": dataclasses.asdict(self.counters),
+            "counters": {
+                "steps": c.steps,
+                "model": {
+                    "calls": c.model_calls,
+                    "tokens_in": c.tokens_in,
+                    "tokens_out": c.tokens_out,
+                    "cost": c.cost,
+                },
+                "tools": {"calls": c.tool_calls, "retries": c.retries},
+            },
             "budgets": dataclasses.asdict(self.budgets),
             "pending_approval": (
                 dataclasses.asdict(self.pending_approval) if self.pending_approval else None
@@ -139,15 +179,26 @@ class SessionState:
         try:
             agent = data["agent"]
             pending = data.get("pending_approval")
+            counters = data["counters"]
+            model, tools = counters["model"], counters["tools"]
             return cls(
                 agent_name=str(agent["name"]),
                 agent_version=str(agent["version"]),
                 turn=int(data.get("turn", 0)),
                 plan=[
-                    PlanItem(title=str(p["title"]), status=str(p["status"])) for p in data["plan"]
+                    PlanItem(id=str(p["id"]), title=str(p["title"]), status=str(p["status"]))
+                    for p in data["plan"]
                 ],
                 memory_refs=[str(ref) for ref in data["memory_refs"]],
-                counters=Counters(**data["counters"]),
+                counters=Counters(
+                    steps=int(counters["steps"]),
+                    model_calls=int(model["calls"]),
+                    tokens_in=int(model["tokens_in"]),
+                    tokens_out=int(model["tokens_out"]),
+                    cost=float(model["cost"]),
+                    tool_calls=int(tools["calls"]),
+                    retries=int(tools["retries"]),
+                ),
                 budgets=Budgets(**data["budgets"]),
                 pending_approval=PendingApproval(**pending) if pending else None,
                 uncertain_calls=[str(c) for c in data.get("uncertain_calls", [])],
@@ -201,3 +252,114 @@ class CheckpointRecord:
 class NewCheckpoint:
     state: SessionState
     reason: CheckpointReason = CheckpointReason.AUTO
+
+
+# --- Step payloads of the current version -----------------------------------------------
+# Writers build payloads with these; readers go through step_text / describe_step. The
+# shapes of every version are documented in upgraders.py.
+
+TOOL_STATUSES = ("ok", "error")
+
+
+def text_parts(text: str | None) -> list[dict[str, Any]]:
+    """Content parts for a text (none for no text at all)."""
+    return [] if text is None else [{"type": "text", "text": text}]
+
+
+def step_text(payload: dict[str, Any]) -> str | None:
+    """The text of a user, model or operator instruction payload; None if it has none."""
+    texts = [part["text"] for part in payload.get("content") or [] if part.get("type") == "text"]
+    return "\n".join(texts) if texts else None
+
+
+def user_payload(text: str) -> dict[str, Any]:
+    return {"content": text_parts(text)}
+
+
+def model_payload(
+    text: str | None, tool_calls: list[dict[str, Any]], usage: dict[str, Any], model: str
+) -> dict[str, Any]:
+    return {"content": text_parts(text), "tool_calls": tool_calls, "usage": usage, "model": model}
+
+
+def instruction_payload(text: str, actor: str) -> dict[str, Any]:
+    """An operator's instruction to the model (shown to it as such, never as the user)."""
+    return {"action": "instruction", "actor": actor, "content": text_parts(text)}
+
+
+def tool_ok(payload: dict[str, Any]) -> bool:
+    return payload.get("status") == "ok"
+
+
+def _check_parts(payload: dict[str, Any], where: str) -> None:
+    parts = payload.get("content")
+    if not isinstance(parts, list):
+        raise StateError(f"{where} payload needs a list of content parts")
+    for part in parts:
+        if not isinstance(part, dict) or part.get("type") != "text":
+            raise StateError(f"{where} payload has an unknown content part: {part!r:.80}")
+        if not isinstance(part.get("text"), str):
+            raise StateError(f"{where} payload has a text part without a text")
+
+
+def validate_step_payload(kind: str, payload: Any) -> None:
+    """Refuse a payload that does not have the current version's shape for its kind."""
+    if not isinstance(payload, dict):
+        raise StateError(f"{kind} payload must be an object, got {type(payload).__name__}")
+    if kind in (StepKind.USER, StepKind.MODEL):
+        _check_parts(payload, kind)
+    if kind == StepKind.MODEL:
+        calls = payload.get("tool_calls")
+        if not isinstance(calls, list) or not all(
+            isinstance(c, dict)
+            and isinstance(c.get("id"), str)
+            and isinstance(c.get("name"), str)
+            and isinstance(c.get("arguments"), dict)
+            and len(c) == 3
+            for c in calls
+        ):
+            raise StateError("model payload needs tool_calls: [{id, name, arguments}]")
+    elif kind == StepKind.TOOL_RESULT:
+        if not isinstance(payload.get("call_id"), str) or not isinstance(payload.get("name"), str):
+            raise StateError("tool_result payload needs a call_id and a name")
+        if payload.get("status") not in TOOL_STATUSES:
+            raise StateError(f"tool_result status must be one of {TOOL_STATUSES}")
+        plan = payload.get("plan_update")
+        if plan is not None and not all(
+            isinstance(p, dict) and isinstance(p.get("title"), str) for p in plan
+        ):
+            raise StateError("tool_result plan_update must be a list of {title, status}")
+    elif kind == StepKind.OPERATOR and payload.get("action") == "instruction":
+        _check_parts(payload, "operator instruction")
+
+
+def _short(value: Any, limit: int = 200) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def describe_step(kind: str, payload: dict[str, Any]) -> str:
+    """One line a person reads in a trace: what was said, called, returned or decided."""
+    if kind == StepKind.USER:
+        return step_text(payload) or ""
+    if kind == StepKind.MODEL:
+        calls = ", ".join(c["name"] for c in payload.get("tool_calls") or [])
+        text = step_text(payload) or ""
+        return f"{text} [calls {calls}]".strip() if calls else text
+    if kind == StepKind.TOOL_CALL:
+        return f"{payload.get('name')}({_short(payload.get('arguments') or {})})"
+    if kind == StepKind.TOOL_RESULT:
+        if tool_ok(payload):
+            return f"{payload.get('name')}: ok {_short(payload.get('output'))}"
+        return f"{payload.get('name')}: error: {_short(payload.get('error'))}"
+    if kind == StepKind.ERROR:
+        return f"{payload.get('where')}: {payload.get('error')}"
+    if kind == StepKind.OPERATOR:
+        action = payload.get("action")
+        line = f"{payload.get('actor') or 'an operator'}: {action}"
+        if action == "instruction":
+            line += f" {step_text(payload) or ''}"
+        if payload.get("reason"):
+            line += f" ({payload['reason']})"
+        return line
+    return str(payload.get("event") or "")

@@ -21,6 +21,8 @@ from .state import (
     NewStep,
     SessionStatus,
     StepRecord,
+    user_payload,
+    validate_step_payload,
 )
 
 
@@ -54,7 +56,8 @@ class SessionHead:
     last_seq: int
     checkpoint: CheckpointRecord | None
     history: list[StepRecord]
-    upgraders_applied: tuple[str, ...] = ()
+    upgraders_applied: tuple[str, ...] = ()  # applied to the checkpoint state
+    step_versions: dict[int, int] = field(default_factory=dict)  # stored version -> steps
 
     @property
     def steps_after_checkpoint(self) -> list[StepRecord]:
@@ -78,7 +81,11 @@ class SessionStore(Protocol):
         """Take the session's lease if it is free or expired and the session is runnable."""
 
     def load_head(self, session_id: str) -> SessionHead:
-        """The head checkpoint (upgraded to the current schema) and the live history."""
+        """The head checkpoint and the live history, upgraded to the current schema.
+
+        Raises IncompatibleSchemaError (naming the checkpoint or step) when any of it cannot
+        be loaded by this code; nothing is written then.
+        """
 
     def append(
         self,
@@ -91,6 +98,7 @@ class SessionStore(Protocol):
         release: bool = False,
     ) -> AppendResult:
         """Append steps (and a checkpoint at the last one) in one transaction, fenced.
+        Payloads must have the current schema version's shape (StateError otherwise).
 
         Raises LeaseLost when the lease's token is no longer the session's.
         """
@@ -142,7 +150,9 @@ class InMemoryStore:
         with self._lock:
             session = _MemSession(session_id, agent_name, SessionStatus.QUEUED)
             session.steps.append(
-                StepRecord(seq=1, kind="user", payload={"text": user_input}, started_at=utcnow())
+                StepRecord(
+                    seq=1, kind="user", payload=user_payload(user_input), started_at=utcnow()
+                )
             )
             session.last_seq = 1
             self._sessions[session_id] = session
@@ -195,7 +205,7 @@ class InMemoryStore:
             return Lease(session_id, owner, session.fencing_token)
 
     def load_head(self, session_id: str) -> SessionHead:
-        from .upgraders import load_state
+        from .upgraders import IncompatibleSchemaError, load_state, load_step_payload
 
         with self._lock:
             session = self._get(session_id)
@@ -203,9 +213,23 @@ class InMemoryStore:
             applied: tuple[str, ...] = ()
             if checkpoint is not None:
                 # Round-trip through the serialised form, as a real store would.
-                loaded = load_state(checkpoint.state.to_dict())
+                try:
+                    loaded = load_state(checkpoint.state.to_dict())
+                except IncompatibleSchemaError as exc:
+                    raise exc.at(f"checkpoint at seq {checkpoint.seq}") from exc
                 applied = loaded.applied
                 checkpoint = replace(checkpoint, state=loaded.value)
+            history = []
+            versions: dict[int, int] = {}
+            for step in session.steps:
+                if step.superseded:
+                    continue
+                try:
+                    payload = load_step_payload(step.kind, step.payload, step.schema_version)
+                except IncompatibleSchemaError as exc:
+                    raise exc.at(f"step seq {step.seq} ({step.kind})") from exc
+                versions[step.schema_version] = versions.get(step.schema_version, 0) + 1
+                history.append(replace(step, payload=payload.value))
             return SessionHead(
                 session_id=session_id,
                 agent_name=session.agent_name,
@@ -213,8 +237,9 @@ class InMemoryStore:
                 head_seq=session.head,
                 last_seq=session.last_seq,
                 checkpoint=checkpoint,
-                history=[s for s in session.steps if not s.superseded],
+                history=history,
                 upgraders_applied=applied,
+                step_versions=versions,
             )
 
     def _check(self, session: _MemSession, lease: Lease) -> None:
@@ -234,6 +259,8 @@ class InMemoryStore:
         with self._lock:
             session = self._get(lease.session_id)
             self._check(session, lease)
+            for step in steps:
+                validate_step_payload(step.kind, step.payload)
             seqs = []
             for step in steps:
                 session.last_seq += 1

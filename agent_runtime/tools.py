@@ -63,10 +63,11 @@ class ToolOutcome:
     plan_update: tuple[tuple[str, str], ...] | None = None
 
     def payload(self, call_id: str, name: str) -> dict[str, Any]:
+        """The tool_result step payload (current schema version)."""
         return {
             "call_id": call_id,
             "name": name,
-            "ok": self.ok,
+            "status": "ok" if self.ok else "error",
             "output": self.output,
             "error": self.error,
             "attempts": self.attempts,

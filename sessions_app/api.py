@@ -21,6 +21,9 @@ from ninja import Status as Reply
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 
+from agent_runtime.state import SCHEMA_VERSION
+from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
+
 from . import services
 from .models import AgentSession, ApiToken, Checkpoint, Status, Step
 from .permissions import can_operate, can_view
@@ -108,8 +111,9 @@ class SessionPage(Schema):
 class StepOut(Schema):
     seq: int
     kind: str
-    payload: dict[str, Any]
+    payload: dict[str, Any] = Field(description="at the current schema version")
     schema_version: int
+    load_error: str | None = Field(None, description="why this code cannot load the payload")
     superseded: bool
     started_at: datetime | None
     finished_at: datetime | None
@@ -214,6 +218,20 @@ def _get(session_id: UUID) -> AgentSession:
 
 def _detail(session: AgentSession) -> dict[str, Any]:
     return _session_out(session, _pending(session))
+
+
+def _loaded_payload(step: Step) -> dict[str, Any]:
+    """The payload at the current schema (what a worker loads); as stored, with the
+    reason, when this code cannot load it."""
+    try:
+        loaded = load_step_payload(step.kind, step.payload, step.schema_version)
+    except IncompatibleSchemaError as exc:
+        return {
+            "payload": step.payload,
+            "schema_version": step.schema_version,
+            "load_error": str(exc),
+        }
+    return {"payload": loaded.value, "schema_version": SCHEMA_VERSION, "load_error": None}
 
 
 def _encode_cursor(session: AgentSession) -> str:
@@ -353,8 +371,7 @@ def list_steps(
             {
                 "seq": s.seq,
                 "kind": s.kind,
-                "payload": s.payload,
-                "schema_version": s.schema_version,
+                **_loaded_payload(s),
                 "superseded": s.superseded_at is not None,
                 "started_at": s.started_at,
                 "finished_at": s.finished_at,

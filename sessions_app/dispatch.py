@@ -20,6 +20,8 @@ from django.utils import timezone
 from redis.exceptions import RedisError
 from rq.job import Job, JobStatus
 
+from agent_runtime.state import SCHEMA_VERSION
+
 from .models import RUNNABLE, AgentSession, Status
 
 log = logging.getLogger("respawn.dispatch")
@@ -84,6 +86,8 @@ def reconcile(*, limit: int | None = None) -> list[str]:
 
     Candidates: queued or running, lease free or expired, and either dispatched longer ago
     than the grace period or (a running session) not dispatched since its lease expired.
+    A session marked incompatible is skipped unless the code that marked it knew an older
+    schema than this code: after a deploy, the new code gets one try at it.
     Returns the ids dispatched.
     """
     limit = limit or settings.RESPAWN_RECONCILE_BATCH
@@ -97,6 +101,7 @@ def reconcile(*, limit: int | None = None) -> list[str]:
             | Q(dispatched_at__lt=grace)
             | Q(status=Status.RUNNING, dispatched_at__lt=F("lease_expires_at"))
         )
+        .filter(Q(incompatible_at__isnull=True) | Q(incompatible_code_schema__lt=SCHEMA_VERSION))
         .order_by(F("dispatched_at").asc(nulls_first=True))
         .values_list("id", "job_id", "dispatched_at")[:limit]
     )

@@ -6,10 +6,11 @@ import logging
 
 from django.db import close_old_connections
 
-from agent_runtime.loop import RunResult, run_session
+from agent_runtime.loop import Outcome, RunResult, run_session
 
 from . import dispatch
 from .runtime import agent_registry, run_config
+from .services import session_mark_incompatible
 from .store import DjangoEffects, DjangoSessionStore
 
 log = logging.getLogger("respawn.jobs")
@@ -25,6 +26,10 @@ def run_session_job(session_id: str) -> str:
         effects=DjangoEffects(),
         config=run_config(),
     )
+    if result.outcome == Outcome.INCOMPATIBLE:
+        # The run released the lease and wrote nothing; the mark keeps the reconciler from
+        # dispatching the session again and again, and shows the reason in the dashboard.
+        session_mark_incompatible(session_id=session_id, reason=result.error or "")
     log.info("session %s: %s", session_id, result.outcome)
     return result.outcome.value
 

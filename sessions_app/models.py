@@ -27,6 +27,12 @@ RUNNABLE = (Status.QUEUED, Status.RUNNING)
 FINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
 
 
+def current_schema_version() -> int:
+    """Default of the schema_version columns: writers only ever emit the current version.
+    A function, not the constant, so that bumping SCHEMA_VERSION needs no schema migration."""
+    return SCHEMA_VERSION
+
+
 class Kind(models.TextChoices):
     USER = StepKind.USER.value, "User"
     MODEL = StepKind.MODEL.value, "Model"
@@ -66,6 +72,15 @@ class AgentSession(models.Model):
     tokens_out = models.BigIntegerField(default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     final_answer = models.TextField(blank=True)
+    # Set when a worker could not load the session (a blob newer than its code, or one that
+    # does not have its version's shape): why, when, and the SCHEMA_VERSION of that code.
+    # Such a session is not dispatched again until code with a newer SCHEMA_VERSION runs
+    # the reconciler; a successful run, upgrade_state or an operator's resume clears it.
+    # The database default lets the previous release keep inserting sessions between
+    # `migrate` and the restart, and after a rollback of the code.
+    incompatible_reason = models.TextField(blank=True, default="", db_default="")
+    incompatible_at = models.DateTimeField(null=True, blank=True)
+    incompatible_code_schema = models.PositiveSmallIntegerField(null=True, blank=True)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -94,6 +109,12 @@ class AgentSession(models.Model):
                 name="session_runnable_lease",
                 condition=Q(status__in=["queued", "running"]),
             ),
+            # "Needs attention": sessions no worker could load, newest first.
+            models.Index(
+                fields=["-incompatible_at"],
+                name="session_incompatible",
+                condition=Q(incompatible_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -103,10 +124,15 @@ class AgentSession(models.Model):
         now = now or timezone.now()
         return bool(self.lease_owner and self.lease_expires_at and self.lease_expires_at > now)
 
+    @property
+    def is_incompatible(self) -> bool:
+        return self.incompatible_at is not None
+
     def is_stuck(self, now=None) -> bool:
-        """Should be running, but nobody holds a live lease and the dispatch is overdue."""
+        """Should be running, but nobody holds a live lease and the dispatch is overdue.
+        (An incompatible session is not stuck: it waits for code that can load it.)"""
         now = now or timezone.now()
-        if self.status not in RUNNABLE or self.lease_is_live(now):
+        if self.status not in RUNNABLE or self.lease_is_live(now) or self.is_incompatible:
             return False
         if self.status == Status.RUNNING:
             return True
@@ -127,7 +153,7 @@ class Step(models.Model):
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=20, choices=Kind.choices)
     payload = models.JSONField()
-    schema_version = models.PositiveSmallIntegerField(default=SCHEMA_VERSION)
+    schema_version = models.PositiveSmallIntegerField(default=current_schema_version)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     tokens_in = models.PositiveIntegerField(default=0)
@@ -166,7 +192,7 @@ class Checkpoint(models.Model):
     session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="checkpoints")
     seq = models.PositiveIntegerField()
     state = models.JSONField()
-    schema_version = models.PositiveSmallIntegerField(default=SCHEMA_VERSION)
+    schema_version = models.PositiveSmallIntegerField(default=current_schema_version)
     reason = models.CharField(max_length=20, choices=Reason.choices, default=Reason.AUTO)
     created_at = models.DateTimeField(default=timezone.now)
 

@@ -7,6 +7,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent_runtime.state import step_text, tool_ok
+from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
+
 from .models import Step
 
 LONG_TEXT = 600  # characters before a block is collapsed behind "show all"
@@ -21,6 +24,11 @@ class Block:
     label: str
     text: str
     is_json: bool = False
+
+    @property
+    def is_message(self) -> bool:
+        """What was said (by the user, the model or an operator), not data."""
+        return self.label in ("message", "text", "instruction")
 
     @property
     def is_long(self) -> bool:
@@ -41,6 +49,7 @@ class StepView:
     tone: str = ""  # "", "error", "ok", "warn"
     duration_ms: float | None = None
     checkpoint_reasons: list[str] = field(default_factory=list)
+    load_error: str = ""
 
     @property
     def seq(self) -> int:
@@ -48,19 +57,26 @@ class StepView:
 
 
 def _text(payload: dict[str, Any]) -> str:
-    text = payload.get("text")
-    if isinstance(text, str):
-        return text
-    parts = payload.get("content")
-    if isinstance(parts, list):
-        return "\n".join(str(p.get("text", "")) for p in parts if isinstance(p, dict))
-    return ""
+    return step_text(payload) or ""
 
 
 def present_step(step: Step, checkpoint_reasons: list[str] | None = None) -> StepView:
-    payload = step.payload if isinstance(step.payload, dict) else {"value": step.payload}
+    """The step as a person reads it, its payload loaded (upgraded) as a worker would; a
+    payload this code cannot load is shown raw, with the reason."""
+    load_error = ""
+    try:
+        payload = load_step_payload(step.kind, step.payload, step.schema_version).value
+    except IncompatibleSchemaError as exc:
+        load_error = str(exc)
+        payload = step.payload if isinstance(step.payload, dict) else {"value": step.payload}
     kind = step.kind
-    view = StepView(step=step, headline=kind, checkpoint_reasons=checkpoint_reasons or [])
+    view = StepView(
+        step=step, headline=kind, checkpoint_reasons=checkpoint_reasons or [], load_error=load_error
+    )
+    if load_error:
+        view.tone = "error"
+        view.blocks.append(Block("stored payload", pretty(step.payload), True))
+        return view
     if step.started_at and step.finished_at:
         view.duration_ms = max((step.finished_at - step.started_at).total_seconds() * 1000, 0.0)
     if kind == "user":
@@ -87,7 +103,7 @@ def present_step(step: Step, checkpoint_reasons: list[str] | None = None) -> Ste
         if step.idempotency_key:
             view.blocks.append(Block("idempotency key", step.idempotency_key))
     elif kind == "tool_result":
-        ok = payload.get("ok", payload.get("status") == "ok")
+        ok = tool_ok(payload)
         attempts = payload.get("attempts", 1)
         view.headline = f"Tool result · {payload.get('name')} · {'ok' if ok else 'error'}"
         if attempts and attempts > 1:
@@ -105,10 +121,12 @@ def present_step(step: Step, checkpoint_reasons: list[str] | None = None) -> Ste
         if details:
             view.blocks.append(Block("details", pretty(details), True))
     elif kind == "operator":
-        action = payload.get("action") or ("message" if "text" in payload else "edit")
+        action = payload.get("action") or "edit"
         view.headline = f"Operator · {action} · by {payload.get('actor', 'someone')}"
         view.tone = "warn"
-        details = {k: v for k, v in payload.items() if k not in ("action", "actor")}
+        if payload.get("action") == "instruction":
+            view.blocks.append(Block("instruction", _text(payload)))
+        details = {k: v for k, v in payload.items() if k not in ("action", "actor", "content")}
         if details:
             view.blocks.append(Block("details", pretty(details), True))
     else:

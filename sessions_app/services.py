@@ -13,9 +13,11 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent_runtime.agents import UnknownAgent
+from agent_runtime.state import SCHEMA_VERSION, SessionState, instruction_payload, user_payload
+from agent_runtime.upgraders import IncompatibleSchemaError, load_state
 
 from . import dispatch
-from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Kind, Status, Step
+from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Checkpoint, Kind, Status, Step
 from .runtime import agent_registry, redactor
 
 log = logging.getLogger("respawn.services")
@@ -83,6 +85,23 @@ def _locked(session_id: Any) -> AgentSession:
         raise ActionError(f"not a session id: {session_id!r}", code="not_found") from None
 
 
+def _load_checkpoint_state(checkpoint: Checkpoint) -> SessionState:
+    """A stored checkpoint's state, through the upgraders; ActionError if it cannot load."""
+    try:
+        return load_state(checkpoint.state).value
+    except IncompatibleSchemaError as exc:
+        raise ActionError(
+            f"checkpoint at seq {checkpoint.seq} cannot be loaded by this code: {exc}",
+            code="incompatible",
+        ) from None
+
+
+def _clear_incompatible(session: AgentSession) -> None:
+    session.incompatible_reason = ""
+    session.incompatible_at = None
+    session.incompatible_code_schema = None
+
+
 def _append_operator_step(
     session: AgentSession, payload: dict[str, Any], kind: str = Kind.OPERATOR
 ) -> Step:
@@ -147,7 +166,7 @@ def session_start(
             session=session,
             seq=1,
             kind=Kind.USER,
-            payload={"text": text},
+            payload=user_payload(text),
             started_at=now,
             finished_at=now,
             created_at=now,
@@ -170,7 +189,8 @@ def session_resume(
     request_meta: dict | None = None,
     dispatch_now: bool = True,
 ) -> AgentSession:
-    """Queue a paused, failed or stuck session to continue from its head.
+    """Queue a paused, failed or stuck session to continue from its head. An incompatible
+    mark is cleared: the next run loads it again, and marks it again if it still cannot.
 
     dispatch_now=False leaves the enqueue to the reconciler, which dispatches at most
     RESPAWN_RECONCILE_BATCH sessions per pass: how bulk resumes are throttled."""
@@ -179,7 +199,7 @@ def session_resume(
         session = _locked(session_id)
         if session.status in RUNNABLE and session.lease_is_live():
             raise ActionError("session is already running", code="already_running")
-        if session.status in RUNNABLE and not session.is_stuck():
+        if session.status in RUNNABLE and not session.is_stuck() and not session.is_incompatible:
             # Queued and dispatched moments ago: a worker will take it. Resuming again
             # would only hand out a second job (and, under a burst of clicks, many).
             raise ActionError(
@@ -203,6 +223,7 @@ def session_resume(
         session.lease_owner = None
         session.lease_expires_at = None
         session.updated_at = timezone.now()
+        _clear_incompatible(session)
         session.save(
             update_fields=[
                 "status",
@@ -211,6 +232,9 @@ def session_resume(
                 "lease_owner",
                 "lease_expires_at",
                 "updated_at",
+                "incompatible_reason",
+                "incompatible_at",
+                "incompatible_code_schema",
             ]
         )
         audit(
@@ -266,14 +290,15 @@ def _decide(
         if session.status != Status.WAITING_INPUT:
             raise ActionError("nothing is waiting for approval in this session", code="bad_status")
         checkpoint = session.checkpoints.filter(seq=session.head).order_by("-id").first()
-        pending = (checkpoint.state if checkpoint else {}).get("pending_approval")
-        if not pending:
+        state = _load_checkpoint_state(checkpoint) if checkpoint else None
+        pending = state.pending_approval if state else None
+        if pending is None:
             raise ActionError("nothing is waiting for approval in this session", code="bad_status")
         before = _summary(session)
         payload = {
             "action": decision,
-            "call_id": pending["call_id"],
-            "tool": pending["tool"],
+            "call_id": pending.call_id,
+            "tool": pending.tool,
             "actor": who.label,
         }
         if reason:
@@ -285,7 +310,7 @@ def _decide(
             actor=who,
             action=decision,
             session=session,
-            before={**before, "pending": pending},
+            before={**before, "pending": {"call_id": pending.call_id, "tool": pending.tool}},
             after=_summary(session),
             request_meta=request_meta,
         )
@@ -311,7 +336,7 @@ def checkpoint_rollback(
     """Make checkpoint `checkpoint_seq` the head again. Later steps are marked superseded
     (never deleted), the state before is kept as a `before-rollback` checkpoint, and the
     session waits, paused, until someone resumes it."""
-    from .models import Checkpoint, Reason
+    from .models import Reason
 
     who = _actor(actor)
     with transaction.atomic():
@@ -330,12 +355,14 @@ def checkpoint_rollback(
             raise ActionError(
                 f"session has no checkpoint at seq {checkpoint_seq}", code="not_found"
             )
+        target_state = _load_checkpoint_state(target)
         before = _summary(session)
         current = (
             Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
         )
         now = timezone.now()
         if current is not None:
+            # A copy of what was there, kept in the version it was stored in.
             Checkpoint.objects.create(
                 session=session,
                 seq=session.last_seq,
@@ -359,7 +386,7 @@ def checkpoint_rollback(
         # The rollback record itself is history after the checkpoint; it stays visible.
         session.head = checkpoint_seq
         session.status = Status.PAUSED
-        session.final_answer = target.state.get("final_answer") or ""
+        session.final_answer = target_state.final_answer or ""
         session.save()
         audit(
             actor=who,
@@ -370,6 +397,29 @@ def checkpoint_rollback(
             request_meta=request_meta,
         )
     return session
+
+
+def session_mark_incompatible(*, session_id: Any, reason: str) -> bool:
+    """Record that this code cannot load the session (the run refused it and wrote nothing).
+
+    Only the mark is written: no step, no checkpoint, no status change. The reconciler
+    leaves the session alone until code with a newer SCHEMA_VERSION runs it."""
+    marked = AgentSession.objects.filter(id=session_id).update(
+        incompatible_reason=reason,
+        incompatible_at=timezone.now(),
+        incompatible_code_schema=SCHEMA_VERSION,
+    )
+    log.warning("session %s is incompatible with this code: %s", session_id, reason)
+    return bool(marked)
+
+
+def session_clear_incompatible(*, session_id: Any) -> bool:
+    """Clear the mark of a session that loads again (after upgrade_state, for instance)."""
+    return bool(
+        AgentSession.objects.filter(id=session_id, incompatible_at__isnull=False).update(
+            incompatible_reason="", incompatible_at=None, incompatible_code_schema=None
+        )
+    )
 
 
 MESSAGE_STATUSES = (Status.COMPLETED, Status.PAUSED, Status.FAILED)
@@ -399,7 +449,7 @@ def session_send_message(
                 code="bad_status" if session.status != Status.RUNNING else "already_running",
             )
         before = _summary(session)
-        step = _append_operator_step(session, {"text": text}, kind=Kind.USER)
+        step = _append_operator_step(session, user_payload(text), kind=Kind.USER)
         session.status = Status.QUEUED
         session.last_error = ""
         session.final_answer = ""
@@ -592,9 +642,7 @@ def session_add_instruction(
         session = _locked(session_id)
         _editable(session)
         before = _summary(session)
-        step = _append_operator_step(
-            session, {"action": "instruction", "actor": who.label, "text": text}
-        )
+        step = _append_operator_step(session, instruction_payload(text, who.label))
         session.status = Status.QUEUED
         session.last_error = ""
         session.save()

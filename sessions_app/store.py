@@ -3,6 +3,9 @@
 Every write is one transaction that starts with a conditional UPDATE of the session row on
 (id, fencing_token, lease_owner): a worker whose lease was taken over or fenced off by an
 operator action matches no row and writes nothing.
+
+Every blob read goes through agent_runtime.upgraders; a blob this code cannot load raises
+IncompatibleSchemaError naming the checkpoint or step, before anything is written.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from agent_runtime.state import (
     SessionStatus,
     StepKind,
     StepRecord,
+    validate_step_payload,
 )
 from agent_runtime.store import (
     AppendResult,
@@ -33,14 +37,31 @@ from agent_runtime.store import (
     SessionHead,
     SessionNotFound,
 )
-from agent_runtime.upgraders import load_state, load_step_payload
+from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_step_payload
 
 from .models import RUNNABLE, AgentSession, Checkpoint, SideEffect, Status, Step
+
+STEP_RECORD_FIELDS = (
+    "id",
+    "seq",
+    "kind",
+    "payload",
+    "schema_version",
+    "started_at",
+    "finished_at",
+    "tokens_in",
+    "tokens_out",
+    "idempotency_key",
+    "superseded_at",
+)
 
 
 def step_record(step: Step) -> StepRecord:
     """An ORM step as the engine sees it, its payload upgraded to the current schema."""
-    loaded = load_step_payload(step.payload, step.schema_version)
+    try:
+        loaded = load_step_payload(step.kind, step.payload, step.schema_version)
+    except IncompatibleSchemaError as exc:
+        raise exc.at(f"step seq {step.seq} ({step.kind})") from exc
     return StepRecord(
         seq=step.seq,
         kind=StepKind(step.kind),
@@ -83,8 +104,12 @@ class DjangoSessionStore:
         return None if token is None else Lease(session_id, owner, token)
 
     def load_head(self, session_id: str) -> SessionHead:
+        # Only the columns a load needs: `check_state_compat` runs this with the next
+        # release's code before that release's migrations, when newer columns don't exist.
         try:
-            session = AgentSession.objects.get(id=session_id)
+            session = AgentSession.objects.only("id", "agent", "status", "head", "last_seq").get(
+                id=session_id
+            )
         except AgentSession.DoesNotExist:
             raise SessionNotFound(session_id) from None
         checkpoint = None
@@ -92,11 +117,15 @@ class DjangoSessionStore:
         if session.head:
             row = (
                 Checkpoint.objects.filter(session_id=session_id, seq=session.head)
+                .only("id", "seq", "state", "reason", "schema_version")
                 .order_by("-id")
                 .first()
             )
             if row is not None:
-                loaded = load_state(row.state)
+                try:
+                    loaded = load_state(row.state)
+                except IncompatibleSchemaError as exc:
+                    raise exc.at(f"checkpoint at seq {row.seq}") from exc
                 applied = loaded.applied
                 checkpoint = CheckpointRecord(
                     seq=row.seq,
@@ -104,9 +133,15 @@ class DjangoSessionStore:
                     reason=row.reason,
                     schema_version=loaded.stored_version,
                 )
-        steps = Step.objects.filter(session_id=session_id, superseded_at__isnull=True).order_by(
-            "seq"
+        steps = (
+            Step.objects.filter(session_id=session_id, superseded_at__isnull=True)
+            .only(*STEP_RECORD_FIELDS)
+            .order_by("seq")
         )
+        history = [step_record(s) for s in steps]
+        versions: dict[int, int] = {}
+        for record in history:
+            versions[record.schema_version] = versions.get(record.schema_version, 0) + 1
         return SessionHead(
             session_id=str(session.id),
             agent_name=session.agent,
@@ -114,8 +149,9 @@ class DjangoSessionStore:
             head_seq=checkpoint.seq if checkpoint else 0,
             last_seq=session.last_seq,
             checkpoint=checkpoint,
-            history=[step_record(s) for s in steps],
+            history=history,
             upgraders_applied=applied,
+            step_versions=versions,
         )
 
     def append(
@@ -128,6 +164,8 @@ class DjangoSessionStore:
         error: str | None = None,
         release: bool = False,
     ) -> AppendResult:
+        for step in steps:
+            validate_step_payload(step.kind, step.payload)
         count = len(steps)
         now = timezone.now()
         changes: dict[str, Any] = {
@@ -136,6 +174,11 @@ class DjangoSessionStore:
             "tokens_in": F("tokens_in") + sum(s.tokens_in for s in steps),
             "tokens_out": F("tokens_out") + sum(s.tokens_out for s in steps),
             "updated_at": now,
+            # A lease holder writes only after its load_head succeeded: whatever code marked
+            # the session incompatible before, this code loads it.
+            "incompatible_reason": "",
+            "incompatible_at": None,
+            "incompatible_code_schema": None,
         }
         cost = sum(float((s.payload.get("usage") or {}).get("cost") or 0) for s in steps)
         if cost:

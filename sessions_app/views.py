@@ -436,7 +436,8 @@ def checkpoint_diff(request: HttpRequest, session_id: UUID) -> HttpResponse:
     else:
         a = Checkpoint.objects.get(pk=a.pk)
         b = Checkpoint.objects.get(pk=b.pk)
-        lines = diff_states(a.state, b.state)
+        # Both sides at the current schema, so a diff across an upgrade shows real changes.
+        lines = diff_states(selectors.upgraded_state(a.state), selectors.upgraded_state(b.state))
     context = {
         "session": session,
         "checkpoints": checkpoints,

@@ -110,7 +110,8 @@ class WorkerProcess:
         self._log.close()
 
     def log(self) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
 
@@ -163,3 +164,17 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_connection_pools(django_db_setup, django_db_blocker):
+    """Web processes pool their connections; give the pooled ones back before the test
+    database is dropped, or PostgreSQL refuses to drop a database still in use."""
+    from django.db import connections
+
+    yield
+    with django_db_blocker.unblock():
+        for conn in connections.all():
+            close_pool = getattr(conn, "close_pool", None)
+            if close_pool is not None:
+                close_pool()

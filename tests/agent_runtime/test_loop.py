@@ -7,7 +7,7 @@ import pytest
 from agent_runtime.agents import AgentDefinition, AgentRegistry, demo_agents
 from agent_runtime.loop import Outcome, build_messages
 from agent_runtime.providers import ModelTurn, ProviderError, ToolCall
-from agent_runtime.state import SessionStatus, StepKind
+from agent_runtime.state import SessionStatus, StepKind, instruction_payload, step_text
 from agent_runtime.store import InMemoryEffects, InMemoryStore
 from agent_runtime.tools import ToolContext, ToolRegistry, tool
 
@@ -56,6 +56,7 @@ def test_demo_run_gives_expected_steps_and_answer():
     state = session.checkpoints[-1].state
     assert state.final_answer == result.final_answer
     assert [p.status for p in state.plan] == ["done", "in_progress", "pending"]
+    assert [p.id for p in state.plan] == ["p1", "p2", "p3"]  # kept across the plan update
     assert state.memory_refs == [f"note-{session_id}-call_1_1"]
     assert state.counters.model_calls == 3 and state.counters.tool_calls == 4
     assert state.counters.steps == 13
@@ -134,7 +135,7 @@ def test_tool_that_raises_becomes_a_result_the_model_sees():
     assert result.outcome == Outcome.COMPLETED
     tool_result = store.session(session_id).steps[4]
     assert tool_result.kind == StepKind.TOOL_RESULT
-    assert tool_result.payload["ok"] is False
+    assert tool_result.payload["status"] == "error"
     assert "RuntimeError: disk on fire" in tool_result.payload["error"]
     assert "disk on fire" in result.final_answer
 
@@ -157,9 +158,11 @@ def test_invalid_arguments_and_unknown_tools_are_results_not_crashes():
     result = run(store, session_id, make_provider=lambda spec, opts: (Model(), "m"))
     assert result.outcome == Outcome.COMPLETED
     results = [s.payload for s in store.session(session_id).steps if s.kind == StepKind.TOOL_RESULT]
-    assert results[0]["ok"] is False and "invalid arguments for calculator" in results[0]["error"]
+    assert results[0]["status"] == "error"
+    assert "invalid arguments for calculator" in results[0]["error"]
     assert "expression" in results[0]["error"]
-    assert results[1]["ok"] is False and "unknown tool 'no_such_tool'" in results[1]["error"]
+    assert results[1]["status"] == "error"
+    assert "unknown tool 'no_such_tool'" in results[1]["error"]
 
 
 def test_flaky_tool_is_retried_until_it_succeeds():
@@ -195,7 +198,7 @@ def test_provider_errors_are_retried_then_fail_the_session_resumably():
     # Resumable later: queue it again and a working model finishes it.
     session.status = SessionStatus.QUEUED
     assert run(store, session_id).outcome == Outcome.COMPLETED
-    assert store.session(session_id).steps[-1].payload["text"] == "You said: hi"
+    assert step_text(store.session(session_id).steps[-1].payload) == "You said: hi"
 
 
 def test_permanent_provider_error_is_not_retried():
@@ -351,7 +354,7 @@ def test_operator_instruction_is_marked_as_operator_in_messages():
     session_id = new_session(store, "echo", "hi")
     run(store, session_id)
     store.add_operator_step(
-        session_id, {"action": "instruction", "text": "be brief"}, status=SessionStatus.QUEUED
+        session_id, instruction_payload("be brief", "alice"), status=SessionStatus.QUEUED
     )
     messages = build_messages("", store.load_head(session_id).history)
     assert messages[-1].role == "user"

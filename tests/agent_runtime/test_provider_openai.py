@@ -194,7 +194,7 @@ def test_invalid_json_arguments_reach_the_model_as_a_tool_error(openai_server):
     (tool_result,) = [
         s.payload for s in store.session(session_id).steps if s.kind == StepKind.TOOL_RESULT
     ]
-    assert tool_result["ok"] is False
+    assert tool_result["status"] == "error"
     assert "invalid arguments for calculator" in tool_result["error"]
     assert "_invalid_json" in tool_result["error"]
     # The model is shown what it sent (as valid JSON) and the tool's complaint.

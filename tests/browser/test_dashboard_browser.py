@@ -56,7 +56,7 @@ def test_log_in_filter_open_and_expand(page, users):
         seq=2,
         kind="model",
         payload={
-            "text": "calling",
+            "content": [{"type": "text", "text": "calling"}],
             "tool_calls": [{"id": "c1", "name": "lookup", "arguments": {"query": "x" * 2000}}],
         },
     )
@@ -201,7 +201,7 @@ def test_xss_payloads_do_not_execute(page, users):
             payload={
                 "call_id": f"c{seq}",
                 "name": payload,
-                "ok": False,
+                "status": "error",
                 "error": payload,
                 "output": {"html": payload},
             },

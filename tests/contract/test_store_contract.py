@@ -14,6 +14,9 @@ from agent_runtime.state import (
     SessionState,
     SessionStatus,
     StepKind,
+    model_payload,
+    step_text,
+    user_payload,
 )
 from agent_runtime.store import InMemoryStore, LeaseLost, SessionNotFound
 
@@ -53,7 +56,7 @@ class DjangoHarness:
         from sessions_app.models import AgentSession, Step
 
         session = AgentSession.objects.create(agent=agent, last_seq=1, step_count=1)
-        Step.objects.create(session=session, seq=1, kind="user", payload={"text": text})
+        Step.objects.create(session=session, seq=1, kind="user", payload=user_payload(text))
         return str(session.id)
 
     def expire(self, session_id):
@@ -97,7 +100,10 @@ def state() -> SessionState:
 
 def model_step(text="ok") -> NewStep:
     return NewStep(
-        kind=StepKind.MODEL, payload={"text": text, "tool_calls": []}, tokens_in=3, tokens_out=2
+        kind=StepKind.MODEL,
+        payload=model_payload(text, [], {}, "scripted:echo"),
+        tokens_in=3,
+        tokens_out=2,
     )
 
 
@@ -162,7 +168,7 @@ def test_fenced_off_writer_cannot_append(harness):
     with pytest.raises(LeaseLost):
         harness.store.append(old, [model_step("late")])
     harness.store.append(new, [model_step("current")])
-    texts = [s.payload.get("text") for s in harness.store.load_head(sid).history]
+    texts = [step_text(s.payload) for s in harness.store.load_head(sid).history]
     assert texts == ["hi", "current"]
 
 
@@ -201,7 +207,7 @@ def test_history_leaves_out_superseded_steps(harness):
     harness.store.append(lease, [model_step("one")], checkpoint=NewCheckpoint(state=state()))
     harness.store.append(lease, [model_step("two")])
     harness.supersede_after(sid, 2)
-    texts = [s.payload.get("text") for s in harness.store.load_head(sid).history]
+    texts = [step_text(s.payload) for s in harness.store.load_head(sid).history]
     assert texts == ["hi", "one"]
 
 

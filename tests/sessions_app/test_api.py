@@ -95,7 +95,7 @@ def test_start_poll_and_read_steps(call):
     step = first["items"][0]
     assert set(step) >= {"seq", "kind", "payload", "superseded", "started_at", "finished_at"}
     assert step["kind"] == "user" and step["payload"] == {
-        "text": "what is (12*7)+3, then save it as a note"
+        "content": [{"type": "text", "text": "what is (12*7)+3, then save it as a note"}]
     }
 
 

@@ -228,7 +228,7 @@ def test_preview_of_resume_names_the_call_that_runs_again(client, users):
             NewStep(
                 kind=StepKind.MODEL,
                 payload={
-                    "text": "t",
+                    "content": [{"type": "text", "text": "t"}],
                     "tool_calls": [{"id": "c1", "name": "tick", "arguments": {"n": 1}}],
                 },
             ),
@@ -353,7 +353,7 @@ def test_checkpoint_diff(client, users, done):
     first, last = Checkpoint.objects.filter(session=done).order_by("seq")[::2]
     response = client.get(reverse("sessions:diff", args=[done.id]), {"a": first.pk, "b": last.pk})
     paths = {line.path for line in response.context["lines"]}
-    assert "final_answer" in paths and "counters.model_calls" in paths
+    assert "final_answer" in paths and "counters.model.calls" in paths
     assert "plan[0].status" in paths
     assert client.get(reverse("sessions:diff", args=[done.id]), {"a": "nope"}).status_code == 400
 
@@ -444,7 +444,7 @@ def test_untrusted_content_is_escaped_everywhere(client, users):
         payload={
             "call_id": "c",
             "name": payloads[2],
-            "ok": False,
+            "status": "error",
             "error": payloads[1],
             "output": payloads[0],
         },

@@ -7,6 +7,7 @@ from django.db import transaction
 from django.utils import timezone
 from rq.job import Job
 
+from agent_runtime.state import SCHEMA_VERSION
 from sessions_app.dispatch import reconcile
 from sessions_app.models import AgentSession, Status
 from sessions_app.services import session_start
@@ -103,3 +104,19 @@ def test_enqueue_failure_is_recorded_and_reconciled_later(rq_queue, settings, ca
     )
     assert reconcile() == [str(session.id)]
     assert rq_queue.count == 1
+
+
+def test_reconciler_skips_incompatible_sessions_until_newer_code_runs_it(rq_queue):
+    session = session_start(agent="echo", input="hi")
+    rq_queue.empty()
+    now = timezone.now()
+    AgentSession.objects.filter(id=session.id).update(
+        dispatched_at=now - timedelta(minutes=5),
+        incompatible_reason="checkpoint at seq 3: written by schema version 99",
+        incompatible_at=now,
+        incompatible_code_schema=SCHEMA_VERSION,
+    )
+    assert reconcile() == []  # this code refused it already
+    # Marked by older code (before a deploy): this code gets a try at it.
+    AgentSession.objects.filter(id=session.id).update(incompatible_code_schema=SCHEMA_VERSION - 1)
+    assert reconcile() == [str(session.id)]

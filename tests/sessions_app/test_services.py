@@ -5,6 +5,7 @@ import uuid
 import pytest
 
 from agent_runtime.loop import run_session
+from agent_runtime.state import SCHEMA_VERSION
 from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
 from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import (
@@ -38,7 +39,8 @@ def test_start_creates_session_with_first_user_step_and_audit(users):
     assert session.title == "what is 1+1"
     assert session.job_id.startswith(f"run-{session.id}-")
     step = Step.objects.get(session=session)
-    assert (step.seq, step.kind, step.payload) == (1, "user", {"text": "what is 1+1"})
+    assert (step.seq, step.kind, step.schema_version) == (1, "user", SCHEMA_VERSION)
+    assert step.payload == {"content": [{"type": "text", "text": "what is 1+1"}]}
     event = AuditEvent.objects.get(session=session)
     assert event.action == "start" and event.actor_label == "olivia"
 

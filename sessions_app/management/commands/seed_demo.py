@@ -8,7 +8,7 @@ from django.utils import timezone
 
 from agent_runtime.loop import run_session
 from agent_runtime.providers import ProviderError
-from agent_runtime.state import NewStep, StepKind
+from agent_runtime.state import NewStep, StepKind, model_payload
 from sessions_app.models import AgentSession, Status
 from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import checkpoint_rollback, session_cancel, session_start
@@ -107,12 +107,12 @@ class Command(BaseCommand):
                 ),
                 NewStep(
                     kind=StepKind.MODEL,
-                    payload={
-                        "text": "Tick 1 of 4.",
-                        "tool_calls": [{"id": "call_0_0", "name": "tick", "arguments": {"n": 1}}],
-                        "usage": {"input_tokens": 4, "output_tokens": 11, "cost": 0.0},
-                        "model": "scripted:slow",
-                    },
+                    payload=model_payload(
+                        "Tick 1 of 4.",
+                        [{"id": "call_0_0", "name": "tick", "arguments": {"n": 1}}],
+                        {"input_tokens": 4, "output_tokens": 11, "cost": 0.0},
+                        "scripted:slow",
+                    ),
                     tokens_in=4,
                     tokens_out=11,
                 ),
