@@ -242,6 +242,21 @@ def repeated_failures(limit: int = 50, threshold: int = 2) -> list[RepeatedFailu
     return out[:limit]
 
 
+def old_schema_sessions(cap: int = 1000) -> tuple[int, bool]:
+    """How many live sessions still have their head checkpoint in an older schema version
+    (counted up to `cap`): `upgrade_state` rewrites them ahead of time."""
+    rows = list(
+        Checkpoint.objects.filter(
+            session__status__in=RESUMABLE_STATUSES,
+            seq=F("session__head"),
+            schema_version__lt=SCHEMA_VERSION,
+        )
+        .values_list("session_id", flat=True)
+        .distinct()[: cap + 1]
+    )
+    return min(len(rows), cap), len(rows) > cap
+
+
 def activity_last_24h() -> list[dict[str, Any]]:
     """Sessions started and finished per hour over the last 24 hours."""
     now = timezone.now()

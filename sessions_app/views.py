@@ -671,6 +671,8 @@ def attention(request: HttpRequest) -> HttpResponse:
             "approvals": selectors.overdue_approvals(),
             "approval_sla": approval_sla,
             "failures": selectors.repeated_failures(),
+            "incompatible": list(selectors.incompatible_sessions()[:100]),
+            "old_schema": selectors.old_schema_sessions(),
             "counts": [(value, label, counts[value]) for value, label in Status.choices],
             "chart": chart,
             "peak": peak,

@@ -462,3 +462,25 @@ def test_untrusted_content_is_escaped_everywhere(client, users):
         body = client.get(url).content.decode()
         for payload in payloads:
             assert payload not in body, (url, payload)
+
+
+def test_attention_lists_incompatible_and_old_schema_sessions(client, users):
+    from django.utils import timezone
+
+    from agent_runtime.state import SCHEMA_VERSION
+
+    broken = run_inline(session_start(agent="approval", input="pay"))
+    AgentSession.objects.filter(id=broken.id).update(
+        incompatible_reason="checkpoint at seq 4: written by schema version 99",
+        incompatible_at=timezone.now(),
+        incompatible_code_schema=SCHEMA_VERSION,
+    )
+    old = run_inline(session_start(agent="approval", input="pay again"))
+    Checkpoint.objects.filter(session=old, seq=old.head).update(schema_version=SCHEMA_VERSION - 1)
+    client.force_login(users["operator"])
+    response = client.get(reverse("sessions:attention"))
+    assert [s.id for s in response.context["incompatible"]] == [broken.id]
+    body = response.content.decode()
+    assert "written by schema version 99" in body and "Try again" in body
+    assert response.context["old_schema"] == (1, False)
+    assert "upgrade_state" in body
