@@ -154,6 +154,33 @@ def send_payment(ctx: ToolContext, recipient: str, amount_cents: int, memo: str 
     return {"reference": f"pay-{ctx.session_id}-{ctx.call_id}", "recipient": recipient}
 
 
+def make_send_notification(delay: float) -> Tool:
+    @tool(name="send_notification", idempotent=False)
+    def send_notification(ctx: ToolContext, to: str, text: str) -> dict[str, Any]:
+        """Send a notification. Not idempotent: the receiving service ignores the key, so
+        after a crash nobody can tell whether it went out."""
+        time.sleep(delay)
+        ctx.effects.record(
+            ctx.idempotency_key,
+            session_id=ctx.session_id,
+            tool="send_notification",
+            payload={"to": to, "text": text},
+        )
+        return {"message_id": f"msg-{ctx.session_id}-{ctx.call_id}", "to": to}
+
+    return send_notification
+
+
+@tool(timeout=3600)
+def crash_worker(ctx: ToolContext) -> dict[str, Any]:
+    """Kill the worker process running it, as a segfaulting native library would."""
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+    return {}  # never reached
+
+
 def demo_agents(*, slow_delay: float = 0.5) -> AgentRegistry:
     """The offline demo agents; `slow_delay` is the seconds each `tick` takes."""
     return AgentRegistry(
@@ -195,6 +222,24 @@ def demo_agents(*, slow_delay: float = 0.5) -> AgentRegistry:
                 model="scripted:approval",
                 system_prompt="Pay the invoice the user describes.",
                 tools=ToolRegistry([send_payment]),
+                max_steps=20,
+            ),
+            AgentDefinition(
+                name="notify",
+                version="1",
+                description="Sends one notification: a side effect that is not idempotent.",
+                model="scripted:notify",
+                system_prompt="Send the notification the user asks for.",
+                tools=ToolRegistry([make_send_notification(slow_delay)]),
+                max_steps=20,
+            ),
+            AgentDefinition(
+                name="poison",
+                version="1",
+                description="Calls a tool that kills its worker every time (a poison session).",
+                model="scripted:poison",
+                system_prompt="Run the bad tool.",
+                tools=ToolRegistry([crash_worker]),
                 max_steps=20,
             ),
             AgentDefinition(

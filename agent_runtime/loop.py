@@ -58,6 +58,8 @@ class RunConfig:
     tool_options: dict[str, Any] = field(default_factory=dict)
     # Applied to every payload (and so every state) before it is stored.
     redactor: Redactor = NO_REDACTION
+    # Fail a session whose worker died this many times in a row at the same step.
+    max_crashes: int = 3
 
 
 class Outcome(enum.StrEnum):
@@ -108,6 +110,10 @@ Action = CallModel | RunTools | Finished
 
 # Operator steps that give the model something new to respond to (a person's edit).
 _NEW_INPUT_OPERATOR_ACTIONS = {"instruction", "correct_result"}
+# A person's word on one pending tool call: approve/reject a call that needs approval;
+# rerun/record_result an uncertain one (a non-idempotent call a crash left without result).
+DECISIONS = {"approve", "reject", "rerun", "record_result"}
+UNCERTAIN_RESOLUTIONS = {"rerun", "record_result"}
 
 
 def _is_new_input(step: StepRecord) -> bool:
@@ -136,9 +142,9 @@ def next_action(history: list[StepRecord]) -> Action:
     results = {s.payload.get("call_id") for s in after if s.kind == StepKind.TOOL_RESULT}
     recorded = {s.payload.get("call_id"): s for s in after if s.kind == StepKind.TOOL_CALL}
     decisions = {
-        s.payload.get("call_id"): s.payload
+        s.payload.get("call_id"): {**s.payload, "_seq": s.seq}
         for s in after
-        if s.kind == StepKind.OPERATOR and s.payload.get("action") in {"approve", "reject"}
+        if s.kind == StepKind.OPERATOR and s.payload.get("action") in DECISIONS
     }
     pending = [
         PendingCall(call=c, tool_call_step=recorded.get(c.id), decision=decisions.get(c.id))
@@ -148,6 +154,19 @@ def next_action(history: list[StepRecord]) -> Action:
     if not pending:
         return CallModel()
     return RunTools(model_seq=model_step.seq, calls=pending)
+
+
+def _uncertain_resolution(pending: PendingCall) -> dict[str, Any] | None:
+    """A person's rerun/record_result for a call recorded before a crash, made after it."""
+    decision = pending.decision
+    if (
+        decision is None
+        or pending.tool_call_step is None
+        or decision.get("action") not in UNCERTAIN_RESOLUTIONS
+        or decision.get("_seq", 0) <= pending.tool_call_step.seq
+    ):
+        return None
+    return decision
 
 
 def apply_step(state: SessionState, step: StepRecord) -> None:
@@ -176,6 +195,11 @@ def apply_step(state: SessionState, step: StepRecord) -> None:
                 state.memory_refs.append(ref)
         if state.pending_approval and state.pending_approval.call_id == payload.get("call_id"):
             state.pending_approval = None
+        if payload.get("call_id") in state.uncertain_calls:
+            state.uncertain_calls.remove(payload["call_id"])
+    elif step.kind == StepKind.SYSTEM and payload.get("event") == "uncertain_call":
+        if payload["call_id"] not in state.uncertain_calls:
+            state.uncertain_calls.append(payload["call_id"])
     elif step.kind == StepKind.SYSTEM and payload.get("event") == "waiting_for_approval":
         state.pending_approval = PendingApproval(
             call_id=payload["call_id"],
@@ -218,6 +242,8 @@ def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Messag
                 "error": payload.get("error"),
                 "attempts": payload.get("attempts", 1),
             }
+            if payload.get("recorded_by_operator"):
+                result["recorded_by_operator"] = payload["recorded_by_operator"]
             correction = corrections.get(step.seq)
             if correction is not None:
                 # The corrected value, labelled as an operator's: never passed off as the tool's.
@@ -592,6 +618,39 @@ class _Run:
                 outcome = ToolOutcome(ok=False, error=f"rejected by {actor}: {reason}", attempts=0)
                 self.record_result(call, outcome, started=utcnow(), checkpoint=boundary)
                 continue
+            resolution = _uncertain_resolution(pending)
+            if pending.tool_call_step is not None and tool is not None and not tool.idempotent:
+                if resolution is None:
+                    # It may or may not have happened, and running it again could do it
+                    # twice: a person decides (run again, record what happened, or fail).
+                    self.append(
+                        NewStep(
+                            kind=StepKind.SYSTEM,
+                            payload={
+                                "event": "uncertain_call",
+                                "call_id": call.id,
+                                "tool": call.name,
+                                "arguments": call.arguments,
+                                "tool_call_seq": pending.tool_call_step.seq,
+                                "idempotency_key": pending.tool_call_step.idempotency_key,
+                            },
+                        ),
+                        checkpoint=True,
+                        status=SessionStatus.WAITING_INPUT,
+                        release=True,
+                    )
+                    return RunResult(self.session_id, Outcome.WAITING_INPUT)
+                if resolution.get("action") == "record_result":
+                    outcome = ToolOutcome(ok=True, output=resolution.get("output"), attempts=0)
+                    self.record_result(
+                        call,
+                        outcome,
+                        started=utcnow(),
+                        checkpoint=boundary,
+                        recorded_by=resolution.get("actor") or "an operator",
+                    )
+                    continue
+                # "rerun": a person said it did not happen; run it again with its key.
             if pending.tool_call_step is not None:
                 # Recorded before a crash, result never committed: run again, same key.
                 key = (
@@ -639,9 +698,19 @@ class _Run:
         return None
 
     def record_result(
-        self, call: ToolCall, outcome: ToolOutcome, *, started: Any, checkpoint: bool
+        self,
+        call: ToolCall,
+        outcome: ToolOutcome,
+        *,
+        started: Any,
+        checkpoint: bool,
+        recorded_by: str | None = None,
     ) -> None:
         payload = outcome.payload(call.id, call.name)
+        if recorded_by is not None:
+            # Not the tool's word: a person recorded what happened. Marked, and shown to the
+            # model as an operator's record.
+            payload["recorded_by_operator"] = recorded_by
         if outcome.plan_update is not None:
             payload["plan_update"] = [
                 {"title": title, "status": status} for title, status in outcome.plan_update
@@ -682,6 +751,24 @@ def run_session(
         store.append(
             lease,
             [NewStep(kind=StepKind.ERROR, payload={"where": "agent", "error": message})],
+            status=SessionStatus.FAILED,
+            error=message,
+            release=True,
+        )
+        return RunResult(session_id, Outcome.FAILED, error=message)
+    if lease.crashes >= config.max_crashes:
+        message = (
+            f"the worker died {lease.crashes} times in a row at step {head.last_seq} without "
+            "writing a step; not running it again (a poison session). Fix the cause, then resume."
+        )
+        store.append(
+            lease,
+            [
+                NewStep(
+                    kind=StepKind.ERROR,
+                    payload={"where": "worker", "error": message, "crashes": lease.crashes},
+                )
+            ],
             status=SessionStatus.FAILED,
             error=message,
             release=True,

@@ -43,6 +43,10 @@ class Lease:
     session_id: str
     owner: str
     token: int
+    # Takeovers in a row of an expired lease with no step written in between: how many
+    # times a worker died at this point. A poison session is failed once it reaches the
+    # configured limit instead of crashing workers forever.
+    crashes: int = 0
 
 
 @dataclass(frozen=True)
@@ -133,6 +137,8 @@ class _MemSession:
     lease_expires: float = 0.0
     cancel_requested: bool = False
     last_error: str | None = None
+    crash_count: int = 0
+    crash_seq: int = -1
     steps: list[StepRecord] = field(default_factory=list)
     checkpoints: list[CheckpointRecord] = field(default_factory=list)
 
@@ -198,11 +204,17 @@ class InMemoryStore:
                 return None
             if session.lease_owner is not None and session.lease_expires > now:
                 return None
+            if session.lease_owner is None:
+                session.crash_count = 0  # released cleanly, or freed by a person
+            else:
+                progressed = session.last_seq != session.crash_seq
+                session.crash_count = 1 if progressed else session.crash_count + 1
+                session.crash_seq = session.last_seq
             session.fencing_token += 1
             session.lease_owner = owner
             session.lease_expires = now + ttl
             session.status = SessionStatus.RUNNING
-            return Lease(session_id, owner, session.fencing_token)
+            return Lease(session_id, owner, session.fencing_token, crashes=session.crash_count)
 
     def load_head(self, session_id: str) -> SessionHead:
         from .upgraders import IncompatibleSchemaError, load_state, load_step_payload

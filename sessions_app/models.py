@@ -63,6 +63,9 @@ class AgentSession(models.Model):
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     fencing_token = models.BigIntegerField(default=0)
     cancel_requested = models.BooleanField(default=False)
+    # Poison detection: takeovers in a row of an expired lease at the same last_seq.
+    crash_count = models.PositiveSmallIntegerField(default=0, db_default=0)
+    crash_seq = models.IntegerField(default=-1, db_default=-1)
     # Dispatch bookkeeping for the reconciler: which RQ job should run it, since when.
     job_id = models.CharField(max_length=64, blank=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)

@@ -44,6 +44,7 @@ def run_config() -> RunConfig:
         model_override=settings.RESPAWN_MODEL or None,
         model_timeout=settings.RESPAWN_MODEL_TIMEOUT,
         redactor=redactor(),
+        max_crashes=settings.RESPAWN_MAX_CRASHES,
         provider_options={
             "openai_base_url": settings.OPENAI_BASE_URL,
             "openai_api_key": settings.OPENAI_API_KEY,

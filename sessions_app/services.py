@@ -255,21 +255,22 @@ def session_resume(
 def session_cancel(
     *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
 ) -> AgentSession:
-    """Cancel a session. A running one is asked to stop at its next step; its lease holder
-    writes the final step. Anything else is cancelled at once."""
+    """Cancel a session at once, running or not. The cancel step bumps the fencing token,
+    so a worker in the middle of a step cannot write anything after it: its next write is
+    refused and it stops (a tool already running finishes, its result is not recorded)."""
     who = _actor(actor)
     with transaction.atomic():
         session = _locked(session_id)
         if session.status in FINAL:
             raise ActionError(f"session is already {session.status}", code="bad_status")
         before = _summary(session)
-        if session.status == Status.RUNNING and session.lease_is_live():
-            session.cancel_requested = True
-            session.save(update_fields=["cancel_requested"])
-        else:
-            _append_operator_step(session, {"action": "cancel", "actor": who.label})
-            session.status = Status.CANCELLED
-            session.save()
+        was_running = session.status == Status.RUNNING and session.lease_is_live()
+        _append_operator_step(
+            session, {"action": "cancel", "actor": who.label, "while_running": was_running}
+        )
+        session.status = Status.CANCELLED
+        session.cancel_requested = False
+        session.save()
         audit(
             actor=who,
             action="cancel",
@@ -655,4 +656,69 @@ def session_add_instruction(
             request_meta=request_meta,
         )
         dispatch.dispatch_on_commit(session)
+    return session
+
+
+UNCERTAIN_CHOICES = ("rerun", "record_result", "fail")
+
+
+def session_resolve_uncertain(
+    *,
+    session_id: Any,
+    resolution: str,
+    output: Any = None,
+    note: str = "",
+    actor: Actor = None,
+    request_meta: dict | None = None,
+) -> AgentSession:
+    """A person's decision on a non-idempotent tool call that a crash left without a
+    result: `rerun` (it did not happen: run it again, same key), `record_result` (it did
+    happen: here is what it returned), or `fail` the session."""
+    import json
+
+    if resolution not in UNCERTAIN_CHOICES:
+        raise ActionError(
+            f"resolution must be one of {', '.join(UNCERTAIN_CHOICES)}, got {resolution!r}",
+            code="invalid",
+        )
+    if resolution == "record_result":
+        try:
+            json.dumps(output)
+        except (TypeError, ValueError):
+            raise ActionError("the recorded result must be JSON", code="invalid") from None
+    who = _actor(actor)
+    with transaction.atomic():
+        session = _locked(session_id)
+        checkpoint = session.checkpoints.filter(seq=session.head).order_by("-id").first()
+        state = _load_checkpoint_state(checkpoint) if checkpoint else None
+        uncertain = list(state.uncertain_calls) if state else []
+        if session.status != Status.WAITING_INPUT or not uncertain:
+            raise ActionError("no tool call of this session is uncertain", code="bad_status")
+        call_id = uncertain[0]
+        before = {**_summary(session), "uncertain_call": call_id}
+        payload: dict[str, Any] = {"action": resolution, "call_id": call_id, "actor": who.label}
+        if resolution == "record_result":
+            payload["output"] = output
+        if note.strip():
+            payload["note"] = note.strip()[:2000]
+        step = _append_operator_step(session, payload)
+        if resolution == "fail":
+            session.status = Status.FAILED
+            session.last_error = (
+                f"failed by {who.label}: tool call {call_id} may or may not have happened"
+            )
+        else:
+            session.status = Status.QUEUED
+            session.last_error = ""
+        session.save()
+        audit(
+            actor=who,
+            action=f"uncertain_{resolution}",
+            session=session,
+            before=before,
+            after={**_summary(session), "step": step.seq},
+            request_meta=request_meta,
+        )
+        if resolution != "fail":
+            dispatch.dispatch_on_commit(session)
     return session

@@ -17,7 +17,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.db import IntegrityError, connections, transaction
-from django.db.models import F, Q
+from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from agent_runtime.state import (
@@ -79,29 +79,38 @@ def step_record(step: Step) -> StepRecord:
 class DjangoSessionStore:
     def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
         now = timezone.now()
-        claimed = (
-            AgentSession.objects.filter(id=session_id, status__in=RUNNABLE)
-            .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lte=now))
-            .update(
-                lease_owner=owner,
-                lease_expires_at=now + timedelta(seconds=ttl),
-                fencing_token=F("fencing_token") + 1,
-                status=Status.RUNNING,
-                updated_at=now,
+        runnable = AgentSession.objects.filter(id=session_id, status__in=RUNNABLE)
+        taken = {
+            "lease_owner": owner,
+            "lease_expires_at": now + timedelta(seconds=ttl),
+            "fencing_token": F("fencing_token") + 1,
+            "status": Status.RUNNING,
+            "updated_at": now,
+        }
+        # A free lease (released cleanly, or freed by a person): no crash to count.
+        claimed = runnable.filter(lease_owner__isnull=True).update(**taken, crash_count=0)
+        if not claimed:
+            # An expired lease: its holder died (or froze). Count the takeovers in a row at
+            # the same last seq; any step written since the last one resets the count.
+            claimed = runnable.filter(lease_owner__isnull=False, lease_expires_at__lte=now).update(
+                **taken,
+                crash_count=Case(
+                    When(last_seq=F("crash_seq"), then=F("crash_count") + 1), default=Value(1)
+                ),
+                crash_seq=F("last_seq"),
             )
-        )
         if not claimed:
             if not AgentSession.objects.filter(id=session_id).exists():
                 raise SessionNotFound(session_id)
             return None
         # Owner names are unique per run, so this reads back our own token (or nothing,
         # if the lease was already lost again, which the first fenced write will notice).
-        token = (
+        row = (
             AgentSession.objects.filter(id=session_id, lease_owner=owner)
-            .values_list("fencing_token", flat=True)
+            .values_list("fencing_token", "crash_count")
             .first()
         )
-        return None if token is None else Lease(session_id, owner, token)
+        return None if row is None else Lease(session_id, owner, row[0], crashes=row[1])
 
     def load_head(self, session_id: str) -> SessionHead:
         # Only the columns a load needs: `check_state_compat` runs this with the next

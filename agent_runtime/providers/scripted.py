@@ -158,6 +158,31 @@ def approval(messages: list[Message]) -> ModelTurn:
     return ModelTurn(text=f"Payment not sent: {result.get('error')}")
 
 
+def notify(messages: list[Message]) -> ModelTurn:
+    """Sends one notification (a side effect that is not idempotent), then reports."""
+    task, after = _episode(messages)
+    base = _calls(messages) - _turn_number(after)
+    turn = _turn_number(after)
+    if turn == 0:
+        return ModelTurn(
+            text="Sending the notification.",
+            tool_calls=[_call(base, 0, "send_notification", to="ops@example.com", text=task)],
+        )
+    result = _results(after)[-1]
+    if result.get("ok"):
+        return ModelTurn(text=f"Notification sent: {result['output']['message_id']}.")
+    return ModelTurn(text=f"Notification not sent: {result.get('error')}")
+
+
+def poison(messages: list[Message]) -> ModelTurn:
+    """Calls a tool that takes its worker process down, every time."""
+    _, after = _episode(messages)
+    base = _calls(messages) - _turn_number(after)
+    if _turn_number(after) == 0:
+        return ModelTurn(text="Running the bad tool.", tool_calls=[_call(base, 0, "crash_worker")])
+    return ModelTurn(text="The bad tool returned (it should not have).")
+
+
 def echo(messages: list[Message]) -> ModelTurn:
     task, _ = _episode(messages)
     return ModelTurn(text=f"You said: {task}")
@@ -169,6 +194,8 @@ SCRIPTS: dict[str, Script] = {
     "flaky": flaky,
     "approval": approval,
     "echo": echo,
+    "notify": notify,
+    "poison": poison,
 }
 
 

@@ -432,3 +432,112 @@ def test_secrets_in_unexpected_provider_errors_are_redacted():
     session = store.session(session_id)
     assert "sk-live" not in session.last_error and "[redacted]" in session.last_error
     assert all("sk-live" not in str(s.payload) for s in session.steps)
+
+
+def _crash_inside_notify(store, effects):
+    """A notify session whose worker died between the tool call and its result."""
+    session_id = new_session(store, "notify", "deploy finished")
+    with pytest.raises(Crash):
+        run(store, CrashingStore(store, crash_at=4), session_id, effects)  # 4th write: the result
+    store.expire_lease(session_id)
+    return session_id
+
+
+def test_non_idempotent_call_left_without_result_waits_for_a_person():
+    store, effects = InMemoryStore(), InMemoryEffects()
+    session_id = _crash_inside_notify(store, effects)
+    assert len(effects.rows) == 1  # it did go out before the crash; nobody can tell
+    result = run(store, session_id, effects, worker="w2")
+    assert result.outcome == Outcome.WAITING_INPUT
+    session = store.session(session_id)
+    marker = session.steps[-1]
+    assert (
+        marker.payload["event"] == "uncertain_call"
+        and marker.payload["tool"] == "send_notification"
+    )
+    assert session.checkpoints[-1].state.uncertain_calls == [marker.payload["call_id"]]
+    assert effects.attempts[next(iter(effects.rows))] == 1  # not run again on its own
+
+
+def test_uncertain_call_recorded_by_hand_continues_without_running_it():
+    store, effects = InMemoryStore(), InMemoryEffects()
+    session_id = _crash_inside_notify(store, effects)
+    run(store, session_id, effects, worker="w2")
+    call_id = store.session(session_id).checkpoints[-1].state.uncertain_calls[0]
+    store.add_operator_step(
+        session_id,
+        {
+            "action": "record_result",
+            "call_id": call_id,
+            "actor": "olivia",
+            "output": {"message_id": "msg-42"},
+        },
+        status=SessionStatus.QUEUED,
+    )
+    result = run(store, session_id, effects, worker="w3")
+    assert result.outcome == Outcome.COMPLETED
+    assert result.final_answer == "Notification sent: msg-42."
+    recorded = [s for s in store.session(session_id).steps if s.kind == StepKind.TOOL_RESULT][-1]
+    assert recorded.payload["recorded_by_operator"] == "olivia"
+    assert effects.attempts[next(iter(effects.rows))] == 1
+    assert store.session(session_id).checkpoints[-1].state.uncertain_calls == []
+
+
+def test_uncertain_call_rerun_runs_it_again_with_the_same_key():
+    store, effects = InMemoryStore(), InMemoryEffects()
+    session_id = _crash_inside_notify(store, effects)
+    run(store, session_id, effects, worker="w2")
+    call_id = store.session(session_id).checkpoints[-1].state.uncertain_calls[0]
+    store.add_operator_step(
+        session_id,
+        {"action": "rerun", "call_id": call_id, "actor": "olivia"},
+        status=SessionStatus.QUEUED,
+    )
+    result = run(store, session_id, effects, worker="w3")
+    assert result.outcome == Outcome.COMPLETED and result.final_answer.startswith(
+        "Notification sent"
+    )
+    key = next(iter(effects.rows))
+    assert effects.attempts[key] == 2 and len(effects.rows) == 1
+
+
+def test_idempotent_tools_are_simply_run_again_after_a_crash():
+    store, effects = InMemoryStore(), InMemoryEffects()
+    session_id = new_session(store, "slow", "count to 2")
+    with pytest.raises(Crash):
+        run(store, CrashingStore(store, crash_at=4), session_id, effects)
+    store.expire_lease(session_id)
+    assert run(store, session_id, effects, worker="w2").outcome == Outcome.COMPLETED
+
+
+def test_poison_session_fails_after_repeated_crashes_at_the_same_step():
+    store = InMemoryStore()
+    session_id = new_session(store, "slow", "count to 3")
+    lease = store.claim(session_id, "w1", ttl=30)
+    # Three workers in a row die before writing anything.
+    for worker in ("w2", "w3"):
+        store.expire_lease(session_id)
+        lease = store.claim(session_id, worker, ttl=30)
+    assert lease.crashes == 2
+    store.expire_lease(session_id)
+    result = run(store, session_id, worker="w4", config={"max_crashes": 3})
+    assert result.outcome == Outcome.FAILED
+    assert "died 3 times in a row" in store.session(session_id).last_error
+    assert store.session(session_id).steps[-1].payload["crashes"] == 3
+
+
+def test_crashes_with_progress_in_between_do_not_count_as_poison():
+    store = InMemoryStore()
+    session_id = new_session(store, "slow", "count to 6")
+    for crash_at in (2, 2, 2):
+        with pytest.raises(Crash):
+            run(
+                store,
+                CrashingStore(store, crash_at=crash_at, after_commit=True),
+                session_id,
+                worker="w",
+            )
+        store.expire_lease(session_id)
+    assert (
+        run(store, session_id, worker="w9", config={"max_crashes": 2}).outcome == Outcome.COMPLETED
+    )

@@ -220,3 +220,19 @@ def test_load_head_upgrades_and_refuses_newer_state(harness):
         load_state({**blob, "schema_version": 99})
     sid = harness.create()
     assert harness.store.load_head(sid).checkpoint is None
+
+
+def test_claim_counts_takeovers_in_a_row_without_progress(harness):
+    sid = harness.create()
+    assert harness.store.claim(sid, "a", ttl=30).crashes == 0
+    harness.expire(sid)
+    assert harness.store.claim(sid, "b", ttl=30).crashes == 1
+    harness.expire(sid)
+    lease = harness.store.claim(sid, "c", ttl=30)
+    assert lease.crashes == 2
+    harness.store.append(lease, [model_step()])  # progress
+    harness.expire(sid)
+    lease = harness.store.claim(sid, "d", ttl=30)
+    assert lease.crashes == 1
+    harness.store.release(lease)  # a clean stop
+    assert harness.store.claim(sid, "e", ttl=30).crashes == 0

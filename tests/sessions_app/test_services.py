@@ -109,7 +109,7 @@ def test_resume_of_failed_session_queues_it_and_fences_the_old_lease():
     assert AuditEvent.objects.filter(session=session, action="resume").count() == 1
 
 
-def test_cancel_queued_session_at_once_and_running_one_by_request():
+def test_cancel_is_immediate_and_fences_off_a_running_worker():
     queued = session_start(agent="slow", input="count to 5")
     session_cancel(session_id=queued.id)
     queued.refresh_from_db()
@@ -119,10 +119,18 @@ def test_cancel_queued_session_at_once_and_running_one_by_request():
         session_cancel(session_id=queued.id)
 
     running = session_start(agent="slow", input="count to 5")
-    DjangoSessionStore().claim(str(running.id), "w", ttl=60)
+    store = DjangoSessionStore()
+    lease = store.claim(str(running.id), "w", ttl=60)
     session_cancel(session_id=running.id)
     running.refresh_from_db()
-    assert running.status == Status.RUNNING and running.cancel_requested
+    assert running.status == Status.CANCELLED and running.lease_owner is None
+    assert running.steps.last().payload["while_running"] is True
+    from agent_runtime.state import NewStep, StepKind
+    from agent_runtime.store import LeaseLost
+
+    with pytest.raises(LeaseLost):  # the worker's next write lands nowhere
+        store.append(lease, [NewStep(kind=StepKind.SYSTEM, payload={"event": "late"})])
+    assert not running.steps.filter(payload__event="late").exists()
 
 
 def test_approve_runs_the_pending_tool(users):

@@ -59,7 +59,8 @@ def upgrade(*args: str) -> str:
 
 
 def messages_of(session_id: str) -> list[dict]:
-    session = AgentSession.objects.get(id=session_id)
+    # Only the columns every schema has: also called with the database migrated back.
+    session = AgentSession.objects.only("id", "agent").get(id=session_id)
     agent = agent_registry().get(session.agent)
     return as_dicts(
         build_messages(agent.system_prompt, DjangoSessionStore().load_head(session_id).history)
