@@ -207,7 +207,8 @@ class InMemoryStore:
             if session.lease_owner is None:
                 session.crash_count = 0  # released cleanly, or freed by a person
             else:
-                progressed = session.last_seq != session.crash_seq
+                # A run writes its run_started step first; only steps after it are progress.
+                progressed = session.last_seq > session.crash_seq + 1
                 session.crash_count = 1 if progressed else session.crash_count + 1
                 session.crash_seq = session.last_seq
             session.fencing_token += 1

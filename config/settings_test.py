@@ -14,6 +14,10 @@ os.environ.setdefault("RESPAWN_DISPATCH_GRACE", "2")
 os.environ.setdefault("RESPAWN_SLOW_DELAY", "0.2")
 os.environ.setdefault("RESPAWN_MODEL_BACKOFF", "0.01")
 os.environ.setdefault("RESPAWN_PRODUCTION", "0")
+# No connection pool in the test process itself: the test runner renames the database to
+# its test copy after a pool may already hold connections to the original. The pooled web
+# configuration is tested in a real server process (tests/integration/test_web_process.py).
+os.environ.setdefault("RESPAWN_DB_POOL", "0")
 
 from .settings import *  # noqa: E402,F403
 

@@ -94,6 +94,9 @@ class SessionOut(Schema):
     last_seq: int
     counters: CountersOut
     pending_approval: PendingApprovalOut | None = None
+    uncertain_call: dict[str, Any] | None = Field(
+        None, description="a non-idempotent tool call a crash left without result: decide it"
+    )
     final_answer: str | None = None
     last_error: str | None = None
     parent: UUID | None = None
@@ -139,6 +142,12 @@ class MessageIn(Schema):
 
 class CheckpointIn(Schema):
     checkpoint_seq: int = Field(ge=0, le=2_147_483_647)
+
+
+class UncertainIn(Schema):
+    resolution: str = Field(description="rerun | record_result | fail")
+    output: Any = Field(None, description="with record_result: what the tool returned")
+    note: str = Field("", max_length=2000)
 
 
 class DecisionIn(Schema):
@@ -217,7 +226,17 @@ def _get(session_id: UUID) -> AgentSession:
 
 
 def _detail(session: AgentSession) -> dict[str, Any]:
-    return _session_out(session, _pending(session))
+    out = _session_out(session, _pending(session))
+    if session.status == Status.WAITING_INPUT:
+        from .selectors import head_state, uncertain_call
+
+        call = uncertain_call(session, head_state(session))
+        if call is not None:
+            out["uncertain_call"] = {
+                k: call.get(k)
+                for k in ("call_id", "tool", "arguments", "tool_call_seq", "idempotency_key")
+            }
+    return out
 
 
 def _loaded_payload(step: Step) -> dict[str, Any]:
@@ -461,6 +480,26 @@ def reject(request: HttpRequest, session_id: UUID, body: DecisionIn | None = Non
         session_id=session_id,
         actor=request.auth,
         reason=(body.reason if body else ""),
+        request_meta=_meta(request),
+    )
+    return Reply(202, _detail(session))
+
+
+@api.post(
+    "/sessions/{session_id}/uncertain",
+    response={202: SessionOut, **ERRORS},
+    summary="Decide an uncertain tool call",
+)
+def resolve_uncertain(request: HttpRequest, session_id: UUID, body: UncertainIn):
+    """A non-idempotent tool call that a crash left without a result: run it again, record
+    what it returned, or fail the session."""
+    _require_operate(request)
+    session = services.session_resolve_uncertain(
+        session_id=session_id,
+        resolution=body.resolution,
+        output=body.output,
+        note=body.note,
+        actor=request.auth,
         request_meta=_meta(request),
     )
     return Reply(202, _detail(session))

@@ -242,6 +242,35 @@ def repeated_failures(limit: int = 50, threshold: int = 2) -> list[RepeatedFailu
     return out[:limit]
 
 
+def uncertain_call(session: AgentSession, state: dict[str, Any]) -> dict[str, Any] | None:
+    """The tool call a crash left uncertain, as its `uncertain_call` step recorded it."""
+    uncertain = state.get("uncertain_calls") or []
+    if session.status != Status.WAITING_INPUT or not uncertain:
+        return None
+    step = (
+        Step.objects.filter(
+            session=session,
+            kind="system",
+            payload__event="uncertain_call",
+            payload__call_id=uncertain[0],
+            superseded_at__isnull=True,
+        )
+        .order_by("-seq")
+        .first()
+    )
+    return {**step.payload, "seq": step.seq} if step else {"call_id": uncertain[0]}
+
+
+def uncertain_sessions(limit: int = 100) -> list[AgentSession]:
+    """Sessions waiting for a person because a side effect may or may not have happened."""
+    ids = Checkpoint.objects.filter(
+        session__status=Status.WAITING_INPUT,
+        seq=F("session__head"),
+        state__uncertain_calls__0__isnull=False,
+    ).values_list("session_id", flat=True)[:limit]
+    return list(AgentSession.objects.filter(id__in=list(ids)).order_by("updated_at"))
+
+
 def old_schema_sessions(cap: int = 1000) -> tuple[int, bool]:
     """How many live sessions still have their head checkpoint in an older schema version
     (counted up to `cap`): `upgrade_state` rewrites them ahead of time."""

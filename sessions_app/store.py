@@ -90,12 +90,13 @@ class DjangoSessionStore:
         # A free lease (released cleanly, or freed by a person): no crash to count.
         claimed = runnable.filter(lease_owner__isnull=True).update(**taken, crash_count=0)
         if not claimed:
-            # An expired lease: its holder died (or froze). Count the takeovers in a row at
-            # the same last seq; any step written since the last one resets the count.
+            # An expired lease: its holder died (or froze). Count the takeovers in a row with
+            # no progress in between: the dead run wrote at most its own run_started step.
             claimed = runnable.filter(lease_owner__isnull=False, lease_expires_at__lte=now).update(
                 **taken,
                 crash_count=Case(
-                    When(last_seq=F("crash_seq"), then=F("crash_count") + 1), default=Value(1)
+                    When(last_seq__lte=F("crash_seq") + 1, then=F("crash_count") + 1),
+                    default=Value(1),
                 ),
                 crash_seq=F("last_seq"),
             )

@@ -252,6 +252,7 @@ def _detail_context(
         "pending": state.get("pending_approval")
         if session.status == Status.WAITING_INPUT
         else None,
+        "uncertain": selectors.uncertain_call(session, state),
     }
     if part in ("page", "panel", "actions") and operate:
         context["tool_results"] = list(
@@ -548,6 +549,29 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
                 session_id=session.id, actor=who, reason=post.get("reason", ""), request_meta=meta
             )
             text = "Rejected: the model is told, and the session goes on."
+        elif action == "uncertain":
+            resolution = post.get("resolution", "")
+            output = None
+            if resolution == "record_result":
+                try:
+                    output = json.loads(post.get("output", ""))
+                except json.JSONDecodeError as exc:
+                    raise services.ActionError(
+                        f"the recorded result is not valid JSON: {exc}", code="invalid"
+                    ) from None
+            services.session_resolve_uncertain(
+                session_id=session.id,
+                resolution=resolution,
+                output=output,
+                note=post.get("note", ""),
+                actor=who,
+                request_meta=meta,
+            )
+            text = {
+                "rerun": "The tool call runs again, with the same idempotency key.",
+                "record_result": "Result recorded by hand; the session goes on.",
+                "fail": "Session failed: the side effect stays uncertain, on record.",
+            }[resolution]
         elif action == "message":
             services.session_send_message(
                 session_id=session.id, content=post.get("content", ""), actor=who, request_meta=meta
@@ -671,6 +695,7 @@ def attention(request: HttpRequest) -> HttpResponse:
             "approvals": selectors.overdue_approvals(),
             "approval_sla": approval_sla,
             "failures": selectors.repeated_failures(),
+            "uncertain": selectors.uncertain_sessions(),
             "incompatible": list(selectors.incompatible_sessions()[:100]),
             "old_schema": selectors.old_schema_sessions(),
             "counts": [(value, label, counts[value]) for value, label in Status.choices],

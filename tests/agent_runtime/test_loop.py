@@ -7,7 +7,7 @@ import pytest
 from agent_runtime.agents import AgentDefinition, AgentRegistry, demo_agents
 from agent_runtime.loop import Outcome, build_messages
 from agent_runtime.providers import ModelTurn, ProviderError, ToolCall
-from agent_runtime.state import SessionStatus, StepKind, instruction_payload, step_text
+from agent_runtime.state import NewStep, SessionStatus, StepKind, instruction_payload, step_text
 from agent_runtime.store import InMemoryEffects, InMemoryStore
 from agent_runtime.tools import ToolContext, ToolRegistry, tool
 
@@ -514,10 +514,11 @@ def test_poison_session_fails_after_repeated_crashes_at_the_same_step():
     store = InMemoryStore()
     session_id = new_session(store, "slow", "count to 3")
     lease = store.claim(session_id, "w1", ttl=30)
-    # Three workers in a row die before writing anything.
+    # Workers in a row die before writing anything but their run_started step.
     for worker in ("w2", "w3"):
         store.expire_lease(session_id)
         lease = store.claim(session_id, worker, ttl=30)
+        store.append(lease, [NewStep(kind=StepKind.SYSTEM, payload={"event": "run_started"})])
     assert lease.crashes == 2
     store.expire_lease(session_id)
     result = run(store, session_id, worker="w4", config={"max_crashes": 3})

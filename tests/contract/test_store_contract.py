@@ -230,7 +230,7 @@ def test_claim_counts_takeovers_in_a_row_without_progress(harness):
     harness.expire(sid)
     lease = harness.store.claim(sid, "c", ttl=30)
     assert lease.crashes == 2
-    harness.store.append(lease, [model_step()])  # progress
+    harness.store.append(lease, [model_step(), model_step()])  # progress beyond run_started
     harness.expire(sid)
     lease = harness.store.claim(sid, "d", ttl=30)
     assert lease.crashes == 1

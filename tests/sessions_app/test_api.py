@@ -285,3 +285,26 @@ def test_create_api_token_command(users):
     assert ApiToken.objects.get(key_hash=ApiToken.hash(raw)).user == users["operator"]
     with pytest.raises(CommandError, match="no user named 'nobody'"):
         call_command("create_api_token", "nobody")
+
+
+def test_uncertain_call_over_the_api(call):
+    from tests.sessions_app.test_dashboard import _uncertain_notify_session
+
+    session = _uncertain_notify_session()
+    data = call("get", f"/api/sessions/{session.id}").json()
+    assert data["status"] == "waiting_input"
+    assert data["uncertain_call"]["tool"] == "send_notification"
+    assert data["uncertain_call"]["idempotency_key"] == f"{session.id}:4"
+    bad = call("post", f"/api/sessions/{session.id}/uncertain", body={"resolution": "maybe"})
+    assert bad.status_code == 400 and "resolution must be one of" in bad.json()["detail"]
+    ok = call(
+        "post",
+        f"/api/sessions/{session.id}/uncertain",
+        body={"resolution": "record_result", "output": {"message_id": "m-1"}},
+    )
+    assert ok.status_code == 202 and ok.json()["status"] == "queued"
+    run_inline(session.id)
+    assert (
+        call("get", f"/api/sessions/{session.id}").json()["final_answer"]
+        == "Notification sent: m-1."
+    )

@@ -484,3 +484,95 @@ def test_attention_lists_incompatible_and_old_schema_sessions(client, users):
     assert "written by schema version 99" in body and "Try again" in body
     assert response.context["old_schema"] == (1, False)
     assert "upgrade_state" in body
+
+
+def _uncertain_notify_session():
+    """A notify session whose worker died inside the (non-idempotent) tool, then resumed."""
+    from agent_runtime.state import NewStep, StepKind
+
+    session = session_start(agent="notify", input="deploy finished")
+    store = DjangoSessionStore()
+    lease = store.claim(str(session.id), "dead", ttl=0.01)
+    store.append(
+        lease,
+        [
+            NewStep(kind=StepKind.SYSTEM, payload={"event": "run_started"}),
+            NewStep(
+                kind=StepKind.MODEL,
+                payload={
+                    "content": [{"type": "text", "text": "Sending."}],
+                    "tool_calls": [
+                        {
+                            "id": "call_0_0",
+                            "name": "send_notification",
+                            "arguments": {"to": "ops", "text": "x"},
+                        }
+                    ],
+                    "usage": {},
+                    "model": "scripted:notify",
+                },
+            ),
+            NewStep(
+                kind=StepKind.TOOL_CALL,
+                payload={
+                    "call_id": "call_0_0",
+                    "name": "send_notification",
+                    "arguments": {"to": "ops", "text": "x"},
+                },
+                idempotency_key=f"{session.id}:4",
+            ),
+        ],
+    )
+    import time
+
+    time.sleep(0.02)
+    return run_inline(session)
+
+
+def test_uncertain_call_is_shown_and_decided_in_the_dashboard(client, users):
+    session = _uncertain_notify_session()
+    assert session.status == Status.WAITING_INPUT
+    client.force_login(users["operator"])
+    page = client.get(reverse("sessions:detail", args=[session.id])).content.decode()
+    assert "Uncertain side effect" in page and "send_notification" in page
+    attention = client.get(reverse("sessions:attention"))
+    assert [s.id for s in attention.context["uncertain"]] == [session.id]
+    url = reverse("sessions:action", args=[session.id, "uncertain"])
+    bad = client.post(url, {"resolution": "record_result", "output": "{nope"}, **HX)
+    assert bad.status_code == 400 and "not valid JSON" in bad.content.decode()
+    ok = client.post(url, {"resolution": "record_result", "output": '{"message_id": "m-7"}'}, **HX)
+    assert ok.status_code == 200 and "Result recorded by hand" in ok.content.decode()
+    done = run_inline(session)
+    assert done.final_answer == "Notification sent: m-7."
+    assert AuditEvent.objects.filter(
+        session=session, action="uncertain_record_result", actor=users["operator"]
+    ).exists()
+    result = Step.objects.filter(session=session, kind="tool_result").get()
+    assert result.payload["recorded_by_operator"] == "olivia"
+
+
+def test_uncertain_call_fail_and_rerun(client, users):
+    from sessions_app.models import SideEffect
+
+    failing = _uncertain_notify_session()
+    client.force_login(users["operator"])
+    response = client.post(
+        reverse("sessions:action", args=[failing.id, "uncertain"]), {"resolution": "fail"}, **HX
+    )
+    assert response.status_code == 200
+    failing.refresh_from_db()
+    assert failing.status == Status.FAILED and "may or may not have happened" in failing.last_error
+
+    again = _uncertain_notify_session()
+    client.post(
+        reverse("sessions:action", args=[again.id, "uncertain"]), {"resolution": "rerun"}, **HX
+    )
+    assert run_inline(again).status == Status.COMPLETED
+    assert SideEffect.objects.filter(session_id=again.id).count() == 1
+    bogus = client.post(
+        reverse("sessions:action", args=[again.id, "uncertain"]), {"resolution": "rerun"}, **HX
+    )
+    assert (
+        bogus.status_code == 409
+        and "no tool call of this session is uncertain" in bogus.content.decode()
+    )
