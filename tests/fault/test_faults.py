@@ -1,0 +1,346 @@
+"""Faults injected against real processes: workers SIGKILLed and SIGSTOPped, Redis
+restarted, flushed and down, PostgreSQL connections killed, poison sessions, concurrent
+operators. Each test checks PostgreSQL afterwards (see conftest.assert_invariants)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import random
+import signal
+import time
+
+import pytest
+from django.db import connection
+
+from agent_runtime.agents import demo_agents
+from agent_runtime.loop import RunConfig, run_session
+from agent_runtime.store import InMemoryEffects, InMemoryStore
+from sessions_app.models import AgentSession, ApiToken, SideEffect, Status, Step
+from sessions_app.services import checkpoint_rollback, session_cancel, session_start
+
+from ..conftest import wait_for
+from .conftest import assert_invariants, conversation, kill_horse_only, wait_final
+
+pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def reference(agent: str, text: str) -> list[tuple[str, dict]]:
+    """The trace of an uninterrupted run, computed by the engine on the in-memory store."""
+    store = InMemoryStore()
+    store.create_session("ref", agent, text)
+    run_session(
+        "ref",
+        store=store,
+        agents=demo_agents(slow_delay=0),
+        effects=InMemoryEffects(),
+        config=RunConfig(worker_id="ref"),
+    )
+    out = []
+    for step in store.session("ref").steps:
+        if step.kind != "system":
+            out.append((str(step.kind), step.payload))
+    return [(k, _replace(p, "ref")) for k, p in out]
+
+
+def _replace(value, session_id):
+    if isinstance(value, dict):
+        return {k: _replace(v, session_id) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace(v, session_id) for v in value]
+    if isinstance(value, str):
+        return value.replace(session_id, "<session>")
+    return value
+
+
+def runs_of(session) -> int:
+    return Step.objects.filter(session=session, kind="system", payload__event="run_started").count()
+
+
+def test_random_sigkills_lose_and_duplicate_nothing(fleet):
+    """20 SIGKILLs at random moments (in model calls, between a tool call and its result,
+    in the checkpoint transaction, while heartbeating) over 8 sessions."""
+    rng = random.Random(20261202)
+    ticks = 6
+    sessions = [session_start(agent="slow", input=f"count to {ticks}") for _ in range(8)]
+    for _ in range(2):
+        fleet.start()
+    kills, started = 0, time.monotonic()
+    while kills < 20 and time.monotonic() - started < 90:
+        time.sleep(rng.uniform(0.3, 1.2))
+        live = [w for w in fleet.alive() if len(w.pids()) > 1]  # busy: a horse is running
+        if not live:
+            if (
+                AgentSession.objects.filter(id__in=[s.id for s in sessions])
+                .exclude(status=Status.COMPLETED)
+                .exists()
+            ):
+                continue
+            break
+        rng.choice(live).kill()
+        kills += 1
+        fleet.start()
+    wait_final(sessions, timeout=90)
+    expected = reference("slow", f"count to {ticks}")
+    for session in sessions:
+        session.refresh_from_db()
+        assert session.status == Status.COMPLETED, (session.id, session.status, session.last_error)
+        assert conversation(session) == expected
+        assert_invariants(session)
+        assert SideEffect.objects.filter(session_id=session.id).count() == ticks
+    assert kills >= 10, f"only {kills} kills landed"
+
+
+def test_sigstop_past_the_lease_then_sigcont_late_writes_are_refused(fleet, settings):
+    session = session_start(agent="slow", input="count to 5")
+    frozen = fleet.start(RESPAWN_SLOW_DELAY="0.6")
+    wait_for(
+        lambda: Step.objects.filter(session=session, kind="tool_call").exists(),
+        timeout=20,
+        interval=0.01,
+        what="the first tool call",
+    )
+    pids = frozen.pids()
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        fleet.start()
+        wait_for(
+            lambda: AgentSession.objects.get(id=session.id).fencing_token >= 2,
+            timeout=20,
+            what="another worker to take the session over",
+        )
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    wait_final([session], timeout=40)
+    time.sleep(1.5)  # let the thawed worker try its late write
+    session.refresh_from_db()
+    assert session.status == Status.COMPLETED
+    assert conversation(session) == reference("slow", "count to 5")
+    assert_invariants(session)
+    assert "fenced off" in frozen.log() or "lease" in frozen.log()
+
+
+@pytest.mark.parametrize("fault", ["restart", "flushall"])
+def test_redis_restarted_or_flushed_mid_run_every_session_finishes(fleet, private_redis, fault):
+    sessions = [session_start(agent="slow", input="count to 4") for _ in range(4)]
+    fleet.start()
+    wait_for(
+        lambda: Step.objects.filter(session__in=sessions, kind="tool_result").count() >= 2,
+        timeout=20,
+        what="the runs to get going",
+    )
+    if fault == "restart":
+        private_redis.restart()
+        for worker in fleet.alive():
+            worker.kill()  # RQ workers give up when their Redis goes; a supervisor restarts them
+        fleet.start()
+    else:
+        private_redis.flushall()
+    wait_final(sessions, timeout=60)
+    for session in sessions:
+        session.refresh_from_db()
+        assert session.status == Status.COMPLETED, (session.id, session.status)
+        assert conversation(session) == reference("slow", "count to 4")
+        assert_invariants(session)
+
+
+def test_postgres_connections_killed_mid_run(fleet):
+    sessions = [session_start(agent="slow", input="count to 5") for _ in range(3)]
+    fleet.start()
+    wait_for(
+        lambda: Step.objects.filter(session__in=sessions, kind="tool_result").count() >= 2,
+        timeout=20,
+        what="the runs to get going",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        killed = len(cursor.fetchall())
+    assert killed >= 1
+    wait_final(sessions, timeout=60)
+    for session in sessions:
+        session.refresh_from_db()
+        assert session.status == Status.COMPLETED, (session.id, session.status, session.last_error)
+        assert conversation(session) == reference("slow", "count to 5")
+        assert_invariants(session)
+
+
+def test_twenty_concurrent_resumes_start_exactly_one_run(live_server, fleet, users):
+    session = session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
+    fleet.start()
+    wait_final([session])
+    checkpoint_rollback(session_id=session.id, checkpoint_seq=7)
+    _, token = ApiToken.issue(users["operator"])
+    import urllib.error
+    import urllib.request
+
+    def resume(_):
+        request = urllib.request.Request(
+            f"{live_server.url}/api/sessions/{session.id}/resume",
+            method="POST",
+            data=b"",
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=20) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
+
+    runs_before = runs_of(session)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=20) as pool:
+        answers = list(pool.map(resume, range(20)))
+    codes = sorted(code for code, _ in answers)
+    assert codes.count(202) == 1, answers
+    assert all(code == 409 for code in codes if code != 202)
+    assert all("already" in body for code, body in answers if code == 409)
+    wait_final([session])
+    session.refresh_from_db()
+    assert session.status == Status.COMPLETED
+    assert runs_of(session) == runs_before + 1
+    assert_invariants(session)
+
+
+def test_hanging_model_call_times_out_and_the_lease_is_not_stolen(fleet, openai_stub):
+    from tests.stubs.llm_servers import Reply, openai_reply
+
+    openai_stub.script(Reply(delay=4.0, body={}), openai_reply("Hello after the hang."))
+    env = dict(
+        RESPAWN_MODEL="openai:stub-model",
+        OPENAI_BASE_URL=openai_stub.url + "/v1",
+        OPENAI_API_KEY="sk-test-hang-0123456789",
+        RESPAWN_MODEL_TIMEOUT="3",
+    )
+    session = session_start(agent="echo", input="hello")
+    fleet.start(**env)
+    fleet.start(**env)  # a second worker that would take a lease left to expire
+    wait_final([session], timeout=40)
+    session.refresh_from_db()
+    assert session.status == Status.COMPLETED and session.final_answer == "Hello after the hang."
+    assert session.fencing_token == 1, "the lease was never taken over"
+    assert runs_of(session) == 1
+    assert len(openai_stub.requests) == 2
+    assert_invariants(session)
+
+
+def test_poison_session_fails_after_repeated_crashes_and_blocks_no_one(fleet):
+    poison = session_start(agent="poison", input="go")
+    healthy = session_start(agent="slow", input="count to 3")
+    for _ in range(2):
+        fleet.start()
+    wait_final([healthy], timeout=60)
+    wait_final([poison], timeout=90)
+    poison.refresh_from_db()
+    healthy.refresh_from_db()
+    assert healthy.status == Status.COMPLETED
+    assert poison.status == Status.FAILED
+    assert "died 3 times in a row" in poison.last_error
+    assert_invariants(poison)
+
+
+def test_only_the_work_horse_killed_comes_back_through_the_lease(fleet):
+    session = session_start(agent="slow", input="count to 5")
+    worker = fleet.start()
+    wait_for(
+        lambda: Step.objects.filter(session=session, kind="tool_result").count() >= 1,
+        timeout=20,
+        interval=0.02,
+        what="the run to get going",
+    )
+    assert kill_horse_only(worker)
+    wait_final([session], timeout=40)
+    session.refresh_from_db()
+    assert session.status == Status.COMPLETED
+    assert worker.process.poll() is None, "RQ's parent survived the horse"
+    assert runs_of(session) >= 2
+    assert conversation(session) == reference("slow", "count to 5")
+    assert_invariants(session)
+
+
+def test_crash_between_commit_and_enqueue_is_dispatched_by_the_reconciler(fleet, monkeypatch):
+    from sessions_app import dispatch
+
+    monkeypatch.setattr(
+        dispatch, "enqueue", lambda session_id, job_id: False
+    )  # on_commit never ran
+    session = session_start(agent="echo", input="hi")
+    monkeypatch.undo()
+    fleet.start()
+    wait_final([session], timeout=30)
+    session.refresh_from_db()
+    assert session.status == Status.COMPLETED
+    assert_invariants(session)
+
+
+def test_redis_down_reads_answer_and_actions_are_dispatched_once_it_is_back(
+    client, users, fleet, private_redis
+):
+    session = session_start(agent="demo", input="what is 2+2")
+    fleet.start()
+    wait_final([session])
+    session.refresh_from_db()
+    checkpoint_rollback(session_id=session.id, checkpoint_seq=session.head)
+    private_redis.stop()
+    client.force_login(users["operator"])
+    _, token = ApiToken.issue(users["operator"])
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    for url in ["/sessions/", f"/sessions/{session.id}/", "/sessions/attention/", "/audit/"]:
+        assert client.get(url).status_code == 200, url
+    assert client.get(f"/api/sessions/{session.id}", **auth).status_code == 200
+    assert client.get(f"/api/sessions/{session.id}/steps", **auth).status_code == 200
+    response = client.post(f"/api/sessions/{session.id}/resume", **auth)
+    assert response.status_code == 202  # recorded in PostgreSQL, dispatched later
+    assert AgentSession.objects.get(id=session.id).status == Status.QUEUED
+    private_redis.start()
+    for worker in fleet.alive():
+        worker.kill()
+    fleet.start()
+    wait_final([session], timeout=40)
+    session.refresh_from_db()
+    assert session.status == Status.COMPLETED
+    assert_invariants(session)
+
+
+@pytest.mark.parametrize("action", ["rollback", "cancel"])
+def test_rollback_or_cancel_while_a_step_is_in_flight_fences_the_old_run(fleet, action):
+    session = session_start(agent="slow", input="count to 6")
+    worker = fleet.start(RESPAWN_SLOW_DELAY="0.8")
+    wait_for(
+        lambda: Step.objects.filter(session=session, kind="tool_result").count() >= 2,
+        timeout=30,
+        interval=0.02,
+        what="two ticks",
+    )
+    wait_for(
+        lambda: Step.objects.filter(session=session).order_by("-seq").first().kind == "tool_call",
+        timeout=10,
+        interval=0.01,
+        what="a tick in flight",
+    )
+    if action == "rollback":
+        pids = worker.pids()
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)  # a GC pause long enough to lose the lease
+        wait_for(
+            lambda: not AgentSession.objects.get(id=session.id).lease_is_live(),
+            timeout=10,
+            what="the lease to expire",
+        )
+        first = Step.objects.filter(session=session, kind="tool_result").order_by("seq").first()
+        checkpoint_rollback(session_id=session.id, checkpoint_seq=first.seq)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    else:
+        session_cancel(session_id=session.id)  # the lease is live: fenced at once
+    marker = Step.objects.filter(session=session, kind="operator").order_by("-seq").first()
+    time.sleep(2.5)  # the in-flight tick finishes and tries to write
+    session.refresh_from_db()
+    assert session.status == (Status.PAUSED if action == "rollback" else Status.CANCELLED)
+    assert not Step.objects.filter(session=session, seq__gt=marker.seq).exists(), (
+        "a late write landed"
+    )
+    assert_invariants(session)
