@@ -31,7 +31,12 @@ def fresh_database(name: str, *, migrate: bool = True) -> str:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = with_db(server_url(), name)
     if migrate:
-        env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings"}
+        env = {
+            **os.environ,
+            "DATABASE_URL": url,
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "RESPAWN_PRODUCTION": "0",  # a benchmark, not a deployment: no SECRET_KEY needed
+        }
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
         )
@@ -42,6 +47,7 @@ def setup_django(url: str) -> None:
     os.environ["DATABASE_URL"] = url
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     os.environ.setdefault("RESPAWN_DB_POOL", "0")
+    os.environ.setdefault("RESPAWN_PRODUCTION", "0")
     sys.path.insert(0, str(ROOT))
     import django
 

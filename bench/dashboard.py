@@ -211,7 +211,12 @@ def main() -> None:
 
         from ._db import ROOT
 
-        env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings"}
+        env = {
+            **os.environ,
+            "DATABASE_URL": url,
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "RESPAWN_PRODUCTION": "0",
+        }
         subprocess.run(
             [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
         )

