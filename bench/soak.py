@@ -253,7 +253,7 @@ def main() -> None:
             lost += max(0, missing)
             duplicated += max(0, -missing)
             if missing == 0 and convo != reference:
-                duplicated += sum(1 for a, b in zip(convo, reference) if a != b)
+                duplicated += sum(1 for a, b in zip(convo, reference, strict=True) if a != b)
         effects = SideEffect.objects.filter(session_id=session_id)
         effects_dup += effects.values("key").annotate(n=Count("id")).filter(n__gt=1).count()
         if session.status == Status.COMPLETED:
