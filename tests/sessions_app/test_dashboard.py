@@ -430,38 +430,91 @@ def test_detail_query_count_does_not_grow_with_steps(
         ).status_code in (200, 286)
 
 
+XSS_PAYLOADS = [
+    "<script>alert(1)</script>",
+    "<img src=x onerror=alert(1)>",
+    '<a href="javascript:alert(1)">x</a>',
+    "<svg onload=alert(1)></svg>",
+    "[click me](javascript:alert(1))",
+    '<div hx-get="/sessions/bulk/" hx-trigger="load">x</div>',
+    '"><script>alert(1)</script>',
+]
+
+
 def test_untrusted_content_is_escaped_everywhere(client, users):
-    payloads = [
-        "<script>alert(1)</script>",
-        "<img src=x onerror=alert(1)>",
-        '<a href="javascript:alert(1)">x</a>',
+    """Every payload, in user input, model output, tool arguments and tool results, shows
+    as text on every page that shows it: never as markup."""
+    from agent_runtime.state import SCHEMA_VERSION
+
+    p = XSS_PAYLOADS
+    session = session_start(agent="demo", input=p[0] + p[5], title=p[1])
+    steps = [
+        (
+            "model",
+            {
+                "content": [{"type": "text", "text": p[3] + p[4]}],
+                "tool_calls": [
+                    {"id": "c1", "name": "calculator", "arguments": {"expression": p[6]}}
+                ],
+                "usage": {},
+                "model": "scripted:demo",
+            },
+        ),
+        (
+            "tool_call",
+            {"call_id": "c1", "name": "calculator", "arguments": {"expression": p[1] + p[2]}},
+        ),
+        (
+            "tool_result",
+            {
+                "call_id": "c1",
+                "name": p[2],
+                "status": "error",
+                "error": p[1],
+                "output": {"html": p[0] + p[5]},
+            },
+        ),
+        ("error", {"where": "model", "error": p[3]}),
     ]
-    session = session_start(agent="demo", input=payloads[0], title=payloads[1])
-    Step.objects.create(
+    for seq, (kind, payload) in enumerate(steps, start=2):
+        Step.objects.create(
+            session=session, seq=seq, kind=kind, payload=payload, schema_version=SCHEMA_VERSION
+        )
+    Checkpoint.objects.create(
         session=session,
-        seq=2,
-        kind="tool_result",
-        payload={
-            "call_id": "c",
-            "name": payloads[2],
-            "status": "error",
-            "error": payloads[1],
-            "output": payloads[0],
+        seq=5,
+        state={
+            "schema_version": SCHEMA_VERSION,
+            "plan": [{"id": "p1", "title": p[1], "status": "pending"}],
         },
+        reason="auto",
     )
     AgentSession.objects.filter(id=session.id).update(
-        last_seq=2, final_answer=payloads[2], last_error=payloads[0]
+        last_seq=5, head=5, final_answer=p[2] + p[4], last_error=p[0], status=Status.FAILED
     )
     client.force_login(users["operator"])
     for url in [
         reverse("sessions:list"),
+        reverse("sessions:list") + "?q=alert",
         reverse("sessions:detail", args=[session.id]),
         reverse("sessions:steps", args=[session.id]) + "?after=0",
+        reverse("sessions:diff", args=[session.id]),
+        reverse("sessions:waterfall", args=[session.id]),
+        reverse("sessions:preview", args=[session.id, "rollback"]) + "?seq=5",
+        reverse("sessions:attention"),
         reverse("audit"),
     ]:
         body = client.get(url).content.decode()
-        for payload in payloads:
+        for payload in p:
+            if payload.startswith("[click"):
+                continue  # plain text: harmless unless rendered as markdown, which nothing does
             assert payload not in body, (url, payload)
+        import re
+
+        assert not re.search(
+            r"<script>alert|<(img|svg|a|div)\b[^>]*(onerror|onload|javascript:|/sessions/bulk)",
+            body,
+        ), url
 
 
 def test_attention_lists_incompatible_and_old_schema_sessions(client, users):
