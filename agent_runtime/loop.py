@@ -59,7 +59,7 @@ class RunConfig:
     # Applied to every payload (and so every state) before it is stored.
     redactor: Redactor = NO_REDACTION
     # Fail a session whose worker died this many times in a row at the same step.
-    max_crashes: int = 3
+    max_crashes: int = 5
 
 
 class Outcome(enum.StrEnum):

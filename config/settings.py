@@ -188,7 +188,7 @@ RESPAWN_MODEL_BACKOFF = env_float("RESPAWN_MODEL_BACKOFF", 0.5)
 RESPAWN_SLOW_DELAY = env_float("RESPAWN_SLOW_DELAY", 0.5)
 # A session whose worker dies this many times in a row at the same step is failed (a
 # poison session) instead of taking workers down forever.
-RESPAWN_MAX_CRASHES = int(env_float("RESPAWN_MAX_CRASHES", 3))
+RESPAWN_MAX_CRASHES = int(env_float("RESPAWN_MAX_CRASHES", 5))
 # Approvals waiting longer than this many seconds are listed under "needs attention".
 RESPAWN_APPROVAL_SLA = env_float("RESPAWN_APPROVAL_SLA", 3600)
 # The reconciler dispatches at most this many sessions per pass: bulk resumes of

@@ -238,7 +238,7 @@ def test_poison_session_fails_after_repeated_crashes_and_blocks_no_one(fleet):
     healthy.refresh_from_db()
     assert healthy.status == Status.COMPLETED
     assert poison.status == Status.FAILED
-    assert "died 3 times in a row" in poison.last_error
+    assert "died 5 times in a row" in poison.last_error
     assert_invariants(poison)
 
 
