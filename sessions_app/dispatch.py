@@ -67,18 +67,23 @@ def dispatch_on_commit(session: AgentSession) -> None:
 
 
 def _job_waiting(job_id: str, connection) -> bool:
-    """True while the session's last job still sits in the queue, waiting for a worker."""
+    """True while the session's last job still sits in the queue, waiting for a worker.
+
+    The job's status alone is not enough: a worker killed between taking a job off the
+    queue and marking it started leaves it "queued" forever, in no queue at all. So a
+    queued job must also be found in its queue's list (LPOS)."""
     if not job_id:
         return False
     try:
         job = Job.fetch(job_id, connection=connection)
     except Exception:  # missing (Redis lost it) or unreadable: not waiting
         return False
-    return job.get_status(refresh=False) in {
-        JobStatus.QUEUED,
-        JobStatus.SCHEDULED,
-        JobStatus.DEFERRED,
-    }
+    status = job.get_status(refresh=False)
+    if status in {JobStatus.SCHEDULED, JobStatus.DEFERRED}:
+        return True
+    if status != JobStatus.QUEUED:
+        return False
+    return queue().get_job_position(job_id) is not None
 
 
 def reconcile(*, limit: int | None = None) -> list[str]:

@@ -120,3 +120,19 @@ def test_reconciler_skips_incompatible_sessions_until_newer_code_runs_it(rq_queu
     # Marked by older code (before a deploy): this code gets a try at it.
     AgentSession.objects.filter(id=session.id).update(incompatible_code_schema=SCHEMA_VERSION - 1)
     assert reconcile() == [str(session.id)]
+
+
+def test_reconciler_sees_through_a_job_left_queued_outside_any_queue(rq_queue):
+    """A worker killed between taking the job off the queue and starting it leaves the job
+    'queued' in no queue at all; the session must still come back."""
+    session = session_start(agent="echo", input="hi")
+    assert (
+        rq_queue.connection.lrem(rq_queue.key, 0, session.job_id) == 1
+    )  # taken, then the taker died
+    assert Job.fetch(session.job_id, connection=rq_queue.connection).get_status() == "queued"
+    AgentSession.objects.filter(id=session.id).update(
+        dispatched_at=timezone.now() - timedelta(minutes=5)
+    )
+    assert reconcile() == [str(session.id)]
+    session.refresh_from_db()
+    assert queued_ids(rq_queue) == {session.job_id}
