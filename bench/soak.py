@@ -36,7 +36,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--kills", type=int, default=200)
-    parser.add_argument("--sessions", type=int, default=40)
+    parser.add_argument(
+        "--sessions", type=int, default=150, help="sessions in all, arriving over the run"
+    )
     parser.add_argument("--ticks", type=int, default=8)
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--seed", type=int, default=7)
@@ -173,8 +175,14 @@ def main() -> None:
     weights = [45, 25, 15, 10, 5]
     while sum(faults.values()) < args.kills:
         time.sleep(rng.uniform(*args.interval))
-        if len(sessions) < args.sessions and rng.random() < 0.3:
+        # Keep the workers busy: about as many runnable sessions as workers, new ones arriving
+        # as old ones finish (at most --sessions in all).
+        runnable = AgentSession.objects.filter(
+            id__in=sessions, status__in=[Status.QUEUED, Status.RUNNING]
+        ).count()
+        while runnable < args.workers + 1 and len(sessions) < args.sessions:
             sessions.append(session_start(agent="slow", input=text).id)
+            runnable += 1
         for session_id, seq, at in list(pending_recovery):
             now_seq = last_seq(session_id)
             if now_seq is not None and now_seq > seq:
@@ -182,10 +190,8 @@ def main() -> None:
                 pending_recovery.remove((session_id, seq, at))
         candidates = busy()
         if not candidates:
-            if not AgentSession.objects.filter(
-                id__in=sessions, status__in=[Status.QUEUED, Status.RUNNING]
-            ).exists():
-                sessions.append(session_start(agent="slow", input=text).id)
+            if runnable == 0 and len(sessions) >= args.sessions:
+                break  # every session is done; the kill budget was not spent
             continue
         kind = rng.choices(kinds, weights)[0]
         worker = rng.choice(candidates)
