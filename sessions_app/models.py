@@ -118,6 +118,14 @@ class AgentSession(models.Model):
                 name="session_incompatible",
                 condition=Q(incompatible_at__isnull=False),
             ),
+            # The admin's "stuck" filter: runnable sessions, latest activity first.
+            models.Index(
+                fields=["-updated_at", "-id"],
+                name="session_runnable_updated",
+                condition=Q(status__in=["queued", "running"]),
+            ),
+            # The admin's title search (upper(title) LIKE '%...%') is served by a trigram
+            # index on PostgreSQL, created in migration 0008 (not expressible here portably).
         ]
 
     def __str__(self) -> str:
@@ -180,6 +188,11 @@ class Step(models.Model):
                 name="step_superseded",
                 condition=Q(superseded_at__isnull=False),
             ),
+            # The admin's step list across sessions, newest first, by kind.
+            models.Index(fields=["kind", "-id"], name="step_kind_id"),
+            # Steps at a rare schema version (old, or newer than the code); nearly every
+            # row has the same value, which B-tree deduplication stores in little space.
+            models.Index(fields=["schema_version"], name="step_version"),
         ]
         ordering = ["session", "seq"]
 
@@ -205,6 +218,13 @@ class Checkpoint(models.Model):
             models.UniqueConstraint(
                 fields=["session", "seq", "reason"], name="checkpoint_session_seq_reason_unique"
             ),
+        ]
+        indexes = [
+            # The admin's checkpoint list, newest first, by reason.
+            models.Index(fields=["reason", "-id"], name="checkpoint_reason_id"),
+            # Checkpoints at a rare schema version, for the checkpoint list and the session
+            # list's "head schema version" filter (deduplicated, like step_version).
+            models.Index(fields=["schema_version"], name="checkpoint_version"),
         ]
         ordering = ["session", "seq"]
 
@@ -245,6 +265,8 @@ class AuditEvent(models.Model):
             # The audit log, newest first, and per session.
             models.Index(fields=["-created_at"], name="audit_created"),
             models.Index(fields=["session", "-created_at"], name="audit_session_created"),
+            # The admin's filter by action.
+            models.Index(fields=["action", "-created_at"], name="audit_action_created"),
         ]
         ordering = ["-created_at"]
 

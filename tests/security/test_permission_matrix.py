@@ -12,7 +12,7 @@ from django.contrib.auth.models import User
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from agent_runtime.loop import run_session
-from sessions_app.models import ApiToken, AuditEvent, Checkpoint
+from sessions_app.models import ApiToken, AuditEvent, Checkpoint, Step
 from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import session_start
 from sessions_app.store import DjangoEffects, DjangoSessionStore
@@ -132,6 +132,9 @@ def admin_urls(world) -> list[str]:
     objects = {
         "agentsession": session.pk,
         "checkpoint": Checkpoint.objects.filter(session=session).first().pk,
+        "step": Step.objects.filter(session=session).first().pk,
+        "auditevent": AuditEvent.objects.filter(session=session).first().pk,
+        "apitoken": ApiToken.issue(world["users"]["viewer"])[0].pk,
         "user": world["users"]["viewer"].pk,
         "group": 1,
     }
@@ -171,8 +174,16 @@ def test_admin_refuses_everyone_but_staff(client, world):
                 assert "/login/" in response["Location"], (url, role)
         client.force_login(world["users"]["superuser"])
         # Refused even to a superuser by design: autocomplete without its query parameters,
-        # and add/change of django-rq's placeholder "dashboard" model.
-        by_design = url.endswith("/autocomplete/") or url.startswith("/admin/django_rq/dashboard/")
+        # add/change of django-rq's placeholder "dashboard" model, and adding or deleting
+        # a session's history, audit events or API tokens (sessions_app/admin.py).
+        by_design = (
+            url.endswith("/autocomplete/")
+            or url.startswith("/admin/django_rq/dashboard/")
+            or re.fullmatch(
+                r"/admin/sessions_app/(agentsession|step|checkpoint|auditevent)/add/", url
+            )
+            or re.fullmatch(r"/admin/sessions_app/\w+/[^/]+/delete/", url)
+        )
         allowed = (200, 302, 404, 403) if by_design else (200, 302, 404)
         assert client.get(url).status_code in allowed, url
 
