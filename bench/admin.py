@@ -5,7 +5,7 @@
 Seeds a database of its own (respawn_bench_admin): sessions, their steps (one session of
 100,000), checkpoints about every fourth step and an audit trail, loaded with COPY into
 tables whose indexes and constraints are dropped first and rebuilt afterwards (the
-rebuild times are printed: they are also what migration 0008's indexes cost to build).
+rebuild times are printed: they are also what migration 0011's indexes cost to build).
 Then renders each admin page with Django's test client (in process: server time, no
 network) and prints the median and p95 of each with its query count, checking that no
 query counted a whole table. Last, for comparison, what Django's defaults would have run:

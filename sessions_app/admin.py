@@ -7,7 +7,7 @@ a COUNT(*) over millions of rows.
 - Every save goes through `admin_services` (locks, refuses to race a worker, audits the
   full before and after values); session actions go through `services`, like the dashboard.
 - Nothing of a session's history is added or deleted here; audit events are read-only.
-- Changelists count with `LargeTablePaginator`, filter through indexes (migration 0008)
+- Changelists count with `LargeTablePaginator`, filter through indexes (migration 0011)
   and draw the date hierarchy from MIN/MAX only (templatetags/admin_scale.py).
 """
 
@@ -397,6 +397,11 @@ SESSION_HISTORY_FIELDS = (
     "cancel_requested",
     "job_id",
     "dispatched_at",
+    "crash_count",
+    "crash_seq",
+    "incompatible_reason",
+    "incompatible_at",
+    "incompatible_code_schema",
     "created_by",
     "parent",
     "fork_seq",
@@ -456,12 +461,18 @@ class AgentSessionAdmin(LargeTableAdmin):
                     "cancel_requested",
                     "job_id",
                     "dispatched_at",
+                    "crash_count",
+                    "crash_seq",
                 )
             },
         ),
+        (
+            "Compatibility",
+            {"fields": ("incompatible_reason", "incompatible_at", "incompatible_code_schema")},
+        ),
         ("Origin", {"fields": ("created_by", "parent", "fork_seq", "created_at", "updated_at")}),
     )
-    actions = ("resume_sessions", "cancel_sessions", "rollback_sessions")
+    actions = ("resume_sessions", "cancel_sessions", "rollback_sessions", "check_compat_sessions")
 
     def has_add_permission(self, request):
         return False  # sessions start through the dashboard or the API
@@ -580,6 +591,19 @@ class AgentSessionAdmin(LargeTableAdmin):
                 session_id=session_id, actor=request.user, request_meta=_meta(request)
             )
             return f"rolled back to checkpoint {seq}, paused"
+
+        self._each_session(request, queryset, run)
+
+    @admin.action(
+        description="Re-run the compatibility check on the selected sessions",
+        permissions=["operate"],
+    )
+    def check_compat_sessions(self, request, queryset):
+        def run(session_id, index):
+            problem = services.session_check_compat(
+                session_id=session_id, actor=request.user, request_meta=_meta(request)
+            )
+            return f"cannot be loaded: {problem}" if problem else "loads with this code"
 
         self._each_session(request, queryset, run)
 

@@ -28,7 +28,7 @@ def validate_step_payload_json(kind: str, payload: Any, schema_version: int) -> 
     """Refuse a payload that agent_runtime cannot load as a `kind` step stored at
     `schema_version`. The one place the admin calls the engine's step loader."""
     try:
-        load_step_payload(payload, schema_version)
+        load_step_payload(kind, payload, schema_version)
     except LOAD_ERRORS as exc:
         raise ValidationError(
             "This %(kind)s payload does not load at schema version %(version)s: %(error)s",

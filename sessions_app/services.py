@@ -722,3 +722,33 @@ def session_resolve_uncertain(
         if resolution != "fail":
             dispatch.dispatch_on_commit(session)
     return session
+
+
+def session_check_compat(
+    *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
+) -> str:
+    """Load the session as a worker would, with this code: mark it incompatible (with the
+    reason) if it cannot be loaded, clear an old mark if it can. Returns the problem, or
+    "" when it loads. Changes no step or checkpoint."""
+    from .store import DjangoSessionStore
+
+    who = _actor(actor)
+    session = AgentSession.objects.filter(id=session_id).first()
+    if session is None:
+        raise ActionError(f"no session with id {session_id}", code="not_found")
+    try:
+        DjangoSessionStore().load_head(str(session.id))
+    except IncompatibleSchemaError as exc:
+        problem = str(exc)
+        session_mark_incompatible(session_id=session.id, reason=problem)
+    else:
+        problem = ""
+        session_clear_incompatible(session_id=session.id)
+    audit(
+        actor=who,
+        action="compat_check",
+        session=session,
+        after={"loads": not problem, "problem": problem, "schema_version": SCHEMA_VERSION},
+        request_meta=request_meta,
+    )
+    return problem

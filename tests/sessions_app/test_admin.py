@@ -837,3 +837,33 @@ def test_an_admin_finds_a_session_corrects_a_tool_result_and_resumes_it(client, 
     assert demo.status == Status.COMPLETED
     head = DjangoSessionStore().load_head(str(demo.id))
     assert any(s.seq == step.seq and s.payload == corrected for s in head.history)
+
+
+def test_compatibility_check_action_marks_and_clears(client, db):
+    from django.contrib.auth.models import User
+
+    from sessions_app.models import AgentSession, AuditEvent, Checkpoint
+    from sessions_app.services import session_start
+
+    admin_user = User.objects.create_superuser("compat-admin", password="pw")
+    good = session_start(agent="echo", input="hi")
+    bad = session_start(agent="echo", input="ho")
+    Checkpoint.objects.create(session=bad, seq=1, state={"schema_version": 99}, reason="auto")
+    AgentSession.objects.filter(id=bad.id).update(head=1)
+    AgentSession.objects.filter(id=good.id).update(
+        incompatible_reason="old mark", incompatible_at="2026-01-01T00:00:00Z"
+    )
+    client.force_login(admin_user)
+    response = client.post(
+        "/admin/sessions_app/agentsession/",
+        {"action": "check_compat_sessions", "_selected_action": [str(good.id), str(bad.id)]},
+        follow=True,
+    )
+    assert response.status_code == 200
+    text = response.content.decode()
+    assert "loads with this code" in text and "cannot be loaded" in text
+    good.refresh_from_db()
+    bad.refresh_from_db()
+    assert good.incompatible_at is None
+    assert bad.incompatible_at is not None and "schema version 99" in bad.incompatible_reason
+    assert AuditEvent.objects.filter(action="compat_check").count() == 2
