@@ -243,3 +243,6 @@ def test_attention_audit_and_diff_pages(page, users):
     page.locator("#waterfall").scroll_into_view_if_needed()
     wait_for(lambda: page.locator(".waterfall svg rect").count() > 3, what="the waterfall")
     screenshot(page, "diff-and-waterfall")
+    # htmx did all of the above under the site's strict Content-Security-Policy.
+    assert "script-src 'self'" in page.request.get("/sessions/").headers["content-security-policy"]
+    assert not [e for e in page.console_errors if "Content Security Policy" in e], page.console_errors
