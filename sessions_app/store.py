@@ -2,7 +2,9 @@
 
 Every write is one transaction that starts with a conditional UPDATE of the session row on
 (id, fencing_token, lease_owner): a worker whose lease was taken over or fenced off by an
-operator action matches no row and writes nothing.
+operator action matches no row and writes nothing. On PostgreSQL an append is a single
+statement (that UPDATE, the steps' INSERT and the checkpoint's INSERT in one CTE), so a
+durable step costs one round trip and one commit.
 
 Every blob read goes through agent_runtime.upgraders; a blob this code cannot load raises
 IncompatibleSchemaError naming the checkpoint or step, before anything is written.
@@ -10,17 +12,20 @@ IncompatibleSchemaError naming the checkpoint or step, before anything is writte
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+import psycopg
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from agent_runtime.state import (
+    SCHEMA_VERSION,
     CheckpointRecord,
     NewCheckpoint,
     NewStep,
@@ -40,6 +45,12 @@ from agent_runtime.store import (
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_step_payload
 
 from .models import RUNNABLE, AgentSession, Checkpoint, SideEffect, Status, Step
+
+SESSION_TABLE = AgentSession._meta.db_table
+STEP_TABLE = Step._meta.db_table
+CHECKPOINT_TABLE = Checkpoint._meta.db_table
+# How stale a running session's updated_at may get between two of its steps.
+UPDATED_AT_RESOLUTION = timedelta(seconds=1)
 
 STEP_RECORD_FIELDS = (
     "id",
@@ -74,6 +85,23 @@ def step_record(step: Step) -> StepRecord:
         idempotency_key=step.idempotency_key,
         superseded=step.superseded_at is not None,
     )
+
+
+def _execute_prepared(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+    """Run one statement on Django's connection as a server-side prepared statement and
+    return its first row.
+
+    Django's own cursors bind parameters on the client and never prepare: every append
+    would send its payload escaped into the SQL text and have PostgreSQL parse and plan the
+    CTE again. A psycopg cursor of the same connection sends the parameters apart and
+    plans each shape of the statement once per connection. Transactions are unaffected:
+    the connection's autocommit and any atomic block are Django's, as for any query."""
+    connection.ensure_connection()
+    connection.validate_no_broken_transaction()
+    with connection.wrap_database_errors:
+        with psycopg.Cursor(connection.connection) as cursor:
+            cursor.execute(sql, params, prepare=True)
+            return cursor.fetchone()
 
 
 class DjangoSessionStore:
@@ -176,6 +204,138 @@ class DjangoSessionStore:
     ) -> AppendResult:
         for step in steps:
             validate_step_payload(step.kind, step.payload)
+        if connection.vendor == "postgresql":
+            return self._append_postgresql(lease, steps, checkpoint, status, error, release)
+        return self._append_portable(lease, steps, checkpoint, status, error, release)
+
+    def _append_postgresql(
+        self,
+        lease: Lease,
+        steps: Sequence[NewStep],
+        checkpoint: NewCheckpoint | None,
+        status: SessionStatus | None,
+        error: str | None,
+        release: bool,
+    ) -> AppendResult:
+        """One statement, one round trip: the fenced UPDATE of the session row, the INSERT
+        of the steps numbered from the seq it returns, and the checkpoint's INSERT, in one
+        CTE. Outside a transaction it commits on its own (autocommit); inside one (an
+        operator action, a test) it is part of it. Either way it is atomic: when the fence
+        does not match, the UPDATE returns no row and the INSERTs select nothing."""
+        count = len(steps)
+        now = timezone.now()
+        sets = [
+            "last_seq = last_seq + %s",
+            "step_count = step_count + %s",
+            "tokens_in = tokens_in + %s",
+            "tokens_out = tokens_out + %s",
+            # A lease holder writes only after its load_head succeeded: whatever code marked
+            # the session incompatible before, this code loads it. (Setting the same NULL
+            # keeps the update HOT: the partial index sees no change.)
+            "incompatible_reason = ''",
+            "incompatible_at = NULL",
+            "incompatible_code_schema = NULL",
+        ]
+        params: list[Any] = [
+            count,
+            count,
+            sum(s.tokens_in for s in steps),
+            sum(s.tokens_out for s in steps),
+        ]
+        cost = sum(float((s.payload.get("usage") or {}).get("cost") or 0) for s in steps)
+        if cost:
+            sets.append("cost = cost + %s::numeric")
+            params.append(Decimal(str(cost)))
+        if status is not None or error is not None or release:
+            sets.append("updated_at = %s")
+            params.append(now)
+        else:
+            # updated_at is in three indexes (the dashboard's sort by latest activity):
+            # writing it on every step would make every step's UPDATE a non-HOT one that
+            # adds an entry to each of the table's nine indexes. Within a run it moves at
+            # most once a second; status changes and the end of a run always move it.
+            sets.append("updated_at = CASE WHEN updated_at < %s THEN %s ELSE updated_at END")
+            params += [now - UPDATED_AT_RESOLUTION, now]
+        if checkpoint is not None:
+            # Both sides of SET read the old row, so head becomes the new last seq.
+            sets.append("head = last_seq + %s")
+            params.append(count)
+            if checkpoint.state.final_answer is not None:
+                sets.append("final_answer = %s")
+                params.append(checkpoint.state.final_answer)
+        if status is not None:
+            sets.append("status = %s")
+            params.append(status.value)
+        if error is not None:
+            sets.append("last_error = %s")
+            params.append(error)
+        if release:
+            sets.append("lease_owner = NULL")
+            sets.append("lease_expires_at = NULL")
+        params += [lease.session_id, lease.token, lease.owner]
+        params += [lease.session_id, count, SCHEMA_VERSION, now]  # the SELECT list
+        rows = []
+        for index, step in enumerate(steps):
+            rows.append(
+                "(%s, %s::varchar, %s::jsonb, %s::timestamptz, %s::timestamptz, %s::integer, "
+                "%s::integer, %s::varchar)"
+            )
+            params += [
+                index + 1,
+                step.kind.value,
+                json.dumps(step.payload),
+                step.started_at,
+                step.finished_at or now,
+                step.tokens_in,
+                step.tokens_out,
+                step.idempotency_key,
+            ]
+        sql = [
+            f"WITH fenced AS (UPDATE {SESSION_TABLE} SET {', '.join(sets)}"
+            " WHERE id = %s::uuid AND fencing_token = %s AND lease_owner = %s"
+            " RETURNING last_seq, cancel_requested)",
+            f", new_steps AS (INSERT INTO {STEP_TABLE} (session_id, seq, kind, payload,"
+            " schema_version, started_at, finished_at, tokens_in, tokens_out, idempotency_key,"
+            " created_at)"
+            " SELECT %s::uuid, fenced.last_seq - %s + v.n, v.kind, v.payload, %s, v.started_at,"
+            " v.finished_at, v.tokens_in, v.tokens_out, v.idempotency_key, %s::timestamptz"
+            f" FROM fenced, (VALUES {', '.join(rows)}) AS v (n, kind, payload, started_at,"
+            " finished_at, tokens_in, tokens_out, idempotency_key))",
+        ]
+        if checkpoint is not None:
+            sql.append(
+                f", new_checkpoint AS (INSERT INTO {CHECKPOINT_TABLE} (session_id, seq, state,"
+                " schema_version, reason, created_at)"
+                " SELECT %s::uuid, fenced.last_seq, %s::jsonb, %s, %s, %s::timestamptz"
+                " FROM fenced)"
+            )
+            params += [
+                lease.session_id,
+                json.dumps(checkpoint.state.to_dict()),
+                SCHEMA_VERSION,
+                checkpoint.reason.value,
+                now,
+            ]
+        sql.append(" SELECT last_seq, cancel_requested FROM fenced")
+        row = _execute_prepared("".join(sql), params)
+        if row is None:
+            raise LeaseLost(f"session {lease.session_id}: lease token {lease.token} was fenced off")
+        last_seq, cancel_requested = row
+        return AppendResult(
+            seqs=list(range(last_seq - count + 1, last_seq + 1)),
+            cancel_requested=cancel_requested,
+        )
+
+    def _append_portable(
+        self,
+        lease: Lease,
+        steps: Sequence[NewStep],
+        checkpoint: NewCheckpoint | None,
+        status: SessionStatus | None,
+        error: str | None,
+        release: bool,
+    ) -> AppendResult:
+        """The same write through the ORM, in one transaction (SQLite: `make run`)."""
         count = len(steps)
         now = timezone.now()
         changes: dict[str, Any] = {
@@ -183,7 +343,13 @@ class DjangoSessionStore:
             "step_count": F("step_count") + count,
             "tokens_in": F("tokens_in") + sum(s.tokens_in for s in steps),
             "tokens_out": F("tokens_out") + sum(s.tokens_out for s in steps),
-            "updated_at": now,
+            # As on PostgreSQL: within a run, at most once a second (see there).
+            "updated_at": now
+            if status is not None or error is not None or release
+            else Case(
+                When(updated_at__lt=now - UPDATED_AT_RESOLUTION, then=Value(now)),
+                default=F("updated_at"),
+            ),
             # A lease holder writes only after its load_head succeeded: whatever code marked
             # the session incompatible before, this code loads it.
             "incompatible_reason": "",
