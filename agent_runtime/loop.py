@@ -459,10 +459,15 @@ class _Run:
             tokens_out=step.tokens_out,
             idempotency_key=step.idempotency_key,
         )
-        # Fold first so the checkpoint written with this step already includes it.
-        state_before = copy.deepcopy(self.state)
-        apply_step(self.state, record)
-        new_checkpoint = NewCheckpoint(state=self.state) if checkpoint else None
+        # With a checkpoint, fold first so the checkpoint written with this step already
+        # includes it (and keep the state before, for a failed write). Without one the
+        # fold waits for the commit: no copy of the state on every step.
+        state_before = None
+        new_checkpoint = None
+        if checkpoint:
+            state_before = copy.deepcopy(self.state)
+            apply_step(self.state, record)
+            new_checkpoint = NewCheckpoint(state=self.state)
         try:
             result = self.store.append(
                 self.lease,
@@ -473,8 +478,11 @@ class _Run:
                 release=release,
             )
         except Exception:
-            self.state = state_before
+            if state_before is not None:
+                self.state = state_before
             raise
+        if not checkpoint:
+            apply_step(self.state, record)
         if result.seqs != [record.seq]:
             # Only the lease holder writes, so seqs are predictable; anything else means
             # someone wrote around the fence.

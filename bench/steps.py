@@ -24,7 +24,7 @@ import statistics
 import time
 
 from ._db import fresh_database, server_url, setup_django, with_db
-from ._workload import Timings, table_bytes
+from ._workload import Timings, table_bytes, warm
 
 DB_RESPAWN = "respawn_bench_steps"
 DB_LANGGRAPH = "respawn_bench_langgraph"
@@ -33,7 +33,7 @@ DB_DBOS = "respawn_bench_dbos"
 
 class Contender:
     name = ""
-    steps_per_turn = 1.0
+    payload_bytes = 0
 
     def run(self, turns: int, sessions: int = 1) -> tuple[Timings, int, int, float]:
         """Run `sessions` sessions of `turns` turns one after the other, on tables emptied
@@ -95,6 +95,7 @@ class Peer(Contender):
     def __init__(self, name: str, peer) -> None:
         self.name = name
         self.peer = peer
+        self.payload_bytes = peer.payload_bytes
 
     def run(self, turns, sessions=1):
         self.peer.truncate()
@@ -129,6 +130,7 @@ def rounds(contenders: list[Contender], steps: int, n_rounds: int) -> dict[str, 
     from ._respawn import turns_for
 
     turns = turns_for(steps)
+    warm(turns, contenders[0].payload_bytes)
     results: dict[str, list[dict]] = {c.name: [] for c in contenders}
     for c in contenders:  # warm-up: connections, imports, prepared statements
         c.run(3)

@@ -20,6 +20,8 @@ import argparse
 import json
 import statistics
 
+from ._workload import warm
+
 
 def payload_bytes_per_step(turns: int, payload_bytes: int) -> float:
     """The mean size of a step's payload as JSON text (what the client sends)."""
@@ -52,6 +54,7 @@ def main() -> None:
             c.run(3)  # warm-up
         for length in lengths:
             turns = turns_for(length)
+            warm(turns, args.payload_bytes)
             sessions = max(1, args.total // length)
             for c in contenders:
                 if c.name.startswith("LangGraph") and length > args.langgraph_max:

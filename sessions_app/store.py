@@ -49,6 +49,7 @@ from .models import RUNNABLE, AgentSession, Checkpoint, SideEffect, Status, Step
 SESSION_TABLE = AgentSession._meta.db_table
 STEP_TABLE = Step._meta.db_table
 CHECKPOINT_TABLE = Checkpoint._meta.db_table
+PREPARE_ON_REQUEST_ONLY = 2**31
 # How stale a running session's updated_at may get between two of its steps.
 UPDATED_AT_RESOLUTION = timedelta(seconds=1)
 
@@ -98,8 +99,14 @@ def _execute_prepared(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
     the connection's autocommit and any atomic block are Django's, as for any query."""
     connection.ensure_connection()
     connection.validate_no_broken_transaction()
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        # Django turns psycopg's automatic preparation off (its own cursors bind on the
+        # client and cannot prepare), which also ignores prepare=True. A threshold no query
+        # reaches keeps automatic preparation off and honours an explicit request.
+        raw.prepare_threshold = PREPARE_ON_REQUEST_ONLY
     with connection.wrap_database_errors:
-        with psycopg.Cursor(connection.connection) as cursor:
+        with psycopg.Cursor(raw) as cursor:
             cursor.execute(sql, params, prepare=True)
             return cursor.fetchone()
 
