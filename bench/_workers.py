@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from rq import SimpleWorker
+
 from sessions_app.worker import RespawnWorker
 
 from ._db import ROOT
@@ -63,10 +65,22 @@ class BenchWorker(RespawnWorker):
         return super().work(*args, **kwargs)
 
 
+class BenchSimpleWorker(BenchWorker, SimpleWorker):
+    """For comparison only: RQ's SimpleWorker runs each job in the worker process itself
+    (no fork per job, so no new PostgreSQL connection per job either)."""
+
+
 class Worker:
     """One rqworker process (RQ forks a work horse per job, in its own process group)."""
 
-    def __init__(self, env: dict[str, str], queue: str, name: str, log_dir: Path) -> None:
+    def __init__(
+        self,
+        env: dict[str, str],
+        queue: str,
+        name: str,
+        log_dir: Path,
+        worker_class: str = "bench._workers.BenchWorker",
+    ) -> None:
         self.name = name
         self.log_path = log_dir / f"{name}.log"
         self._log = open(self.log_path, "wb")
@@ -79,7 +93,7 @@ class Worker:
                 "--name",
                 name,
                 "--worker-class",
-                "bench._workers.BenchWorker",
+                worker_class,
             ],
             cwd=ROOT,
             env=env,

@@ -121,6 +121,11 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, default=100)
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--latency", type=int, default=30, help="sessions for the latency test")
+    parser.add_argument(
+        "--simple",
+        action="store_true",
+        help="RQ's SimpleWorker (no fork per job) instead of the project's forking worker",
+    )
     args = parser.parse_args()
 
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11")
@@ -133,15 +138,18 @@ def main() -> None:
     install_bench_agent()
     log_dir = Path(tempfile.mkdtemp(prefix="respawn-bench-"))
     env = worker_env(url, redis_url, queue)
+    worker_class = "bench._workers." + ("BenchSimpleWorker" if args.simple else "BenchWorker")
     workers = [
-        Worker(env, queue, f"bench-w{i + 1}-{os.getpid()}", log_dir) for i in range(args.workers)
+        Worker(env, queue, f"bench-w{i + 1}-{os.getpid()}", log_dir, worker_class)
+        for i in range(args.workers)
     ]
+    print(f"{args.workers} x rqworker --worker-class {worker_class}", flush=True)
     try:
         wait_ready(workers, redis_url)
         time.sleep(1.0)  # past the reconcilers' first pass
         lat = latency(args.latency)
         print(
-            f"enqueue -> job start (RQ fork)   p50 {lat['start_p50']:.1f} ms\n"
+            f"enqueue -> job start             p50 {lat['start_p50']:.1f} ms\n"
             f"enqueue -> first durable step    p50 {lat['step_p50']:.1f} ms   "
             f"p90 {lat['step_p90']:.1f} ms   max {lat['step_max']:.1f} ms   ({args.latency} sessions)",
             flush=True,

@@ -88,6 +88,32 @@ def step_record(step: Step) -> StepRecord:
     )
 
 
+def _json(value: Any) -> Any:
+    # Django registers a text loader for jsonb on its connections (JSONField decodes).
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _raw_connection():
+    connection.ensure_connection()
+    connection.validate_no_broken_transaction()
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        # Django turns psycopg's automatic preparation off (its own cursors bind on the
+        # client and cannot prepare), which also ignores prepare=True. A threshold no query
+        # reaches keeps automatic preparation off and honours an explicit request.
+        raw.prepare_threshold = PREPARE_ON_REQUEST_ONLY
+    return raw
+
+
+def _fetch_all(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    # Binary results: psycopg's C loaders read timestamps several times faster than the
+    # text loader Django registers (which a long history spends a quarter of its load in).
+    with connection.wrap_database_errors:
+        with psycopg.Cursor(_raw_connection()) as cursor:
+            cursor.execute(sql, params, prepare=True, binary=True)
+            return cursor.fetchall()
+
+
 def _execute_prepared(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
     """Run one statement on Django's connection as a server-side prepared statement and
     return its first row.
@@ -97,22 +123,49 @@ def _execute_prepared(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
     CTE again. A psycopg cursor of the same connection sends the parameters apart and
     plans each shape of the statement once per connection. Transactions are unaffected:
     the connection's autocommit and any atomic block are Django's, as for any query."""
-    connection.ensure_connection()
-    connection.validate_no_broken_transaction()
-    raw = connection.connection
-    if raw.prepare_threshold is None:
-        # Django turns psycopg's automatic preparation off (its own cursors bind on the
-        # client and cannot prepare), which also ignores prepare=True. A threshold no query
-        # reaches keeps automatic preparation off and honours an explicit request.
-        raw.prepare_threshold = PREPARE_ON_REQUEST_ONLY
     with connection.wrap_database_errors:
-        with psycopg.Cursor(raw) as cursor:
+        with psycopg.Cursor(_raw_connection()) as cursor:
             cursor.execute(sql, params, prepare=True)
             return cursor.fetchone()
 
 
 class DjangoSessionStore:
     def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
+        if connection.vendor == "postgresql":
+            return self._claim_postgresql(session_id, owner, ttl)
+        return self._claim_portable(session_id, owner, ttl)
+
+    def _claim_postgresql(self, session_id: str, owner: str, ttl: float) -> Lease | None:
+        """The same claim as the portable one, in one statement: take a free lease
+        (no crash to count) or an expired one (count the takeovers in a row with no
+        progress in between: the dead run wrote at most its own run_started step)."""
+        now = timezone.now()
+        row = _execute_prepared(
+            f"UPDATE {SESSION_TABLE} SET lease_owner = %s, lease_expires_at = %s,"
+            " fencing_token = fencing_token + 1, status = %s, updated_at = %s,"
+            " crash_count = CASE WHEN lease_owner IS NULL THEN 0"
+            "  WHEN last_seq <= crash_seq + 1 THEN crash_count + 1 ELSE 1 END,"
+            " crash_seq = CASE WHEN lease_owner IS NULL THEN crash_seq ELSE last_seq END"
+            " WHERE id = %s::uuid AND status IN (%s, %s)"
+            " AND (lease_owner IS NULL OR lease_expires_at <= %s)"
+            " RETURNING fencing_token, crash_count",
+            [
+                owner,
+                now + timedelta(seconds=ttl),
+                Status.RUNNING.value,
+                now,
+                session_id,
+                *(s.value for s in RUNNABLE),
+                now,
+            ],
+        )
+        if row is None:
+            if not AgentSession.objects.filter(id=session_id).exists():
+                raise SessionNotFound(session_id)
+            return None
+        return Lease(session_id, owner, row[0], crashes=row[1])
+
+    def _claim_portable(self, session_id: str, owner: str, ttl: float) -> Lease | None:
         now = timezone.now()
         runnable = AgentSession.objects.filter(id=session_id, status__in=RUNNABLE)
         taken = {
@@ -149,6 +202,79 @@ class DjangoSessionStore:
         return None if row is None else Lease(session_id, owner, row[0], crashes=row[1])
 
     def load_head(self, session_id: str) -> SessionHead:
+        if connection.vendor == "postgresql":
+            return self._load_head_postgresql(session_id)
+        return self._load_head_portable(session_id)
+
+    def _load_head_postgresql(self, session_id: str) -> SessionHead:
+        """The portable load in two statements and without ORM instances (a 10,000-step
+        history is 10,000 model instances there): the session row with its head
+        checkpoint, then the live steps. Same columns, same upgraders."""
+        row = _execute_prepared(
+            f"SELECT s.agent, s.status, s.head, s.last_seq, c.seq, c.state, c.reason"
+            f" FROM {SESSION_TABLE} s LEFT JOIN LATERAL (SELECT seq, state, reason"
+            f"  FROM {CHECKPOINT_TABLE} WHERE session_id = s.id AND seq = s.head"
+            "  ORDER BY id DESC LIMIT 1) c ON s.head > 0"
+            " WHERE s.id = %s::uuid",
+            [session_id],
+        )
+        if row is None:
+            raise SessionNotFound(session_id)
+        agent, status, _head, last_seq, checkpoint_seq, state, reason = row
+        checkpoint = None
+        applied: tuple[str, ...] = ()
+        if checkpoint_seq is not None:
+            try:
+                loaded = load_state(_json(state))
+            except IncompatibleSchemaError as exc:
+                raise exc.at(f"checkpoint at seq {checkpoint_seq}") from exc
+            applied = loaded.applied
+            checkpoint = CheckpointRecord(
+                seq=checkpoint_seq,
+                state=loaded.value,
+                reason=reason,
+                schema_version=loaded.stored_version,
+            )
+        history = []
+        versions: dict[int, int] = {}
+        for seq, kind, payload, version, started, finished, t_in, t_out, key in _fetch_all(
+            f"SELECT seq, kind, payload, schema_version, started_at, finished_at, tokens_in,"
+            f" tokens_out, idempotency_key FROM {STEP_TABLE}"
+            " WHERE session_id = %s::uuid AND superseded_at IS NULL ORDER BY seq",
+            [session_id],
+        ):
+            try:
+                loaded = load_step_payload(kind, _json(payload), version)
+            except IncompatibleSchemaError as exc:
+                raise exc.at(f"step seq {seq} ({kind})") from exc
+            versions[version] = versions.get(version, 0) + 1
+            history.append(
+                StepRecord(
+                    seq=seq,
+                    kind=StepKind(kind),
+                    payload=loaded.value,
+                    schema_version=version,
+                    started_at=started,
+                    finished_at=finished,
+                    tokens_in=t_in,
+                    tokens_out=t_out,
+                    idempotency_key=key,
+                    superseded=False,
+                )
+            )
+        return SessionHead(
+            session_id=str(session_id),
+            agent_name=agent,
+            status=SessionStatus(status),
+            head_seq=checkpoint.seq if checkpoint else 0,
+            last_seq=last_seq,
+            checkpoint=checkpoint,
+            history=history,
+            upgraders_applied=applied,
+            step_versions=versions,
+        )
+
+    def _load_head_portable(self, session_id: str) -> SessionHead:
         # Only the columns a load needs: `check_state_compat` runs this with the next
         # release's code before that release's migrations, when newer columns don't exist.
         try:
