@@ -214,81 +214,81 @@ def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Messag
     """The conversation a provider sees, rebuilt from durable steps only (already upgraded
     to the current schema). A session stored in an older version renders exactly as it did
     then: tests hold every version's fixtures to that."""
-    messages = [Message(role="system", content=system_prompt)] if system_prompt else []
-    corrections = {
+    return Conversation(system_prompt, history).messages
+
+
+def _corrections(history: list[StepRecord]) -> dict[Any, dict[str, Any]]:
+    return {
         s.payload.get("result_seq"): s.payload
         for s in history
         if s.kind == StepKind.OPERATOR and s.payload.get("action") == "correct_result"
     }
-    for step in history:
-        payload = step.payload
-        if step.kind == StepKind.USER:
-            messages.append(Message(role="user", content=step_text(payload) or ""))
-        elif step.kind == StepKind.MODEL:
-            messages.append(
-                Message(
-                    role="assistant",
-                    content=step_text(payload),
-                    tool_calls=tuple(ToolCall(**c) for c in payload.get("tool_calls") or []),
-                )
-            )
-        elif step.kind == StepKind.TOOL_RESULT:
-            # The model has always been shown {"ok": bool, ...}; the stored status is mapped
-            # back so sessions read the same to a model across the v1 -> v2 change.
-            result = {
-                "name": payload.get("name"),
-                "ok": tool_ok(payload),
-                "output": payload.get("output"),
-                "error": payload.get("error"),
-                "attempts": payload.get("attempts", 1),
-            }
-            if payload.get("recorded_by_operator"):
-                result["recorded_by_operator"] = payload["recorded_by_operator"]
-            correction = corrections.get(step.seq)
-            if correction is not None:
-                # The corrected value, labelled as an operator's: never passed off as the tool's.
-                result.update(ok=True, output=correction.get("output"), error=None)
-                result["corrected_by_operator"] = correction.get("actor")
-                if correction.get("note"):
-                    result["operator_note"] = correction["note"]
-            content = json.dumps(result, sort_keys=True, default=str)
-            messages.append(
-                Message(
-                    role="tool",
-                    content=content,
-                    tool_call_id=payload.get("call_id"),
-                    name=payload.get("name"),
-                )
-            )
-        elif step.kind == StepKind.OPERATOR and payload.get("action") == "correct_result":
-            messages.append(
-                Message(
-                    role="user",
-                    content=(
-                        f"[Operator correction] The result of tool call {payload.get('call_id')} "
-                        "was corrected by an operator; continue from the corrected result."
-                    ),
-                )
-            )
-        elif step.kind == StepKind.OPERATOR and payload.get("action") == "instruction":
-            # Marked as coming from an operator, never passed off as the model or a tool.
-            messages.append(
-                Message(role="user", content=f"[Operator instruction] {step_text(payload) or ''}")
-            )
-    return _answer_abandoned_calls(messages)
 
 
-def _answer_abandoned_calls(messages: list[Message]) -> list[Message]:
-    """Give every tool call that never got a result (new input arrived first, e.g. after a
+def _step_message(step: StepRecord, corrections: dict[Any, dict[str, Any]]) -> Message | None:
+    """What one step shows the model, if anything."""
+    payload = step.payload
+    if step.kind == StepKind.USER:
+        return Message(role="user", content=step_text(payload) or "")
+    if step.kind == StepKind.MODEL:
+        return Message(
+            role="assistant",
+            content=step_text(payload),
+            tool_calls=tuple(ToolCall(**c) for c in payload.get("tool_calls") or []),
+        )
+    if step.kind == StepKind.TOOL_RESULT:
+        # The model has always been shown {"ok": bool, ...}; the stored status is mapped
+        # back so sessions read the same to a model across the v1 -> v2 change.
+        result = {
+            "name": payload.get("name"),
+            "ok": tool_ok(payload),
+            "output": payload.get("output"),
+            "error": payload.get("error"),
+            "attempts": payload.get("attempts", 1),
+        }
+        if payload.get("recorded_by_operator"):
+            result["recorded_by_operator"] = payload["recorded_by_operator"]
+        correction = corrections.get(step.seq)
+        if correction is not None:
+            # The corrected value, labelled as an operator's: never passed off as the tool's.
+            result.update(ok=True, output=correction.get("output"), error=None)
+            result["corrected_by_operator"] = correction.get("actor")
+            if correction.get("note"):
+                result["operator_note"] = correction["note"]
+        content = json.dumps(result, sort_keys=True, default=str)
+        return Message(
+            role="tool",
+            content=content,
+            tool_call_id=payload.get("call_id"),
+            name=payload.get("name"),
+        )
+    if step.kind == StepKind.OPERATOR and payload.get("action") == "correct_result":
+        return Message(
+            role="user",
+            content=(
+                f"[Operator correction] The result of tool call {payload.get('call_id')} "
+                "was corrected by an operator; continue from the corrected result."
+            ),
+        )
+    if step.kind == StepKind.OPERATOR and payload.get("action") == "instruction":
+        # Marked as coming from an operator, never passed off as the model or a tool.
+        return Message(role="user", content=f"[Operator instruction] {step_text(payload) or ''}")
+    return None
+
+
+class _OpenCalls:
+    """Gives every tool call that never got a result (new input arrived first, e.g. after a
     rollback to a pending approval) an explicit "not run" result, right where the
     conversation moved on. Both provider APIs refuse a tool call left unanswered."""
-    out: list[Message] = []
-    open_calls: dict[str, str] = {}
-    for message in messages:
+
+    def __init__(self) -> None:
+        self.open: dict[str, str] = {}
+
+    def push(self, message: Message, out: list[Message]) -> None:
         if message.role == "tool":
-            open_calls.pop(message.tool_call_id or "", None)
-        elif open_calls:
-            for call_id, name in open_calls.items():
+            self.open.pop(message.tool_call_id or "", None)
+        elif self.open:
+            for call_id, name in self.open.items():
                 content = json.dumps(
                     {
                         "name": name,
@@ -300,11 +300,57 @@ def _answer_abandoned_calls(messages: list[Message]) -> list[Message]:
                     sort_keys=True,
                 )
                 out.append(Message(role="tool", content=content, tool_call_id=call_id, name=name))
-            open_calls = {}
+            self.open = {}
         if message.role == "assistant":
-            open_calls = {c.id: c.name for c in message.tool_calls}
+            self.open = {c.id: c.name for c in message.tool_calls}
         out.append(message)
+
+
+def _answer_abandoned_calls(messages: list[Message]) -> list[Message]:
+    out: list[Message] = []
+    open_calls = _OpenCalls()
+    for message in messages:
+        open_calls.push(message, out)
     return out
+
+
+class Conversation:
+    """build_messages, kept up to date as a run appends steps: each step is rendered once,
+    not once per model call (which made a long session quadratic in its length).
+
+    `messages` is always equal to build_messages(system_prompt, history) over the steps
+    given so far. A step that changes how earlier steps render (an operator's correction)
+    rebuilds it; a run itself never appends one."""
+
+    def __init__(self, system_prompt: str, history: list[StepRecord]) -> None:
+        self._system_prompt = system_prompt
+        self._history = list(history)
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        self._corrections = _corrections(self._history)
+        self._open_calls = _OpenCalls()
+        self._messages: list[Message] = []
+        if self._system_prompt:
+            self._messages.append(Message(role="system", content=self._system_prompt))
+        for step in self._history:
+            self._render(step)
+
+    def _render(self, step: StepRecord) -> None:
+        message = _step_message(step, self._corrections)
+        if message is not None:
+            self._open_calls.push(message, self._messages)
+
+    def add(self, step: StepRecord) -> None:
+        self._history.append(step)
+        if step.kind == StepKind.OPERATOR and step.payload.get("action") == "correct_result":
+            self._rebuild()
+        else:
+            self._render(step)
+
+    @property
+    def messages(self) -> list[Message]:
+        return list(self._messages)
 
 
 # --- The lease heartbeat ----------------------------------------------------------------
@@ -376,6 +422,7 @@ class _Run:
         self.lease = lease
         self.session_id = head.session_id
         self.history = list(head.history)
+        self.conversation = Conversation(agent.system_prompt, self.history)
         self.last_seq = head.last_seq
         self.make_provider = make_provider
         self.heartbeat: Heartbeat | None = None
@@ -412,10 +459,15 @@ class _Run:
             tokens_out=step.tokens_out,
             idempotency_key=step.idempotency_key,
         )
-        # Fold first so the checkpoint written with this step already includes it.
-        state_before = copy.deepcopy(self.state)
-        apply_step(self.state, record)
-        new_checkpoint = NewCheckpoint(state=self.state) if checkpoint else None
+        # With a checkpoint, fold first so the checkpoint written with this step already
+        # includes it (and keep the state before, for a failed write). Without one the
+        # fold waits for the commit: no copy of the state on every step.
+        state_before = None
+        new_checkpoint = None
+        if checkpoint:
+            state_before = copy.deepcopy(self.state)
+            apply_step(self.state, record)
+            new_checkpoint = NewCheckpoint(state=self.state)
         try:
             result = self.store.append(
                 self.lease,
@@ -426,8 +478,11 @@ class _Run:
                 release=release,
             )
         except Exception:
-            self.state = state_before
+            if state_before is not None:
+                self.state = state_before
             raise
+        if not checkpoint:
+            apply_step(self.state, record)
         if result.seqs != [record.seq]:
             # Only the lease holder writes, so seqs are predictable; anything else means
             # someone wrote around the fence.
@@ -436,6 +491,7 @@ class _Run:
             )
         self.last_seq = record.seq
         self.history.append(record)
+        self.conversation.add(record)
         if result.cancel_requested and not release:
             self.stop_cancelled()
         return record
@@ -520,7 +576,7 @@ class _Run:
         except (ValueError, ProviderError) as exc:
             self.fail("model", f"cannot use model {spec!r}: {exc}", model=spec, permanent=True)
         settings = ModelSettings(model=model_name, timeout=self.config.model_timeout)
-        messages = build_messages(self.agent.system_prompt, self.history)
+        messages = self.conversation.messages
         started = utcnow()
         turn = self._complete_with_retries(provider, messages, settings, spec)
         payload = model_payload(

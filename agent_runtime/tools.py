@@ -11,7 +11,10 @@ the model sees, never a crash of the loop.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import inspect
+import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -95,8 +98,10 @@ class Tool:
     retries: int = 0
     retry_backoff: float = 0.05
 
-    @property
+    @functools.cached_property
     def spec(self) -> ToolSpec:
+        # Built once: pydantic's schema generation costs more than a durable step, and the
+        # loop asks for the specs on every model call.
         schema = self.arguments_model.model_json_schema()
         schema.pop("title", None)
         for prop in schema.get("properties", {}).values():
@@ -153,19 +158,61 @@ class Tool:
                 )
 
 
+# Tool calls run on worker threads, for their timeout. Idle threads are reused: starting a
+# thread per call (and waiting for it to be scheduled) cost more than a whole durable step
+# on a busy two-core machine. A call that overruns keeps its thread and the next call gets
+# another one; with every thread busy, a call gets a thread of its own, as before, so no call
+# ever waits in a queue (its timeout would run while it waited, and it would start late).
+_TOOL_THREADS = 64
+_executor_lock = threading.Lock()
+_executor: tuple[int, concurrent.futures.ThreadPoolExecutor] | None = None
+_busy = 0
+
+
+def _shared_executor() -> concurrent.futures.ThreadPoolExecutor | None:
+    """The process's pool, or None when all its threads are busy. Per process id: a forked
+    child (RQ's work horse) must not inherit its parent's threads."""
+    global _executor, _busy
+    with _executor_lock:
+        if _executor is None or _executor[0] != os.getpid():
+            pool = concurrent.futures.ThreadPoolExecutor(
+                max_workers=_TOOL_THREADS, thread_name_prefix="tool"
+            )
+            _executor, _busy = (os.getpid(), pool), 0
+        if _busy >= _TOOL_THREADS:
+            return None
+        _busy += 1
+        return _executor[1]
+
+
+def _release_thread(_: concurrent.futures.Future | None) -> None:
+    global _busy
+    with _executor_lock:
+        _busy -= 1
+
+
 def _call_with_timeout(function: Callable[..., Any], ctx: ToolContext, args: dict, timeout: float):
     # A thread cannot be killed: a tool that overruns keeps running in the background, but
     # the loop moves on and records the timeout. Tools with side effects should honour
     # their own timeouts too.
-    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool")
+    shared = _shared_executor()
+    pool = shared or concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool")
     try:
-        future = pool.submit(function, ctx, **args)
+        try:
+            future = pool.submit(function, ctx, **args)
+        except BaseException:
+            if shared is not None:
+                _release_thread(None)
+            raise
+        if shared is not None:
+            future.add_done_callback(_release_thread)
         try:
             return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
             raise TimeoutError from None
     finally:
-        pool.shutdown(wait=False)
+        if shared is None:
+            pool.shutdown(wait=False)
 
 
 def tool(

@@ -160,7 +160,11 @@ class AgentSession(models.Model):
 
 
 class Step(models.Model):
-    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="steps")
+    # No index of its own: step_session_seq_unique starts with session_id and serves every
+    # lookup by session (one index fewer to update on every step).
+    session = models.ForeignKey(
+        AgentSession, on_delete=models.CASCADE, related_name="steps", db_index=False
+    )
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=20, choices=Kind.choices)
     payload = models.JSONField()
@@ -205,7 +209,10 @@ class Step(models.Model):
 
 
 class Checkpoint(models.Model):
-    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="checkpoints")
+    # No index of its own: checkpoint_session_seq_reason_unique starts with session_id.
+    session = models.ForeignKey(
+        AgentSession, on_delete=models.CASCADE, related_name="checkpoints", db_index=False
+    )
     seq = models.PositiveIntegerField()
     state = models.JSONField()
     schema_version = models.PositiveSmallIntegerField(default=current_schema_version)

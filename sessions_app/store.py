@@ -2,7 +2,9 @@
 
 Every write is one transaction that starts with a conditional UPDATE of the session row on
 (id, fencing_token, lease_owner): a worker whose lease was taken over or fenced off by an
-operator action matches no row and writes nothing.
+operator action matches no row and writes nothing. On PostgreSQL an append is a single
+statement (that UPDATE, the steps' INSERT and the checkpoint's INSERT in one CTE), so a
+durable step costs one round trip and one commit.
 
 Every blob read goes through agent_runtime.upgraders; a blob this code cannot load raises
 IncompatibleSchemaError naming the checkpoint or step, before anything is written.
@@ -10,17 +12,20 @@ IncompatibleSchemaError naming the checkpoint or step, before anything is writte
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db import IntegrityError, connections, transaction
+import psycopg
+from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
 from agent_runtime.state import (
+    SCHEMA_VERSION,
     CheckpointRecord,
     NewCheckpoint,
     NewStep,
@@ -40,6 +45,13 @@ from agent_runtime.store import (
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_step_payload
 
 from .models import RUNNABLE, AgentSession, Checkpoint, SideEffect, Status, Step
+
+SESSION_TABLE = AgentSession._meta.db_table
+STEP_TABLE = Step._meta.db_table
+CHECKPOINT_TABLE = Checkpoint._meta.db_table
+PREPARE_ON_REQUEST_ONLY = 2**31
+# How stale a running session's updated_at may get between two of its steps.
+UPDATED_AT_RESOLUTION = timedelta(seconds=1)
 
 STEP_RECORD_FIELDS = (
     "id",
@@ -76,8 +88,84 @@ def step_record(step: Step) -> StepRecord:
     )
 
 
+def _json(value: Any) -> Any:
+    # Django registers a text loader for jsonb on its connections (JSONField decodes).
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _raw_connection():
+    connection.ensure_connection()
+    connection.validate_no_broken_transaction()
+    raw = connection.connection
+    if raw.prepare_threshold is None:
+        # Django turns psycopg's automatic preparation off (its own cursors bind on the
+        # client and cannot prepare), which also ignores prepare=True. A threshold no query
+        # reaches keeps automatic preparation off and honours an explicit request.
+        raw.prepare_threshold = PREPARE_ON_REQUEST_ONLY
+    return raw
+
+
+def _fetch_all(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+    # Binary results: psycopg's C loaders read timestamps several times faster than the
+    # text loader Django registers (which a long history spends a quarter of its load in).
+    with connection.wrap_database_errors:
+        with psycopg.Cursor(_raw_connection()) as cursor:
+            cursor.execute(sql, params, prepare=True, binary=True)
+            return cursor.fetchall()
+
+
+def _execute_prepared(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+    """Run one statement on Django's connection as a server-side prepared statement and
+    return its first row.
+
+    Django's own cursors bind parameters on the client and never prepare: every append
+    would send its payload escaped into the SQL text and have PostgreSQL parse and plan the
+    CTE again. A psycopg cursor of the same connection sends the parameters apart and
+    plans each shape of the statement once per connection. Transactions are unaffected:
+    the connection's autocommit and any atomic block are Django's, as for any query."""
+    with connection.wrap_database_errors:
+        with psycopg.Cursor(_raw_connection()) as cursor:
+            cursor.execute(sql, params, prepare=True)
+            return cursor.fetchone()
+
+
 class DjangoSessionStore:
     def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
+        if connection.vendor == "postgresql":
+            return self._claim_postgresql(session_id, owner, ttl)
+        return self._claim_portable(session_id, owner, ttl)
+
+    def _claim_postgresql(self, session_id: str, owner: str, ttl: float) -> Lease | None:
+        """The same claim as the portable one, in one statement: take a free lease
+        (no crash to count) or an expired one (count the takeovers in a row with no
+        progress in between: the dead run wrote at most its own run_started step)."""
+        now = timezone.now()
+        row = _execute_prepared(
+            f"UPDATE {SESSION_TABLE} SET lease_owner = %s, lease_expires_at = %s,"
+            " fencing_token = fencing_token + 1, status = %s, updated_at = %s,"
+            " crash_count = CASE WHEN lease_owner IS NULL THEN 0"
+            "  WHEN last_seq <= crash_seq + 1 THEN crash_count + 1 ELSE 1 END,"
+            " crash_seq = CASE WHEN lease_owner IS NULL THEN crash_seq ELSE last_seq END"
+            " WHERE id = %s::uuid AND status IN (%s, %s)"
+            " AND (lease_owner IS NULL OR lease_expires_at <= %s)"
+            " RETURNING fencing_token, crash_count",
+            [
+                owner,
+                now + timedelta(seconds=ttl),
+                Status.RUNNING.value,
+                now,
+                session_id,
+                *(s.value for s in RUNNABLE),
+                now,
+            ],
+        )
+        if row is None:
+            if not AgentSession.objects.filter(id=session_id).exists():
+                raise SessionNotFound(session_id)
+            return None
+        return Lease(session_id, owner, row[0], crashes=row[1])
+
+    def _claim_portable(self, session_id: str, owner: str, ttl: float) -> Lease | None:
         now = timezone.now()
         runnable = AgentSession.objects.filter(id=session_id, status__in=RUNNABLE)
         taken = {
@@ -114,6 +202,79 @@ class DjangoSessionStore:
         return None if row is None else Lease(session_id, owner, row[0], crashes=row[1])
 
     def load_head(self, session_id: str) -> SessionHead:
+        if connection.vendor == "postgresql":
+            return self._load_head_postgresql(session_id)
+        return self._load_head_portable(session_id)
+
+    def _load_head_postgresql(self, session_id: str) -> SessionHead:
+        """The portable load in two statements and without ORM instances (a 10,000-step
+        history is 10,000 model instances there): the session row with its head
+        checkpoint, then the live steps. Same columns, same upgraders."""
+        row = _execute_prepared(
+            f"SELECT s.agent, s.status, s.head, s.last_seq, c.seq, c.state, c.reason"
+            f" FROM {SESSION_TABLE} s LEFT JOIN LATERAL (SELECT seq, state, reason"
+            f"  FROM {CHECKPOINT_TABLE} WHERE session_id = s.id AND seq = s.head"
+            "  ORDER BY id DESC LIMIT 1) c ON s.head > 0"
+            " WHERE s.id = %s::uuid",
+            [session_id],
+        )
+        if row is None:
+            raise SessionNotFound(session_id)
+        agent, status, _head, last_seq, checkpoint_seq, state, reason = row
+        checkpoint = None
+        applied: tuple[str, ...] = ()
+        if checkpoint_seq is not None:
+            try:
+                loaded = load_state(_json(state))
+            except IncompatibleSchemaError as exc:
+                raise exc.at(f"checkpoint at seq {checkpoint_seq}") from exc
+            applied = loaded.applied
+            checkpoint = CheckpointRecord(
+                seq=checkpoint_seq,
+                state=loaded.value,
+                reason=reason,
+                schema_version=loaded.stored_version,
+            )
+        history = []
+        versions: dict[int, int] = {}
+        for seq, kind, payload, version, started, finished, t_in, t_out, key in _fetch_all(
+            f"SELECT seq, kind, payload, schema_version, started_at, finished_at, tokens_in,"
+            f" tokens_out, idempotency_key FROM {STEP_TABLE}"
+            " WHERE session_id = %s::uuid AND superseded_at IS NULL ORDER BY seq",
+            [session_id],
+        ):
+            try:
+                loaded = load_step_payload(kind, _json(payload), version)
+            except IncompatibleSchemaError as exc:
+                raise exc.at(f"step seq {seq} ({kind})") from exc
+            versions[version] = versions.get(version, 0) + 1
+            history.append(
+                StepRecord(
+                    seq=seq,
+                    kind=StepKind(kind),
+                    payload=loaded.value,
+                    schema_version=version,
+                    started_at=started,
+                    finished_at=finished,
+                    tokens_in=t_in,
+                    tokens_out=t_out,
+                    idempotency_key=key,
+                    superseded=False,
+                )
+            )
+        return SessionHead(
+            session_id=str(session_id),
+            agent_name=agent,
+            status=SessionStatus(status),
+            head_seq=checkpoint.seq if checkpoint else 0,
+            last_seq=last_seq,
+            checkpoint=checkpoint,
+            history=history,
+            upgraders_applied=applied,
+            step_versions=versions,
+        )
+
+    def _load_head_portable(self, session_id: str) -> SessionHead:
         # Only the columns a load needs: `check_state_compat` runs this with the next
         # release's code before that release's migrations, when newer columns don't exist.
         try:
@@ -176,6 +337,138 @@ class DjangoSessionStore:
     ) -> AppendResult:
         for step in steps:
             validate_step_payload(step.kind, step.payload)
+        if connection.vendor == "postgresql":
+            return self._append_postgresql(lease, steps, checkpoint, status, error, release)
+        return self._append_portable(lease, steps, checkpoint, status, error, release)
+
+    def _append_postgresql(
+        self,
+        lease: Lease,
+        steps: Sequence[NewStep],
+        checkpoint: NewCheckpoint | None,
+        status: SessionStatus | None,
+        error: str | None,
+        release: bool,
+    ) -> AppendResult:
+        """One statement, one round trip: the fenced UPDATE of the session row, the INSERT
+        of the steps numbered from the seq it returns, and the checkpoint's INSERT, in one
+        CTE. Outside a transaction it commits on its own (autocommit); inside one (an
+        operator action, a test) it is part of it. Either way it is atomic: when the fence
+        does not match, the UPDATE returns no row and the INSERTs select nothing."""
+        count = len(steps)
+        now = timezone.now()
+        sets = [
+            "last_seq = last_seq + %s",
+            "step_count = step_count + %s",
+            "tokens_in = tokens_in + %s",
+            "tokens_out = tokens_out + %s",
+            # A lease holder writes only after its load_head succeeded: whatever code marked
+            # the session incompatible before, this code loads it. (Setting the same NULL
+            # keeps the update HOT: the partial index sees no change.)
+            "incompatible_reason = ''",
+            "incompatible_at = NULL",
+            "incompatible_code_schema = NULL",
+        ]
+        params: list[Any] = [
+            count,
+            count,
+            sum(s.tokens_in for s in steps),
+            sum(s.tokens_out for s in steps),
+        ]
+        cost = sum(float((s.payload.get("usage") or {}).get("cost") or 0) for s in steps)
+        if cost:
+            sets.append("cost = cost + %s::numeric")
+            params.append(Decimal(str(cost)))
+        if status is not None or error is not None or release:
+            sets.append("updated_at = %s")
+            params.append(now)
+        else:
+            # updated_at is in three indexes (the dashboard's sort by latest activity):
+            # writing it on every step would make every step's UPDATE a non-HOT one that
+            # adds an entry to each of the table's nine indexes. Within a run it moves at
+            # most once a second; status changes and the end of a run always move it.
+            sets.append("updated_at = CASE WHEN updated_at < %s THEN %s ELSE updated_at END")
+            params += [now - UPDATED_AT_RESOLUTION, now]
+        if checkpoint is not None:
+            # Both sides of SET read the old row, so head becomes the new last seq.
+            sets.append("head = last_seq + %s")
+            params.append(count)
+            if checkpoint.state.final_answer is not None:
+                sets.append("final_answer = %s")
+                params.append(checkpoint.state.final_answer)
+        if status is not None:
+            sets.append("status = %s")
+            params.append(status.value)
+        if error is not None:
+            sets.append("last_error = %s")
+            params.append(error)
+        if release:
+            sets.append("lease_owner = NULL")
+            sets.append("lease_expires_at = NULL")
+        params += [lease.session_id, lease.token, lease.owner]
+        params += [lease.session_id, count, SCHEMA_VERSION, now]  # the SELECT list
+        rows = []
+        for index, step in enumerate(steps):
+            rows.append(
+                "(%s, %s::varchar, %s::jsonb, %s::timestamptz, %s::timestamptz, %s::integer, "
+                "%s::integer, %s::varchar)"
+            )
+            params += [
+                index + 1,
+                step.kind.value,
+                json.dumps(step.payload),
+                step.started_at,
+                step.finished_at or now,
+                step.tokens_in,
+                step.tokens_out,
+                step.idempotency_key,
+            ]
+        sql = [
+            f"WITH fenced AS (UPDATE {SESSION_TABLE} SET {', '.join(sets)}"
+            " WHERE id = %s::uuid AND fencing_token = %s AND lease_owner = %s"
+            " RETURNING last_seq, cancel_requested)",
+            f", new_steps AS (INSERT INTO {STEP_TABLE} (session_id, seq, kind, payload,"
+            " schema_version, started_at, finished_at, tokens_in, tokens_out, idempotency_key,"
+            " created_at)"
+            " SELECT %s::uuid, fenced.last_seq - %s + v.n, v.kind, v.payload, %s, v.started_at,"
+            " v.finished_at, v.tokens_in, v.tokens_out, v.idempotency_key, %s::timestamptz"
+            f" FROM fenced, (VALUES {', '.join(rows)}) AS v (n, kind, payload, started_at,"
+            " finished_at, tokens_in, tokens_out, idempotency_key))",
+        ]
+        if checkpoint is not None:
+            sql.append(
+                f", new_checkpoint AS (INSERT INTO {CHECKPOINT_TABLE} (session_id, seq, state,"
+                " schema_version, reason, created_at)"
+                " SELECT %s::uuid, fenced.last_seq, %s::jsonb, %s, %s, %s::timestamptz"
+                " FROM fenced)"
+            )
+            params += [
+                lease.session_id,
+                json.dumps(checkpoint.state.to_dict()),
+                SCHEMA_VERSION,
+                checkpoint.reason.value,
+                now,
+            ]
+        sql.append(" SELECT last_seq, cancel_requested FROM fenced")
+        row = _execute_prepared("".join(sql), params)
+        if row is None:
+            raise LeaseLost(f"session {lease.session_id}: lease token {lease.token} was fenced off")
+        last_seq, cancel_requested = row
+        return AppendResult(
+            seqs=list(range(last_seq - count + 1, last_seq + 1)),
+            cancel_requested=cancel_requested,
+        )
+
+    def _append_portable(
+        self,
+        lease: Lease,
+        steps: Sequence[NewStep],
+        checkpoint: NewCheckpoint | None,
+        status: SessionStatus | None,
+        error: str | None,
+        release: bool,
+    ) -> AppendResult:
+        """The same write through the ORM, in one transaction (SQLite: `make run`)."""
         count = len(steps)
         now = timezone.now()
         changes: dict[str, Any] = {
@@ -183,7 +476,13 @@ class DjangoSessionStore:
             "step_count": F("step_count") + count,
             "tokens_in": F("tokens_in") + sum(s.tokens_in for s in steps),
             "tokens_out": F("tokens_out") + sum(s.tokens_out for s in steps),
-            "updated_at": now,
+            # As on PostgreSQL: within a run, at most once a second (see there).
+            "updated_at": now
+            if status is not None or error is not None or release
+            else Case(
+                When(updated_at__lt=now - UPDATED_AT_RESOLUTION, then=Value(now)),
+                default=F("updated_at"),
+            ),
             # A lease holder writes only after its load_head succeeded: whatever code marked
             # the session incompatible before, this code loads it.
             "incompatible_reason": "",

@@ -1,0 +1,180 @@
+"""Real `manage.py rqworker` processes for the worker benches (throughput, recovery).
+
+The workers run Respawn's own job (`sessions_app.jobs.run_session_job`), store, lease,
+heartbeat and reconciler, with the project's settings. The one addition is the bench
+agent: `BenchWorker` (given with --worker-class) adds it to the agents the job looks up, so
+that the workload is the benches' (a zero-latency scripted model, a tool that returns its
+argument) instead of a demo agent's (whose tools sleep or write side-effect rows).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rq import SimpleWorker
+
+from sessions_app.worker import RespawnWorker
+
+from ._db import ROOT
+
+AGENT = "bench"
+
+
+def bench_agent():
+    from typing import Any
+
+    from agent_runtime.agents import AgentDefinition
+    from agent_runtime.tools import ToolContext, ToolRegistry, tool
+
+    @tool(name="tick")
+    def tick(ctx: ToolContext, n: int) -> dict[str, Any]:
+        """Return n."""
+        return {"n": n}
+
+    # The scripted "slow" model: "count to N" is N turns, one tick call each.
+    return AgentDefinition(
+        name=AGENT,
+        version="1",
+        description="bench workload: N turns of one trivial tool call",
+        model="scripted:slow",
+        system_prompt="Count, one tick per turn.",
+        tools=ToolRegistry([tick]),
+        max_steps=100_000,
+    )
+
+
+def install_bench_agent() -> None:
+    """The demo agents plus the bench agent, where the job and session_start look them up."""
+    from agent_runtime.agents import AgentRegistry
+    from sessions_app import jobs, runtime, services
+
+    demo = runtime.agent_registry()
+    registry = AgentRegistry([*(demo.get(name) for name in demo.names()), bench_agent()])
+    jobs.agent_registry = lambda: registry
+    services.agent_registry = lambda: registry
+
+
+class BenchWorker(RespawnWorker):
+    def work(self, *args, **kwargs):  # type: ignore[override]
+        install_bench_agent()
+        return super().work(*args, **kwargs)
+
+
+class BenchSimpleWorker(BenchWorker, SimpleWorker):
+    """For comparison only: RQ's SimpleWorker runs each job in the worker process itself
+    (no fork per job, so no new PostgreSQL connection per job either)."""
+
+
+class Worker:
+    """One rqworker process (RQ forks a work horse per job, in its own process group)."""
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        queue: str,
+        name: str,
+        log_dir: Path,
+        worker_class: str = "bench._workers.BenchWorker",
+    ) -> None:
+        self.name = name
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "manage.py",
+                "rqworker",
+                queue,
+                "--name",
+                name,
+                "--worker-class",
+                worker_class,
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def pids(self) -> list[int]:
+        import psutil
+
+        try:
+            parent = psutil.Process(self.process.pid)
+            return [parent.pid, *(c.pid for c in parent.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its horse at once, as a machine crash would."""
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(timeout=10)
+        self._log.close()
+
+    def stop(self) -> None:
+        horses = self.pids()[1:]
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        for pid in horses:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not self._log.closed:
+            self._log.close()
+
+
+def worker_env(database_url: str, redis_url: str, queue: str, **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        DJANGO_SETTINGS_MODULE="config.settings",
+        DATABASE_URL=database_url,
+        REDIS_URL=redis_url,
+        RESPAWN_QUEUE=queue,
+        RESPAWN_PRODUCTION="0",
+        PYTHONUNBUFFERED="1",
+        **extra,
+    )
+    return env
+
+
+def wait_ready(workers: list[Worker], redis_url: str, timeout: float = 60) -> None:
+    """Until every worker has registered with Redis (it is then blocked on its queue)."""
+    import redis
+    from rq import Worker as RQWorker
+
+    connection = redis.Redis.from_url(redis_url)
+    deadline = time.monotonic() + timeout
+    names = {w.name for w in workers}
+    while time.monotonic() < deadline:
+        registered = {w.name for w in RQWorker.all(connection=connection)}
+        if names <= registered:
+            return
+        for w in workers:
+            if w.process.poll() is not None:
+                raise RuntimeError(f"worker {w.name} exited: {w.log_path.read_text()[-2000:]}")
+        time.sleep(0.1)
+    raise TimeoutError("workers did not start")
+
+
+def start_session(turns: int) -> str:
+    """A session of the bench agent, dispatched the way the dashboard and the API do it
+    (services.session_start: the row, the user step, enqueue after commit)."""
+    from sessions_app import services
+
+    session = services.session_start(agent=AGENT, input=f"count to {turns}")
+    return str(session.id)
