@@ -171,6 +171,37 @@ def make_send_notification(delay: float) -> Tool:
     return send_notification
 
 
+MAX_BATCH = 10_000
+
+
+def make_migrate_batch(delay: float) -> Tool:
+    @tool(name="migrate_batch", timeout=600)
+    def migrate_batch(ctx: ToolContext, cursor: int, size: int, total: int) -> dict[str, Any]:
+        """Migrate the records after `cursor` (up to `size` of them) out of `total`; returns
+        the next cursor. Honours the idempotency key: a batch run again migrates nothing
+        twice."""
+        time.sleep(delay)  # reading the batch from a slow source
+        return _migrate_batch(ctx, cursor, size, total)
+
+    return migrate_batch
+
+
+def _migrate_batch(ctx: ToolContext, cursor: int, size: int, total: int) -> dict[str, Any]:
+    if ctx.records is None:
+        raise ToolError("no record source is configured on this worker")
+    if not 0 < size <= MAX_BATCH:
+        raise ToolError(f"size must be between 1 and {MAX_BATCH}")
+    if not 0 <= cursor <= total:
+        raise ToolError(f"cursor must be between 0 and total ({total})")
+    # The session's own dataset: created on first use, the same records on every re-run.
+    ctx.records.ensure(ctx.session_id, total)
+    outcome = ctx.records.migrate_batch(
+        ctx.idempotency_key, dataset=ctx.session_id, start=cursor, size=min(size, total - cursor)
+    )
+    ctx.set_batch_cursor({"done": outcome.end, "total": total, "size": size})
+    return {**outcome.to_dict(), "total": total}
+
+
 @tool(timeout=3600)
 def crash_worker(ctx: ToolContext) -> dict[str, Any]:
     """Kill the worker process running it, as a segfaulting native library would."""
@@ -181,8 +212,9 @@ def crash_worker(ctx: ToolContext) -> dict[str, Any]:
     return {}  # never reached
 
 
-def demo_agents(*, slow_delay: float = 0.5) -> AgentRegistry:
-    """The offline demo agents; `slow_delay` is the seconds each `tick` takes."""
+def demo_agents(*, slow_delay: float = 0.5, batch_delay: float = 0.0) -> AgentRegistry:
+    """The offline demo agents; `slow_delay` is the seconds each `tick` takes,
+    `batch_delay` the seconds each `migrate_batch` waits before migrating."""
     return AgentRegistry(
         [
             AgentDefinition(
@@ -241,6 +273,18 @@ def demo_agents(*, slow_delay: float = 0.5) -> AgentRegistry:
                 system_prompt="Run the bad tool.",
                 tools=ToolRegistry([crash_worker]),
                 max_steps=20,
+            ),
+            AgentDefinition(
+                name="migrate",
+                version="1",
+                description=(
+                    "'migrate N records in batches of B': one tool call per batch over a "
+                    "table of its own, a checkpoint after each batch, progress done/total."
+                ),
+                model="scripted:migrate",
+                system_prompt="Migrate the records in batches; one batch per turn.",
+                tools=ToolRegistry([make_migrate_batch(batch_delay)]),
+                max_steps=400_000,
             ),
             AgentDefinition(
                 name="echo",

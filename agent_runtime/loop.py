@@ -21,6 +21,7 @@ from typing import Any
 from .agents import AgentDefinition, AgentRegistry, UnknownAgent
 from .providers import Message, ModelSettings, ModelTurn, Provider, ProviderError, ToolCall
 from .providers import make_provider as default_make_provider
+from .records import RecordSource
 from .redaction import NO_REDACTION, Redactor
 from .state import (
     NewCheckpoint,
@@ -190,6 +191,8 @@ def apply_step(state: SessionState, step: StepRecord) -> None:
             state.plan = replan(
                 state.plan, [(item["title"], item["status"]) for item in payload["plan_update"]]
             )
+        if isinstance(payload.get("batch_cursor"), dict):
+            state.batch_cursor = dict(payload["batch_cursor"])
         for ref in payload.get("memory_added") or []:
             if ref not in state.memory_refs:
                 state.memory_refs.append(ref)
@@ -412,12 +415,14 @@ class _Run:
         effects: EffectLedger,
         config: RunConfig,
         lease: Lease,
+        records: RecordSource | None = None,
         head: SessionHead,
         make_provider: ProviderFactory,
     ) -> None:
         self.store = store
         self.agent = agent
         self.effects = effects
+        self.records = records
         self.config = config
         self.lease = lease
         self.session_id = head.session_id
@@ -746,6 +751,7 @@ class _Run:
                         idempotency_key=key,
                         attempt=attempt,
                         effects=self.effects,
+                        records=self.records,
                         options=self.config.tool_options,
                     ),
                     call.arguments,
@@ -773,6 +779,8 @@ class _Run:
             ]
         if outcome.memory_added:
             payload["memory_added"] = list(outcome.memory_added)
+        if outcome.batch_cursor is not None:
+            payload["batch_cursor"] = dict(outcome.batch_cursor)
         self.append(
             NewStep(
                 kind=StepKind.TOOL_RESULT, payload=payload, started_at=started, finished_at=utcnow()
@@ -789,6 +797,7 @@ def run_session(
     effects: EffectLedger,
     config: RunConfig,
     make_provider: ProviderFactory = default_make_provider,
+    records: RecordSource | None = None,
 ) -> RunResult:
     """Advance one session as far as it goes: to an answer, a pause, a failure or a cancel."""
     lease = store.claim(session_id, config.worker_id, config.lease_ttl)
@@ -838,6 +847,7 @@ def run_session(
         lease=lease,
         head=head,
         make_provider=make_provider,
+        records=records,
     )
     interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
     try:

@@ -329,6 +329,13 @@ def validate_step_payload(kind: str, payload: Any) -> None:
             isinstance(p, dict) and isinstance(p.get("title"), str) for p in plan
         ):
             raise StateError("tool_result plan_update must be a list of {title, status}")
+        cursor = payload.get("batch_cursor")
+        if cursor is not None and not (
+            isinstance(cursor, dict)
+            and isinstance(cursor.get("done"), int)
+            and isinstance(cursor.get("total"), int)
+        ):
+            raise StateError("tool_result batch_cursor must be an object with done and total")
     elif kind == StepKind.OPERATOR and payload.get("action") == "instruction":
         _check_parts(payload, "operator instruction")
 

@@ -6,6 +6,7 @@ tests (`tests/contract/`). Methods take ids and engine dataclasses, never ORM ro
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -292,9 +293,12 @@ class InMemoryStore:
                     )
                 )
             if checkpoint is not None:
+                # A copy, as a real store serialises it: the loop goes on mutating its state.
                 session.checkpoints.append(
                     CheckpointRecord(
-                        seq=session.last_seq, state=checkpoint.state, reason=checkpoint.reason
+                        seq=session.last_seq,
+                        state=copy.deepcopy(checkpoint.state),
+                        reason=checkpoint.reason,
                     )
                 )
                 session.head = session.last_seq

@@ -22,6 +22,7 @@ from typing import Any
 
 import pydantic
 
+from .records import RecordSource
 from .store import EffectLedger
 
 
@@ -46,6 +47,14 @@ class ToolContext:
     options: dict[str, Any] = field(default_factory=dict)
     memory_added: list[str] = field(default_factory=list)
     plan_update: list[tuple[str, str]] | None = None
+    # The records a batch tool works through (the migrate demo agent's), when the host has any.
+    records: RecordSource | None = None
+    batch_cursor: dict[str, Any] | None = None
+
+    def set_batch_cursor(self, cursor: dict[str, Any]) -> None:
+        """Set the session's batch cursor (how far a batch job got), checkpointed with the
+        result of this call."""
+        self.batch_cursor = dict(cursor)
 
     def set_plan(self, items: list[tuple[str, str]]) -> None:
         """Replace the session's plan with (title, status) pairs."""
@@ -64,6 +73,7 @@ class ToolOutcome:
     attempts: int = 1
     memory_added: tuple[str, ...] = ()
     plan_update: tuple[tuple[str, str], ...] | None = None
+    batch_cursor: dict[str, Any] | None = None
 
     def payload(self, call_id: str, name: str) -> dict[str, Any]:
         """The tool_result step payload (current schema version)."""
@@ -138,6 +148,7 @@ class Tool:
                     attempts=attempt,
                     memory_added=tuple(ctx.memory_added),
                     plan_update=tuple(ctx.plan_update) if ctx.plan_update is not None else None,
+                    batch_cursor=ctx.batch_cursor,
                 )
             except ToolError as exc:
                 if exc.retryable and attempt <= self.retries:

@@ -186,6 +186,8 @@ RESPAWN_DISPATCH_GRACE = env_float("RESPAWN_DISPATCH_GRACE", 30.0)
 RESPAWN_MODEL_RETRIES = int(env_float("RESPAWN_MODEL_RETRIES", 3))
 RESPAWN_MODEL_BACKOFF = env_float("RESPAWN_MODEL_BACKOFF", 0.5)
 RESPAWN_SLOW_DELAY = env_float("RESPAWN_SLOW_DELAY", 0.5)
+# Seconds each batch of the migrate demo agent waits before migrating (a slow source).
+RESPAWN_BATCH_DELAY = env_float("RESPAWN_BATCH_DELAY", 0.0)
 # A session whose worker dies this many times in a row at the same step is failed (a
 # poison session) instead of taking workers down forever.
 RESPAWN_MAX_CRASHES = int(env_float("RESPAWN_MAX_CRASHES", 5))

@@ -85,6 +85,11 @@ class PendingApprovalOut(Schema):
     requested_at: str | None = None
 
 
+class ProgressOut(Schema):
+    done: int
+    total: int
+
+
 class SessionOut(Schema):
     id: UUID
     agent: str
@@ -98,6 +103,9 @@ class SessionOut(Schema):
         None, description="a non-idempotent tool call a crash left without result: decide it"
     )
     final_answer: str | None = None
+    progress: ProgressOut | None = Field(
+        None, description="batch work: records done / total, as of the head checkpoint"
+    )
     last_error: str | None = None
     parent: UUID | None = None
     fork_seq: int | None = None
@@ -197,6 +205,11 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
         },
         "pending_approval": pending,
         "final_answer": session.final_answer or None,
+        "progress": (
+            {"done": session.progress_done, "total": session.progress_total}
+            if session.progress_total is not None
+            else None
+        ),
         "last_error": session.last_error or None,
         "parent": session.parent_id,
         "fork_seq": session.fork_seq,

@@ -11,7 +11,7 @@ from agent_runtime.loop import Outcome, RunResult, run_session
 from . import dispatch
 from .runtime import agent_registry, run_config
 from .services import session_mark_incompatible
-from .store import DjangoEffects, DjangoSessionStore
+from .store import DjangoEffects, DjangoRecords, DjangoSessionStore
 
 log = logging.getLogger("respawn.jobs")
 
@@ -25,6 +25,7 @@ def run_session_job(session_id: str) -> str:
         agents=agent_registry(),
         effects=DjangoEffects(),
         config=run_config(),
+        records=DjangoRecords(),
     )
     if result.outcome == Outcome.INCOMPATIBLE:
         # The run released the lease and wrote nothing; the mark keeps the reconciler from

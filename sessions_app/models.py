@@ -75,6 +75,10 @@ class AgentSession(models.Model):
     tokens_out = models.BigIntegerField(default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
     final_answer = models.TextField(blank=True)
+    # Batch work's progress (records done / total), copied from the batch cursor of the
+    # head checkpoint's state so lists and the API show it without loading a checkpoint.
+    progress_done = models.PositiveIntegerField(null=True, blank=True)
+    progress_total = models.PositiveIntegerField(null=True, blank=True)
     # Set when a worker could not load the session (a blob newer than its code, or one that
     # does not have its version's shape): why, when, and the SCHEMA_VERSION of that code.
     # Such a session is not dispatched again until code with a newer SCHEMA_VERSION runs
@@ -149,6 +153,15 @@ class AgentSession(models.Model):
             return True
         grace = timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
         return self.dispatched_at is None or self.dispatched_at < now - grace
+
+    @property
+    def progress_percent(self) -> int | None:
+        """Batch work done, in whole percent (None for a session without batch work)."""
+        if self.progress_total is None:
+            return None
+        if not self.progress_total:
+            return 100
+        return min(100, (self.progress_done or 0) * 100 // self.progress_total)
 
     def can_resume(self) -> bool:
         return self.status in (Status.PAUSED, Status.FAILED, Status.WAITING_INPUT) or (
@@ -295,6 +308,45 @@ class SideEffect(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class DemoRecord(models.Model):
+    """A record the `migrate` demo agent migrates: one dataset per session, numbered 1..N.
+
+    `migrations` counts how often a record was migrated, so a record migrated twice would
+    show; `migrated_by_key` names the batch (tool call key) that did it."""
+
+    dataset = models.CharField(max_length=64)
+    number = models.PositiveIntegerField()
+    payload = models.JSONField()
+    output = models.JSONField(null=True, blank=True)
+    migrated_at = models.DateTimeField(null=True, blank=True)
+    migrated_by_key = models.CharField(max_length=100, blank=True)
+    migrations = models.PositiveSmallIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            # A batch reads a range of numbers of one dataset.
+            models.UniqueConstraint(fields=["dataset", "number"], name="demorecord_number_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.dataset} #{self.number}"
+
+
+class DemoBatch(models.Model):
+    """One migrated batch per idempotency key: a batch run again with its key finds this row
+    and migrates nothing (it is written in the transaction that migrates the records)."""
+
+    key = models.CharField(max_length=100, unique=True)
+    dataset = models.CharField(max_length=64)
+    start = models.PositiveIntegerField()
+    end = models.PositiveIntegerField()
+    migrated = models.PositiveIntegerField()
+    created_at = models.DateTimeField(default=timezone.now)
+
+    def __str__(self) -> str:
+        return f"{self.key} ({self.start}..{self.end})"
 
 
 class ApiToken(models.Model):

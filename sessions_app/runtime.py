@@ -17,7 +17,9 @@ from agent_runtime.redaction import Redactor
 
 @functools.cache
 def agent_registry() -> AgentRegistry:
-    return demo_agents(slow_delay=settings.RESPAWN_SLOW_DELAY)
+    return demo_agents(
+        slow_delay=settings.RESPAWN_SLOW_DELAY, batch_delay=settings.RESPAWN_BATCH_DELAY
+    )
 
 
 def worker_identity() -> str:

@@ -388,6 +388,8 @@ def checkpoint_rollback(
         session.head = checkpoint_seq
         session.status = Status.PAUSED
         session.final_answer = target_state.final_answer or ""
+        cursor = target_state.batch_cursor or {}
+        session.progress_done, session.progress_total = cursor.get("done"), cursor.get("total")
         session.save()
         audit(
             actor=who,
@@ -507,6 +509,8 @@ def session_fork(
             tokens_in=sum(s.tokens_in for s in steps),
             tokens_out=sum(s.tokens_out for s in steps),
             final_answer=target.state.get("final_answer") or "",
+            progress_done=(target.state.get("batch_cursor") or {}).get("done"),
+            progress_total=(target.state.get("batch_cursor") or {}).get("total"),
             created_at=now,
             updated_at=now,
         )

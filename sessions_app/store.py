@@ -24,6 +24,7 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
 
+from agent_runtime.records import BatchOutcome, demo_record, migrate_payload
 from agent_runtime.state import (
     SCHEMA_VERSION,
     CheckpointRecord,
@@ -44,7 +45,16 @@ from agent_runtime.store import (
 )
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_step_payload
 
-from .models import RUNNABLE, AgentSession, Checkpoint, SideEffect, Status, Step
+from .models import (
+    RUNNABLE,
+    AgentSession,
+    Checkpoint,
+    DemoBatch,
+    DemoRecord,
+    SideEffect,
+    Status,
+    Step,
+)
 
 SESSION_TABLE = AgentSession._meta.db_table
 STEP_TABLE = Step._meta.db_table
@@ -396,6 +406,11 @@ class DjangoSessionStore:
             if checkpoint.state.final_answer is not None:
                 sets.append("final_answer = %s")
                 params.append(checkpoint.state.final_answer)
+            cursor = checkpoint.state.batch_cursor
+            if cursor is not None:
+                sets.append("progress_done = %s")
+                sets.append("progress_total = %s")
+                params += [cursor.get("done"), cursor.get("total")]
         if status is not None:
             sets.append("status = %s")
             params.append(status.value)
@@ -497,6 +512,10 @@ class DjangoSessionStore:
             changes["head"] = F("last_seq") + count
             if checkpoint.state.final_answer is not None:
                 changes["final_answer"] = checkpoint.state.final_answer
+            cursor = checkpoint.state.batch_cursor
+            if cursor is not None:
+                changes["progress_done"] = cursor.get("done")
+                changes["progress_total"] = cursor.get("total")
         if status is not None:
             changes["status"] = status.value
         if error is not None:
@@ -586,5 +605,55 @@ class DjangoEffects:
         finally:
             # Tools run on short-lived threads (for their timeout); their connections
             # would otherwise outlive them.
+            if threading.current_thread() is not threading.main_thread():
+                connections.close_all()
+
+
+class DjangoRecords:
+    """The migrate demo agent's records (agent_runtime.records.RecordSource)."""
+
+    def ensure(self, dataset: str, total: int) -> None:
+        if DemoRecord.objects.filter(dataset=dataset).count() >= total:
+            return
+        for first in range(1, total + 1, 1000):
+            DemoRecord.objects.bulk_create(
+                [
+                    DemoRecord(dataset=dataset, number=n, payload=demo_record(n))
+                    for n in range(first, min(first + 1000, total + 1))
+                ],
+                ignore_conflicts=True,
+            )
+
+    def migrate_batch(self, key: str, *, dataset: str, start: int, size: int) -> BatchOutcome:
+        try:
+            with transaction.atomic():
+                # The batch row and the records' migration commit together: a crash leaves
+                # either both or neither, and the unique key makes a re-run find the row.
+                batch = DemoBatch.objects.create(
+                    key=key, dataset=dataset, start=start, end=start, migrated=0
+                )
+                now = timezone.now()
+                rows = list(
+                    DemoRecord.objects.select_for_update()
+                    .filter(dataset=dataset, number__gt=start, number__lte=start + size)
+                    .only("id", "payload")
+                )
+                for row in rows:
+                    row.output = migrate_payload(row.payload)
+                    row.migrated_at = now
+                    row.migrated_by_key = key
+                    row.migrations = F("migrations") + 1
+                DemoRecord.objects.bulk_update(
+                    rows, ["output", "migrated_at", "migrated_by_key", "migrations"]
+                )
+                batch.end, batch.migrated = start + len(rows), len(rows)
+                batch.save(update_fields=["end", "migrated"])
+            return BatchOutcome(start=start, end=batch.end, migrated=batch.migrated)
+        except IntegrityError:
+            done = DemoBatch.objects.get(key=key)
+            return BatchOutcome(
+                start=done.start, end=done.end, migrated=done.migrated, replayed=True
+            )
+        finally:
             if threading.current_thread() is not threading.main_thread():
                 connections.close_all()

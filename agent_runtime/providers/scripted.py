@@ -183,6 +183,44 @@ def poison(messages: list[Message]) -> ModelTurn:
     return ModelTurn(text="The bad tool returned (it should not have).")
 
 
+MIGRATE = re.compile(
+    r"migrate\s+(?P<total>[\d,_]+)\s+records?(?:\s+in\s+batches\s+of\s+(?P<size>[\d,_]+))?",
+    re.I,
+)
+
+
+def _number(text: str | None, default: int) -> int:
+    digits = re.sub(r"[,_]", "", text or "")
+    return int(digits) if digits else default
+
+
+def migrate(messages: list[Message]) -> ModelTurn:
+    """One batch per turn, each starting at the cursor the previous batch returned."""
+    task, after = _episode(messages)
+    base = _calls(messages) - _turn_number(after)
+    turn = _turn_number(after)
+    match = MIGRATE.search(task)
+    if match is None:
+        return ModelTurn(
+            text="Tell me how many records to migrate: 'migrate 1000 records in batches of 100'."
+        )
+    total = min(_number(match.group("total"), 0), 1_000_000)
+    size = max(1, min(_number(match.group("size"), 100), 10_000))
+    results = [r for r in _results(after) if r.get("name") == "migrate_batch"]
+    cursor = 0
+    if results:
+        last = results[-1]
+        if not last.get("ok"):
+            return ModelTurn(text=f"The migration stopped: {last.get('error')}")
+        cursor = int(last["output"]["end"])
+    if cursor >= total:
+        return ModelTurn(text=f"Migrated {total} records in {len(results)} batches of {size}.")
+    return ModelTurn(
+        text=f"Batch {turn + 1}: records {cursor + 1} to {min(cursor + size, total)} of {total}.",
+        tool_calls=[_call(base + turn, 0, "migrate_batch", cursor=cursor, size=size, total=total)],
+    )
+
+
 def echo(messages: list[Message]) -> ModelTurn:
     task, _ = _episode(messages)
     return ModelTurn(text=f"You said: {task}")
@@ -196,6 +234,7 @@ SCRIPTS: dict[str, Script] = {
     "echo": echo,
     "notify": notify,
     "poison": poison,
+    "migrate": migrate,
 }
 
 

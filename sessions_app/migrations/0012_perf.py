@@ -29,7 +29,7 @@ def set_fillfactor(value):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("sessions_app", "0010_crash_count"),
+        ("sessions_app", "0011_admin_indexes"),
     ]
 
     # The index names are the ones Django gave the foreign keys' indexes (0001). Only the

@@ -245,4 +245,6 @@ def test_attention_audit_and_diff_pages(page, users):
     screenshot(page, "diff-and-waterfall")
     # htmx did all of the above under the site's strict Content-Security-Policy.
     assert "script-src 'self'" in page.request.get("/sessions/").headers["content-security-policy"]
-    assert not [e for e in page.console_errors if "Content Security Policy" in e], page.console_errors
+    assert not [e for e in page.console_errors if "Content Security Policy" in e], (
+        page.console_errors
+    )

@@ -86,11 +86,13 @@ class DjangoHarness:
         AgentSession.objects.filter(id=session_id).update(cancel_requested=True)
 
 
-@pytest.fixture(params=["memory", "django"])
+# The mark (not just the `db` fixture) tells pytest-django at collection time that this
+# run needs the test database; without it, running only tests/contract (or with
+# tests/agent_runtime) would talk to the un-migrated main database.
+@pytest.fixture(params=["memory", pytest.param("django", marks=pytest.mark.django_db)])
 def harness(request):
     if request.param == "memory":
         return MemoryHarness()
-    request.getfixturevalue("db")
     return DjangoHarness()
 
 
