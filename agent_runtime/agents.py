@@ -21,6 +21,9 @@ class AgentDefinition:
     tools: ToolRegistry = field(default_factory=ToolRegistry)
     max_steps: int = 200
     max_model_retries: int | None = None
+    # Tool calls of one model turn that may run at once as branch jobs on several workers
+    # (1: one after the other in the session's own run, as always).
+    max_parallel_tools: int = 1
 
 
 class UnknownAgent(KeyError):
@@ -202,6 +205,22 @@ def _migrate_batch(ctx: ToolContext, cursor: int, size: int, total: int) -> dict
     return {**outcome.to_dict(), "total": total}
 
 
+def make_lookup(delay: float) -> Tool:
+    @tool(name="lookup", timeout=60)
+    def lookup(ctx: ToolContext, source: str, query: str) -> dict[str, Any]:
+        """Look a query up in one source of the local corpus: its matching lines."""
+        from . import corpus
+
+        time.sleep(delay)  # a remote source's latency
+        try:
+            found = corpus.search(source, query)
+        except KeyError:
+            raise ToolError(f"no source {source!r}") from None
+        return {"source": source, "query": query, "lines": found}
+
+    return lookup
+
+
 @tool(timeout=3600)
 def crash_worker(ctx: ToolContext) -> dict[str, Any]:
     """Kill the worker process running it, as a segfaulting native library would."""
@@ -212,9 +231,17 @@ def crash_worker(ctx: ToolContext) -> dict[str, Any]:
     return {}  # never reached
 
 
-def demo_agents(*, slow_delay: float = 0.5, batch_delay: float = 0.0) -> AgentRegistry:
+def demo_agents(
+    *,
+    slow_delay: float = 0.5,
+    batch_delay: float = 0.0,
+    research_delay: float = 0.2,
+    research_parallel: int = 8,
+) -> AgentRegistry:
     """The offline demo agents; `slow_delay` is the seconds each `tick` takes,
-    `batch_delay` the seconds each `migrate_batch` waits before migrating."""
+    `batch_delay` the seconds each `migrate_batch` waits before migrating,
+    `research_delay` the seconds each `lookup` takes and `research_parallel` how many
+    lookups of one turn run at once."""
     return AgentRegistry(
         [
             AgentDefinition(
@@ -285,6 +312,19 @@ def demo_agents(*, slow_delay: float = 0.5, batch_delay: float = 0.0) -> AgentRe
                 system_prompt="Migrate the records in batches; one batch per turn.",
                 tools=ToolRegistry([make_migrate_batch(batch_delay)]),
                 max_steps=400_000,
+            ),
+            AgentDefinition(
+                name="research",
+                version="1",
+                description=(
+                    "'research checkpoints in 8 sources': N lookups over a local corpus, run "
+                    "in parallel as branch jobs, then a summary."
+                ),
+                model="scripted:research",
+                system_prompt="Look the topic up in every source at once, then summarise.",
+                tools=ToolRegistry([make_lookup(research_delay)]),
+                max_steps=200,
+                max_parallel_tools=research_parallel,
             ),
             AgentDefinition(
                 name="echo",

@@ -61,6 +61,9 @@ class RunConfig:
     redactor: Redactor = NO_REDACTION
     # Fail a session whose worker died this many times in a row at the same step.
     max_crashes: int = 5
+    # A fan-out branch dispatched this many times without a result (its worker kept dying)
+    # gets an error result the model sees instead of another try.
+    max_branch_attempts: int = 3
 
 
 class Outcome(enum.StrEnum):
@@ -71,6 +74,8 @@ class Outcome(enum.StrEnum):
     LEASE_LOST = "lease_lost"
     NOT_CLAIMED = "not_claimed"
     INCOMPATIBLE = "incompatible"
+    # The turn's tool calls were handed to branch jobs; `RunResult.branches` says which.
+    FANNED_OUT = "fanned_out"
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,7 @@ class RunResult:
     outcome: Outcome
     final_answer: str | None = None
     error: str | None = None
+    branches: tuple[int, ...] = ()  # FANNED_OUT: seqs of the tool calls to run as branch jobs
 
 
 # --- Reading the trace ------------------------------------------------------------------
@@ -449,34 +455,51 @@ class _Run:
         error: str | None = None,
         release: bool = False,
     ) -> StepRecord:
+        return self.append_all(
+            [step], checkpoint=checkpoint, status=status, error=error, release=release
+        )[0]
+
+    def append_all(
+        self,
+        steps: list[NewStep],
+        *,
+        checkpoint: bool = False,
+        status: SessionStatus | None = None,
+        error: str | None = None,
+        release: bool = False,
+    ) -> list[StepRecord]:
         if self.heartbeat is not None and self.heartbeat.lost.is_set():
             raise LeaseLost(f"session {self.session_id}: heartbeat found the lease fenced off")
         # Secrets never reach the store: redact first, then fold the redacted step into the
         # state, so the checkpoint written with it is redacted as well.
-        step = replace(step, payload=self.config.redactor.redact(step.payload))
-        record = StepRecord(
-            seq=self.last_seq + 1,
-            kind=step.kind,
-            payload=step.payload,
-            started_at=step.started_at,
-            finished_at=step.finished_at,
-            tokens_in=step.tokens_in,
-            tokens_out=step.tokens_out,
-            idempotency_key=step.idempotency_key,
-        )
-        # With a checkpoint, fold first so the checkpoint written with this step already
-        # includes it (and keep the state before, for a failed write). Without one the
+        steps = [replace(s, payload=self.config.redactor.redact(s.payload)) for s in steps]
+        records = [
+            StepRecord(
+                seq=self.last_seq + 1 + index,
+                kind=step.kind,
+                payload=step.payload,
+                started_at=step.started_at,
+                finished_at=step.finished_at,
+                tokens_in=step.tokens_in,
+                tokens_out=step.tokens_out,
+                idempotency_key=step.idempotency_key,
+            )
+            for index, step in enumerate(steps)
+        ]
+        # With a checkpoint, fold first so the checkpoint written with these steps already
+        # includes them (and keep the state before, for a failed write). Without one the
         # fold waits for the commit: no copy of the state on every step.
         state_before = None
         new_checkpoint = None
         if checkpoint:
             state_before = copy.deepcopy(self.state)
-            apply_step(self.state, record)
+            for record in records:
+                apply_step(self.state, record)
             new_checkpoint = NewCheckpoint(state=self.state)
         try:
             result = self.store.append(
                 self.lease,
-                [step],
+                steps,
                 checkpoint=new_checkpoint,
                 status=status,
                 error=error,
@@ -487,19 +510,22 @@ class _Run:
                 self.state = state_before
             raise
         if not checkpoint:
-            apply_step(self.state, record)
-        if result.seqs != [record.seq]:
+            for record in records:
+                apply_step(self.state, record)
+        expected = [r.seq for r in records]
+        if result.seqs != expected:
             # Only the lease holder writes, so seqs are predictable; anything else means
             # someone wrote around the fence.
             raise LeaseLost(
-                f"session {self.session_id}: expected seq {record.seq}, got {result.seqs}"
+                f"session {self.session_id}: expected seqs {expected}, got {result.seqs}"
             )
-        self.last_seq = record.seq
-        self.history.append(record)
-        self.conversation.add(record)
+        self.last_seq = records[-1].seq
+        self.history.extend(records)
+        for record in records:
+            self.conversation.add(record)
         if result.cancel_requested and not release:
             self.stop_cancelled()
-        return record
+        return records
 
     def _scrub(self, text: str) -> str:
         """Keep configured secrets out of recorded errors, whatever a provider raised."""
@@ -648,7 +674,109 @@ class _Run:
             )
             time.sleep(delay)
 
+    def can_fan_out(self, action: RunTools) -> bool:
+        """Several calls, an agent that allows parallel branches, and nothing a person must
+        decide: only tools that may simply run again (idempotent, no approval) fan out, so a
+        branch re-run after a crash is as safe as a sequential re-run."""
+        if self.agent.max_parallel_tools <= 1 or len(action.calls) <= 1:
+            return False
+        for pending in action.calls:
+            tool = self.agent.tools.get(pending.call.name)
+            if tool is None or tool.needs_approval or not tool.idempotent:
+                return False
+            if pending.decision is not None:
+                return False
+        return True
+
+    def fan_out(self, action: RunTools) -> RunResult | None:
+        """Record every call of the turn (one append) and a `fan_out` step naming them and
+        the lease the branches write under; the job enqueues the first wave of branches.
+
+        The lease is not released: the branches heartbeat it while they run and the one
+        that records the turn's last result releases it with a checkpoint (the join). If
+        every branch is lost, the lease expires, the reconciler runs the session again, and
+        this finds the unanswered calls and fans them out anew (a new token fences off
+        any branch of the old wave that is still going)."""
+        fan_outs = [
+            s
+            for s in self.history
+            if s.seq > action.model_seq
+            and s.kind == StepKind.SYSTEM
+            and s.payload.get("event") == "fan_out"
+        ]
+        limit = self.agent.max_parallel_tools
+        new_calls = [p for p in action.calls if p.tool_call_step is None]
+        if new_calls:
+            now = utcnow()
+            self.append_all(
+                [
+                    NewStep(
+                        kind=StepKind.TOOL_CALL,
+                        payload={
+                            "call_id": p.call.id,
+                            "name": p.call.name,
+                            "arguments": p.call.arguments,
+                            # Which branch of how many: the trace shows them side by side.
+                            "branch": {"index": index + 1, "of": len(new_calls)},
+                        },
+                        started_at=now,
+                        idempotency_key=f"{self.session_id}:{self.last_seq + 1 + index}",
+                    )
+                    for index, p in enumerate(new_calls)
+                ]
+            )
+        recorded = {
+            s.payload.get("call_id"): s
+            for s in self.history
+            if s.seq > action.model_seq and s.kind == StepKind.TOOL_CALL
+        }
+        calls = [recorded[p.call.id] for p in action.calls]
+        # A call dispatched in the first wave of that many fan-outs without ever getting a
+        # result keeps killing its worker: the model sees an error instead.
+        given_up = []
+        for call in calls:
+            tries = sum(1 for f in fan_outs if call.seq in f.payload["calls"][: f.payload["limit"]])
+            if tries >= self.config.max_branch_attempts:
+                given_up.append(call)
+        for index, call in enumerate(given_up):
+            outcome = ToolOutcome(
+                ok=False,
+                error=(
+                    f"branch gave up: its worker died {self.config.max_branch_attempts} times "
+                    "running this call"
+                ),
+                attempts=0,
+            )
+            self.record_result(
+                ToolCall(call.payload["call_id"], call.payload["name"], call.payload["arguments"]),
+                outcome,
+                started=utcnow(),
+                checkpoint=len(given_up) == len(calls) and index == len(given_up) - 1,
+            )
+        calls = [c for c in calls if c not in given_up]
+        if not calls:
+            return None
+        seqs = [c.seq for c in calls]
+        self.append(
+            NewStep(
+                kind=StepKind.SYSTEM,
+                payload={
+                    "event": "fan_out",
+                    "worker": self.config.worker_id,
+                    "owner": self.lease.owner,
+                    "token": self.lease.token,
+                    "calls": seqs,
+                    "call_ids": [c.payload["call_id"] for c in calls],
+                    "limit": limit,
+                },
+                started_at=utcnow(),
+            )
+        )
+        return RunResult(self.session_id, Outcome.FANNED_OUT, branches=tuple(seqs[:limit]))
+
     def run_tools(self, action: RunTools) -> RunResult | None:
+        if self.can_fan_out(action):
+            return self.fan_out(action)
         remaining = len(action.calls)
         for pending in action.calls:
             remaining -= 1
@@ -768,25 +896,31 @@ class _Run:
         checkpoint: bool,
         recorded_by: str | None = None,
     ) -> None:
-        payload = outcome.payload(call.id, call.name)
+        payload = result_payload(call, outcome)
         if recorded_by is not None:
             # Not the tool's word: a person recorded what happened. Marked, and shown to the
             # model as an operator's record.
             payload["recorded_by_operator"] = recorded_by
-        if outcome.plan_update is not None:
-            payload["plan_update"] = [
-                {"title": title, "status": status} for title, status in outcome.plan_update
-            ]
-        if outcome.memory_added:
-            payload["memory_added"] = list(outcome.memory_added)
-        if outcome.batch_cursor is not None:
-            payload["batch_cursor"] = dict(outcome.batch_cursor)
         self.append(
             NewStep(
                 kind=StepKind.TOOL_RESULT, payload=payload, started_at=started, finished_at=utcnow()
             ),
             checkpoint=checkpoint,
         )
+
+
+def result_payload(call: ToolCall, outcome: ToolOutcome) -> dict[str, Any]:
+    """The tool_result payload of a call's outcome, with the state changes it carries."""
+    payload = outcome.payload(call.id, call.name)
+    if outcome.plan_update is not None:
+        payload["plan_update"] = [
+            {"title": title, "status": status} for title, status in outcome.plan_update
+        ]
+    if outcome.memory_added:
+        payload["memory_added"] = list(outcome.memory_added)
+    if outcome.batch_cursor is not None:
+        payload["batch_cursor"] = dict(outcome.batch_cursor)
+    return payload
 
 
 def run_session(
@@ -859,3 +993,161 @@ def run_session(
     except LeaseLost as exc:
         log.warning("session %s: %s; stopping without writing", session_id, exc)
         return RunResult(session_id, Outcome.LEASE_LOST, error=str(exc))
+
+
+# --- Fan-out branches -------------------------------------------------------------------
+
+
+class BranchOutcome(enum.StrEnum):
+    RECORDED = "recorded"  # the result is in; other calls of the turn are still running
+    JOINED = "joined"  # the turn's last result: checkpointed, the session runs next
+    NOT_NEEDED = "not_needed"  # answered already, not of the current turn, or not a branch
+    FENCED = "fenced"  # the fan-out was fenced off (a new wave, a rollback, a cancel)
+    INCOMPATIBLE = "incompatible"
+
+
+@dataclass(frozen=True)
+class BranchResult:
+    session_id: str
+    seq: int
+    outcome: BranchOutcome
+    branches: tuple[int, ...] = ()  # calls of the same turn to enqueue now (the next wave)
+    error: str | None = None
+
+
+def current_fan_out(history: list[StepRecord]) -> tuple[RunTools, StepRecord] | None:
+    """The current turn's unanswered calls and its latest `fan_out` step, if it fanned out."""
+    action = next_action(history)
+    if not isinstance(action, RunTools):
+        return None
+    for step in reversed(history):
+        if step.seq <= action.model_seq:
+            return None
+        if step.kind == StepKind.SYSTEM and step.payload.get("event") == "fan_out":
+            return action, step
+    return None
+
+
+def run_branch(
+    session_id: str,
+    seq: int,
+    *,
+    store: SessionStore,
+    agents: AgentRegistry,
+    effects: EffectLedger,
+    config: RunConfig,
+    records: RecordSource | None = None,
+) -> BranchResult:
+    """Run the fan-out branch for the tool call at `seq`, and join the turn if its result
+    is the last one.
+
+    A branch writes under the lease of the run that fanned out (owner and token from the
+    `fan_out` step), so every write is fenced as the run's own would be, and the session
+    still has one writer of its turn sequence: a new run, a rollback or a cancel bumps the
+    token and fences late branches off. The result is appended only if the call has none
+    yet, decided under the session row's lock (`append_branch_result`); the append that
+    finds every call of the fan-out answered is the join, and exactly one append can."""
+    try:
+        head = store.load_head(session_id)
+    except IncompatibleSchemaError as exc:
+        return BranchResult(session_id, seq, BranchOutcome.INCOMPATIBLE, error=str(exc))
+    found = current_fan_out(head.history)
+    if found is None:
+        return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED)
+    action, fan = found
+    fan_calls: list[int] = list(fan.payload["calls"])
+    pending = {p.tool_call_step.seq: p for p in action.calls if p.tool_call_step is not None}
+    if seq not in fan_calls or seq not in pending:
+        return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED)
+    lease = Lease(session_id, fan.payload["owner"], int(fan.payload["token"]))
+    if not store.heartbeat(lease, config.lease_ttl).alive:
+        return BranchResult(session_id, seq, BranchOutcome.FENCED)
+    try:
+        agent = agents.get(head.agent_name)
+    except UnknownAgent as exc:
+        return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED, error=str(exc))
+    call = pending[seq].call
+    step = pending[seq].tool_call_step
+    assert step is not None
+    key = step.idempotency_key or f"{session_id}:{seq}"
+    tool = agent.tools.get(call.name)
+    interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
+    with Heartbeat(store, lease, config.lease_ttl, interval) as heartbeat:
+        started = utcnow()
+        if tool is None:
+            outcome = ToolOutcome(ok=False, error=f"unknown tool {call.name!r}")
+        else:
+            outcome = tool.run(
+                lambda attempt: ToolContext(
+                    session_id=session_id,
+                    call_id=call.id,
+                    seq=seq,
+                    idempotency_key=key,
+                    attempt=attempt,
+                    effects=effects,
+                    options=config.tool_options,
+                    records=records,
+                ),
+                call.arguments,
+            )
+        if heartbeat.lost.is_set():
+            return BranchResult(session_id, seq, BranchOutcome.FENCED)
+        payload = result_payload(call, outcome)
+        if step.payload.get("branch"):
+            payload["branch"] = step.payload["branch"]
+        result = NewStep(
+            kind=StepKind.TOOL_RESULT,
+            payload=config.redactor.redact(payload),
+            started_at=started,
+            finished_at=utcnow(),
+        )
+        try:
+            appended = store.append_branch_result(
+                lease, result, call_id=call.id, after_seq=action.model_seq
+            )
+        except LeaseLost:
+            return BranchResult(session_id, seq, BranchOutcome.FENCED)
+        if appended.seq is None:
+            return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED)
+        if appended.unanswered:
+            # The next wave: the result just written frees one slot of the agent's limit.
+            # Each append gets a distinct count (the row lock orders them), so each waiting
+            # call is enqueued by exactly one branch.
+            limit = int(fan.payload.get("limit") or len(fan_calls))
+            answered = len(fan_calls) - appended.unanswered
+            index = limit + answered - 1
+            more = (fan_calls[index],) if index < len(fan_calls) else ()
+            return BranchResult(session_id, seq, BranchOutcome.RECORDED, branches=more)
+        return _join(session_id, seq, store=store, agent=agent, lease=lease, fan=fan)
+
+
+def _join(
+    session_id: str,
+    seq: int,
+    *,
+    store: SessionStore,
+    agent: AgentDefinition,
+    lease: Lease,
+    fan: StepRecord,
+) -> BranchResult:
+    """Checkpoint the joined turn and give the lease back: the session's next run (the job
+    enqueues it) calls the model with every result in."""
+    head = store.load_head(session_id)
+    if head.checkpoint is not None:
+        state = copy.deepcopy(head.checkpoint.state)
+    else:
+        state = SessionState(agent_name=agent.name, agent_version=agent.version)
+        state.budgets.max_steps = agent.max_steps
+    for step in head.steps_after_checkpoint:
+        apply_step(state, step)
+    joined = NewStep(
+        kind=StepKind.SYSTEM,
+        payload={"event": "joined", "fan_out_seq": fan.seq, "results": len(fan.payload["calls"])},
+        started_at=utcnow(),
+    )
+    apply_step(state, StepRecord(seq=head.last_seq + 1, kind=joined.kind, payload=joined.payload))
+    try:
+        store.append(lease, [joined], checkpoint=NewCheckpoint(state=state), release=True)
+    except LeaseLost:
+        return BranchResult(session_id, seq, BranchOutcome.FENCED)
+    return BranchResult(session_id, seq, BranchOutcome.JOINED)

@@ -21,6 +21,7 @@ from .state import (
     NewCheckpoint,
     NewStep,
     SessionStatus,
+    StepKind,
     StepRecord,
     user_payload,
     validate_step_payload,
@@ -76,6 +77,12 @@ class AppendResult:
 
 
 @dataclass(frozen=True)
+class BranchAppend:
+    seq: int | None  # the result's seq; None when the call had a result already
+    unanswered: int  # calls of the turn still without a result, after this one
+
+
+@dataclass(frozen=True)
 class HeartbeatResult:
     alive: bool
     cancel_requested: bool
@@ -104,6 +111,17 @@ class SessionStore(Protocol):
     ) -> AppendResult:
         """Append steps (and a checkpoint at the last one) in one transaction, fenced.
         Payloads must have the current schema version's shape (StateError otherwise).
+
+        Raises LeaseLost when the lease's token is no longer the session's.
+        """
+
+    def append_branch_result(
+        self, lease: Lease, step: NewStep, *, call_id: str, after_seq: int
+    ) -> BranchAppend:
+        """Append a fan-out branch's tool_result, fenced like `append`, unless the call
+        already has a live result after the model step at `after_seq` (then nothing is
+        written). Counts the turn's calls still unanswered in the same transaction, under
+        the session row's lock, so exactly one branch sees the count reach zero.
 
         Raises LeaseLost when the lease's token is no longer the session's.
         """
@@ -309,6 +327,23 @@ class InMemoryStore:
             if release:
                 session.lease_owner = None
             return AppendResult(seqs=seqs, cancel_requested=session.cancel_requested)
+
+    def append_branch_result(
+        self, lease: Lease, step: NewStep, *, call_id: str, after_seq: int
+    ) -> BranchAppend:
+        with self._lock:
+            session = self._get(lease.session_id)
+            self._check(session, lease)
+            live = [s for s in session.steps if not s.superseded and s.seq >= after_seq]
+            model = next((s for s in live if s.seq == after_seq), None)
+            calls = {c["id"] for c in (model.payload.get("tool_calls") or [])} if model else set()
+            answered = {
+                s.payload.get("call_id") for s in live if s.kind == StepKind.TOOL_RESULT
+            } & calls
+            if call_id in answered:
+                return BranchAppend(seq=None, unanswered=len(calls - answered))
+            seq = self.append(lease, [step]).seqs[0]
+            return BranchAppend(seq=seq, unanswered=len(calls - answered - {call_id}))
 
     def heartbeat(self, lease: Lease, ttl: float) -> HeartbeatResult:
         with self._lock:

@@ -188,6 +188,9 @@ RESPAWN_MODEL_BACKOFF = env_float("RESPAWN_MODEL_BACKOFF", 0.5)
 RESPAWN_SLOW_DELAY = env_float("RESPAWN_SLOW_DELAY", 0.5)
 # Seconds each batch of the migrate demo agent waits before migrating (a slow source).
 RESPAWN_BATCH_DELAY = env_float("RESPAWN_BATCH_DELAY", 0.0)
+# The research demo agent: seconds each lookup takes, and lookups of a turn run at once.
+RESPAWN_RESEARCH_DELAY = env_float("RESPAWN_RESEARCH_DELAY", 0.2)
+RESPAWN_RESEARCH_PARALLEL = int(env_float("RESPAWN_RESEARCH_PARALLEL", 8))
 # A session whose worker dies this many times in a row at the same step is failed (a
 # poison session) instead of taking workers down forever.
 RESPAWN_MAX_CRASHES = int(env_float("RESPAWN_MAX_CRASHES", 5))

@@ -27,6 +27,7 @@ from .models import RUNNABLE, AgentSession, Status
 log = logging.getLogger("respawn.dispatch")
 
 RUN_JOB = "sessions_app.jobs.run_session_job"
+BRANCH_JOB = "sessions_app.jobs.run_branch_job"
 
 
 def queue():
@@ -53,6 +54,33 @@ def enqueue(session_id, job_id: str) -> bool:
     except RedisError as exc:
         log.warning("could not enqueue session %s (%s); the reconciler will retry", session_id, exc)
         return False
+
+
+def enqueue_branches(session_id, seqs) -> None:
+    """One job per fan-out branch, carrying only the session id and the call's seq. A lost
+    one is not retried from here: the lease the branches heartbeat expires, and the
+    session's next run fans the unanswered calls out again."""
+    for seq in seqs:
+        try:
+            queue().enqueue(
+                BRANCH_JOB,
+                str(session_id),
+                int(seq),
+                job_id=f"branch-{session_id}-{seq}-{uuid.uuid4().hex[:8]}",
+                job_timeout=settings.RQ_QUEUES[settings.RESPAWN_QUEUE]["DEFAULT_TIMEOUT"],
+                result_ttl=600,
+                failure_ttl=86400,
+            )
+        except RedisError as exc:
+            log.warning("could not enqueue branch %s of %s (%s)", seq, session_id, exc)
+
+
+def dispatch_now(session_id) -> None:
+    """Record a dispatch of the session's next run and enqueue it (outside a transaction:
+    the write that made it runnable has committed)."""
+    job_id = new_job_id(session_id)
+    AgentSession.objects.filter(id=session_id).update(job_id=job_id, dispatched_at=timezone.now())
+    enqueue(session_id, job_id)
 
 
 def dispatch_on_commit(session: AgentSession) -> None:

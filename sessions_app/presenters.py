@@ -50,10 +50,19 @@ class StepView:
     duration_ms: float | None = None
     checkpoint_reasons: list[str] = field(default_factory=list)
     load_error: str = ""
+    branch: str = ""  # "3/8": the tool call or result of a fan-out branch, and how many ran
 
     @property
     def seq(self) -> int:
         return self.step.seq
+
+
+def branch_label(kind: str, payload: Any) -> str:
+    """The fan-out branch label ("3/8") of a tool call or result; "" for anything else."""
+    branch = payload.get("branch") if isinstance(payload, dict) else None
+    if kind not in ("tool_call", "tool_result") or not isinstance(branch, dict):
+        return ""
+    return f"{branch.get('index')}/{branch.get('of')}"
 
 
 def _text(payload: dict[str, Any]) -> str:
@@ -77,6 +86,7 @@ def present_step(step: Step, checkpoint_reasons: list[str] | None = None) -> Ste
         view.tone = "error"
         view.blocks.append(Block("stored payload", pretty(step.payload), True))
         return view
+    view.branch = branch_label(kind, payload)
     if step.started_at and step.finished_at:
         view.duration_ms = max((step.finished_at - step.started_at).total_seconds() * 1000, 0.0)
     if kind == "user":

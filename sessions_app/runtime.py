@@ -18,7 +18,10 @@ from agent_runtime.redaction import Redactor
 @functools.cache
 def agent_registry() -> AgentRegistry:
     return demo_agents(
-        slow_delay=settings.RESPAWN_SLOW_DELAY, batch_delay=settings.RESPAWN_BATCH_DELAY
+        slow_delay=settings.RESPAWN_SLOW_DELAY,
+        batch_delay=settings.RESPAWN_BATCH_DELAY,
+        research_delay=settings.RESPAWN_RESEARCH_DELAY,
+        research_parallel=settings.RESPAWN_RESEARCH_PARALLEL,
     )
 
 

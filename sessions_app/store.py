@@ -37,6 +37,7 @@ from agent_runtime.state import (
 )
 from agent_runtime.store import (
     AppendResult,
+    BranchAppend,
     HeartbeatResult,
     Lease,
     LeaseLost,
@@ -563,6 +564,37 @@ class DjangoSessionStore:
         return AppendResult(
             seqs=list(range(first, last_seq + 1)), cancel_requested=cancel_requested
         )
+
+    def append_branch_result(
+        self, lease: Lease, step: NewStep, *, call_id: str, after_seq: int
+    ) -> BranchAppend:
+        with transaction.atomic():
+            # The row lock orders concurrent branches of one turn: each sees the results
+            # committed before it, so one and only one sees the last call answered.
+            locked = (
+                AgentSession.objects.select_for_update()
+                .filter(id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner)
+                .values_list("id", flat=True)
+            )
+            if not locked:
+                raise LeaseLost(
+                    f"session {lease.session_id}: lease token {lease.token} was fenced off"
+                )
+            live = Step.objects.filter(session_id=lease.session_id, superseded_at__isnull=True)
+            model = live.filter(seq=after_seq).values_list("payload", flat=True).first() or {}
+            calls = {c["id"] for c in model.get("tool_calls") or []}
+            answered = (
+                set(
+                    live.filter(seq__gt=after_seq, kind=StepKind.TOOL_RESULT.value).values_list(
+                        "payload__call_id", flat=True
+                    )
+                )
+                & calls
+            )
+            if call_id in answered:
+                return BranchAppend(seq=None, unanswered=len(calls - answered))
+            seq = self.append(lease, [step]).seqs[0]
+            return BranchAppend(seq=seq, unanswered=len(calls - answered - {call_id}))
 
     def heartbeat(self, lease: Lease, ttl: float) -> HeartbeatResult:
         now = timezone.now()

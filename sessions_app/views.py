@@ -27,7 +27,7 @@ from django_htmx.http import (
 from . import selectors, services
 from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Checkpoint, Status, Step
 from .permissions import can_operate, can_view
-from .presenters import diff_states, present_step
+from .presenters import branch_label, diff_states, present_step
 
 PAGE_SIZE = 50
 TRACE_PAGE = 50
@@ -391,6 +391,8 @@ def _waterfall(session: AgentSession) -> dict[str, Any]:
                 "x": label_w + start * scale,
                 "w": max(dur * scale, 1.5),
                 "kind": s.kind,
+                # Branches of one fan-out overlap in time: their bars run side by side.
+                "branch": branch_label(s.kind, s.payload),
                 "label": f"#{s.seq} {s.kind} {name}"[:32],
                 "title": f"#{s.seq} {s.kind} {name}: {dur * 1000:.1f} ms",
             }

@@ -221,6 +221,47 @@ def migrate(messages: list[Message]) -> ModelTurn:
     )
 
 
+RESEARCH = re.compile(r"research\s+(?P<topic>.+?)\s+in\s+(?P<n>\d+)\s+sources?", re.I)
+
+
+def research(messages: list[Message]) -> ModelTurn:
+    """All lookups in one turn (the runtime may fan them out), then a summary."""
+    from .. import corpus
+
+    task, after = _episode(messages)
+    base = _calls(messages) - _turn_number(after)
+    match = RESEARCH.search(task)
+    if match is None:
+        return ModelTurn(text="Ask me to 'research <topic> in <N> sources'.")
+    topic = match.group("topic").strip()
+    sources = corpus.pick(topic, max(1, min(int(match.group("n")), len(corpus.sources()))))
+    if _turn_number(after) == 0:
+        return ModelTurn(
+            text=f"Looking {topic} up in {len(sources)} sources at once.",
+            tool_calls=[
+                _call(base, index, "lookup", source=source, query=topic)
+                for index, source in enumerate(sources)
+            ],
+        )
+    results = [r for r in _results(after) if r.get("name") == "lookup"]
+    # By source, not by arrival: branches finish in any order, the summary does not.
+    found = sorted(
+        (r["output"] for r in results if r.get("ok") and r["output"]["lines"]),
+        key=lambda output: output["source"],
+    )
+    failed = [r for r in results if not r.get("ok")]
+    lines = [f"- {f['source']}: {f['lines'][0]}" for f in found]
+    summary = (
+        f"{topic}: {sum(len(f['lines']) for f in found)} matching lines in {len(found)} of "
+        f"{len(results)} sources."
+    )
+    if failed:
+        summary += f" {len(failed)} lookup(s) failed: " + "; ".join(
+            str(r.get("error")) for r in failed
+        )
+    return ModelTurn(text="\n".join([summary, *lines]))
+
+
 def echo(messages: list[Message]) -> ModelTurn:
     task, _ = _episode(messages)
     return ModelTurn(text=f"You said: {task}")
@@ -235,6 +276,7 @@ SCRIPTS: dict[str, Script] = {
     "notify": notify,
     "poison": poison,
     "migrate": migrate,
+    "research": research,
 }
 
 

@@ -12,7 +12,9 @@ from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import checkpoint_rollback, session_start
 from sessions_app.store import DjangoEffects, DjangoRecords, DjangoSessionStore
 
-pytestmark = pytest.mark.django_db
+# Transactional: a run's heartbeat thread has a connection of its own and must see the
+# session row the test created (a long run outlives the first heartbeat on a busy machine).
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def run_inline(session):

@@ -53,7 +53,7 @@ def test_start_session_exits_non_zero_from_the_shell():
     assert out.returncode != 0
     assert (
         out.stderr.strip()
-        == "CommandError: unknown agent 'nope' (known: approval, demo, echo, flaky, migrate, notify, poison, slow)"
+        == "CommandError: unknown agent 'nope' (known: approval, demo, echo, flaky, migrate, notify, poison, research, slow)"
     )
 
 

@@ -1,0 +1,30 @@
+"""Fan-out with real workers: the branches of one turn run on several workers at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessions_app.models import Status, Step
+from sessions_app.services import session_start
+
+from .test_workers import assert_consistent, wait_stopped
+
+pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+def test_research_branches_run_in_parallel_on_several_workers(start_worker):
+    env = {"RESPAWN_RESEARCH_DELAY": "0.5", "RESPAWN_RESEARCH_PARALLEL": "8"}
+    for _ in range(4):
+        start_worker(**env)
+    session = session_start(agent="research", input="research durable execution in 8 sources")
+    session = wait_stopped(session, timeout=60)
+    assert session.status == Status.COMPLETED, session.last_error
+    assert_consistent(session)
+    results = list(Step.objects.filter(session=session, kind="tool_result").order_by("seq"))
+    assert len(results) == 8
+    # Parallel: the results' run times overlap; one after the other would take 8 x 0.5 s.
+    first = min(r.started_at for r in results)
+    last = max(r.finished_at for r in results)
+    assert (last - first).total_seconds() < 8 * 0.5 * 0.75
+    assert Step.objects.filter(session=session, payload__event="joined").count() == 1
+    assert Step.objects.filter(session=session, kind="model").count() == 2
