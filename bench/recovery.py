@@ -12,7 +12,9 @@
    for a reconciler pass, the dispatch, the fork of a work horse, claim and load.
    A fresh worker is started after each round so that two are always running.
 2. resume: in process, a session of `--resume-steps` steps (written by the real loop), then
-   claim + load_head + the next step (the run_started step) committed, timed.
+   claim + load_head + the next step (the run_started step) committed, timed; then
+   load_head alone beside the ORM path (SQLite's) on the same session, and with
+   --profile-load a cProfile of one load_head.
 """
 
 from __future__ import annotations
@@ -46,9 +48,9 @@ def kill_round(workers, spawn, log: list[dict]) -> None:
         time.sleep(0.01)
     horse_pid = int(session.lease_owner.split(":")[1])
     victim = next(w for w in workers if horse_pid in w.pids())
-    before = AgentSession.objects.get(id=sid)
     victim.kill()
     killed = timezone.now()
+    before = AgentSession.objects.get(id=sid)  # as the dead worker left it
     workers.remove(victim)
     owner = before.lease_owner
     lease_left = (before.lease_expires_at - killed).total_seconds()
@@ -90,7 +92,7 @@ def kill_round(workers, spawn, log: list[dict]) -> None:
     workers.append(spawn())
 
 
-def resume(steps: int, rounds: int) -> list[float]:
+def resume(steps: int, rounds: int, profile_load: bool = False) -> list[float]:
     """Times of claim + load_head + one committed step on a session of `steps` steps."""
     from agent_runtime.state import NewStep, StepKind
     from sessions_app.models import AgentSession
@@ -127,6 +129,26 @@ def resume(steps: int, rounds: int) -> list[float]:
         store.release(lease)
         if i:  # the first one warms caches
             times.append(elapsed)
+    loads, orm_loads = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        store.load_head(sid)
+        loads.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        store._load_head_portable(sid)  # the ORM path (SQLite's), for comparison
+        orm_loads.append((time.perf_counter() - started) * 1000)
+    if profile_load:
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.runcall(store.load_head, sid)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(8)
+    print(
+        f"load_head alone: p50 {statistics.median(loads):.1f} ms "
+        f"(the ORM path on the same session: {statistics.median(orm_loads):.1f} ms)",
+        flush=True,
+    )
     print(
         f"resume of a {n:,}-step session (claim + load_head + one step committed): "
         f"p50 {statistics.median(times):.1f} ms, min {min(times):.1f}, max {max(times):.1f} "
@@ -146,6 +168,9 @@ def main() -> None:
     parser.add_argument("--resume-steps", type=int, default=10_000)
     parser.add_argument("--resume-rounds", type=int, default=10)
     parser.add_argument("--skip-kill", action="store_true")
+    parser.add_argument(
+        "--profile-load", action="store_true", help="print a cProfile of one load_head"
+    )
     args = parser.parse_args()
 
     redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/11")
@@ -200,7 +225,7 @@ def main() -> None:
             f"after the lease expired: p50 {statistics.median(over):.2f} s, max {max(over):.2f} s"
         )
         print(f"recovery_max_s: {worst:.2f}")
-    times = resume(args.resume_steps, args.resume_rounds)
+    times = resume(args.resume_steps, args.resume_rounds, args.profile_load)
     print(f"resume_ms: {statistics.median(times):.1f}")
 
 

@@ -112,6 +112,7 @@ def plot(results, lengths, path: str, payload_bytes: int) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib import ticker
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for name, by_length in results.items():
@@ -119,15 +120,19 @@ def plot(results, lengths, path: str, payload_bytes: int) -> None:
         left.plot(xs, [by_length[L]["bytes_per_step"] for L in xs], marker="o", label=name)
         right.plot(xs, [by_length[L]["p50"] for L in xs], marker="o", label=name)
     for ax, title, unit in (
-        (left, "storage per step", "bytes per step (heap + TOAST + indexes)"),
+        (left, "storage per step (log scale)", "bytes per step (heap + TOAST + indexes)"),
         (right, "time per durable step", "ms per step, p50"),
     ):
         ax.set_xscale("log")
-        ax.set_yscale("log")
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel("session length (steps)")
         ax.set_ylabel(unit)
         ax.set_title(title)
         ax.grid(True, which="both", alpha=0.3)
+    left.set_yscale("log")
+    left.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    right.set_ylim(bottom=0)
     left.legend(fontsize=8)
     fig.suptitle(
         f"Same workload, same PostgreSQL 15 (fsync on), {payload_bytes} B of text per payload",

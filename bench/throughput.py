@@ -74,16 +74,39 @@ def latency(n: int) -> dict[str, float]:
     }
 
 
-def throughput(sessions: int, turns: int) -> dict[str, float]:
+def _machine_busy() -> tuple[float, float]:
+    """(busy, total) CPU seconds of the whole machine so far, every process of every user."""
+    fields = [float(x) for x in open("/proc/stat").readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    total = sum(fields[:8])
+    return (total - idle) / os.sysconf("SC_CLK_TCK"), total / os.sysconf("SC_CLK_TCK")
+
+
+def _workers_cpu(workers) -> float:
+    """CPU seconds of the worker processes, their finished work horses included."""
+    import psutil
+
+    total = 0.0
+    for w in workers:
+        times = psutil.Process(w.process.pid).cpu_times()
+        total += times.user + times.system + times.children_user + times.children_system
+    return total
+
+
+def throughput(sessions: int, turns: int, workers) -> dict[str, float]:
     from django.db.models import Max, Min, Sum
 
     from sessions_app.models import AgentSession, Step
 
     from ._workers import start_session
 
+    busy0, total0 = _machine_busy()
+    cpu0 = _workers_cpu(workers)
     started = time.time()
     ids = [start_session(turns) for _ in range(sessions)]
     wait_final(ids, 600)
+    busy1, total1 = _machine_busy()
+    cpu1 = _workers_cpu(workers)
     steps = Step.objects.filter(session_id__in=ids, seq__gt=1)
     span = steps.aggregate(first=Min("created_at"), last=Max("created_at"))
     total = steps.count()
@@ -97,6 +120,9 @@ def throughput(sessions: int, turns: int) -> dict[str, float]:
         "steps_per_s": total / wall,
         "steps_per_s_active": total / (span["last"] - span["first"]).total_seconds(),
         "session_steps": AgentSession.objects.filter(id__in=ids).aggregate(s=Sum("last_seq"))["s"],
+        "machine_busy": (busy1 - busy0) / (total1 - total0),
+        "workers_cpu_per_step": (cpu1 - cpu0) / total * 1000,
+        "machine_cpu_per_step": (busy1 - busy0) / total * 1000,
         **hot,
     }
 
@@ -154,12 +180,17 @@ def main() -> None:
             f"p90 {lat['step_p90']:.1f} ms   max {lat['step_max']:.1f} ms   ({args.latency} sessions)",
             flush=True,
         )
-        tp = throughput(args.sessions, args.turns)
+        tp = throughput(args.sessions, args.turns, workers)
         print(
             f"{args.workers} workers, {args.sessions} sessions x {args.turns} turns: "
             f"{tp['steps']:,} durable steps in {tp['wall']:.2f} s = "
             f"{tp['steps_per_s']:,.0f} steps/s ({tp['completed']}/{args.sessions} completed; "
             f"session-row updates HOT: {tp['hot_share']:.0%})"
+        )
+        print(
+            f"CPU: the machine was {tp['machine_busy']:.0%} busy (all processes, all users); "
+            f"per step: workers {tp['workers_cpu_per_step']:.2f} ms, whole machine "
+            f"{tp['machine_cpu_per_step']:.2f} ms"
         )
         print(f"enqueue_to_first_step_ms: {lat['step_p50']:.1f}")
         print(f"steps_per_second: {tp['steps_per_s']:.0f}")
