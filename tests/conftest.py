@@ -178,3 +178,26 @@ def _close_connection_pools(django_db_setup, django_db_blocker):
             close_pool = getattr(conn, "close_pool", None)
             if close_pool is not None:
                 close_pool()
+
+
+def without_ids(value, session_id: str):
+    """A JSON value with the session id replaced, so traces of two sessions compare."""
+    if isinstance(value, dict):
+        return {k: without_ids(v, session_id) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_ids(v, session_id) for v in value]
+    if isinstance(value, str):
+        return value.replace(session_id, "<session>")
+    return value
+
+
+def live_conversation(session) -> list[tuple[str, dict]]:
+    """Kinds and payloads of a stored session's live trace, without per-run system steps
+    or its id: what must be equal between a resumed run and an uninterrupted one."""
+    from sessions_app.models import Step
+
+    return [
+        (step.kind, without_ids(step.payload, str(session.id)))
+        for step in Step.objects.filter(session=session, superseded_at__isnull=True).order_by("seq")
+        if step.kind != "system"
+    ]

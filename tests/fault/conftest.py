@@ -16,7 +16,7 @@ from django.db.models import Count
 
 from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
 
-from ..conftest import wait_for
+from ..conftest import live_conversation, wait_for
 
 
 def free_port() -> int:
@@ -185,23 +185,7 @@ def assert_invariants(session) -> None:
     assert set(effects.values_list("key", flat=True)) <= keys
 
 
-def conversation(session) -> list[tuple[str, dict]]:
-    out = []
-    for step in Step.objects.filter(session=session, superseded_at__isnull=True).order_by("seq"):
-        if step.kind == "system":
-            continue
-        out.append((step.kind, _normalise(step.payload, str(session.id))))
-    return out
-
-
-def _normalise(value, session_id):
-    if isinstance(value, dict):
-        return {k: _normalise(v, session_id) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_normalise(v, session_id) for v in value]
-    if isinstance(value, str):
-        return value.replace(session_id, "<session>")
-    return value
+conversation = live_conversation
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from agent_runtime.store import InMemoryEffects, InMemoryStore
 from sessions_app.models import AgentSession, ApiToken, SideEffect, Status, Step
 from sessions_app.services import checkpoint_rollback, session_cancel, session_start
 
-from ..conftest import wait_for
+from ..conftest import wait_for, without_ids
 from .conftest import assert_invariants, conversation, kill_horse_only, wait_final
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -40,17 +40,7 @@ def reference(agent: str, text: str) -> list[tuple[str, dict]]:
     for step in store.session("ref").steps:
         if step.kind != "system":
             out.append((str(step.kind), step.payload))
-    return [(k, _replace(p, "ref")) for k, p in out]
-
-
-def _replace(value, session_id):
-    if isinstance(value, dict):
-        return {k: _replace(v, session_id) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_replace(v, session_id) for v in value]
-    if isinstance(value, str):
-        return value.replace(session_id, "<session>")
-    return value
+    return [(k, without_ids(p, "ref")) for k, p in out]
 
 
 def runs_of(session) -> int:

@@ -11,7 +11,7 @@ from sessions_app.dispatch import enqueue, new_job_id
 from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
 from sessions_app.services import session_start
 
-from ..conftest import wait_for
+from ..conftest import live_conversation, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -27,24 +27,7 @@ def wait_stopped(session, timeout=30.0) -> AgentSession:
     return session
 
 
-def trace(session) -> list[tuple[str, dict]]:
-    """Kinds and payloads of the live trace, without per-run system steps or ids."""
-    out = []
-    for step in Step.objects.filter(session=session, superseded_at__isnull=True).order_by("seq"):
-        if step.kind == "system":
-            continue
-        out.append((step.kind, _normalise(step.payload, str(session.id))))
-    return out
-
-
-def _normalise(value, session_id):
-    if isinstance(value, dict):
-        return {k: _normalise(v, session_id) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_normalise(v, session_id) for v in value]
-    if isinstance(value, str):
-        return value.replace(session_id, "<session>")
-    return value
+trace = live_conversation
 
 
 def assert_consistent(session):

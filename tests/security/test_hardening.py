@@ -76,7 +76,6 @@ def test_pages_have_no_inline_script(client, users):
         body = client.get(url).content.decode()
         for tag in re.findall(r"<script[^>]*>", body):
             assert "src=" in tag, (url, tag)
-        assert " on" not in re.sub(r"<[^>]*>", "", body) or True
         assert not re.search(r"<[^>]+\son\w+=", body), url
         client.force_login(users["operator"])
 
