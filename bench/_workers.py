@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from rq import SimpleWorker
+from rq import Worker
 
 from sessions_app.worker import RespawnWorker
 
@@ -65,13 +65,16 @@ class BenchWorker(RespawnWorker):
         return super().work(*args, **kwargs)
 
 
-class BenchSimpleWorker(BenchWorker, SimpleWorker):
-    """For comparison only: RQ's SimpleWorker runs each job in the worker process itself
-    (no fork per job, so no new PostgreSQL connection per job either)."""
+class BenchForkingWorker(BenchWorker):
+    """For comparison only: RQ's default execution, a work horse forked for every job (and
+    so a new PostgreSQL connection for every job), under the same supervisor."""
+
+    execute_job = Worker.execute_job
+    get_heartbeat_ttl = Worker.get_heartbeat_ttl
 
 
 class Worker:
-    """One rqworker process (RQ forks a work horse per job, in its own process group)."""
+    """One rqworker: the supervisor and the worker process it forked (its own process group)."""
 
     def __init__(
         self,
@@ -112,7 +115,7 @@ class Worker:
             return []
 
     def kill(self) -> None:
-        """SIGKILL the worker and its horse at once, as a machine crash would."""
+        """SIGKILL the supervisor and its worker process at once, as a machine crash would."""
         for pid in self.pids():
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -122,14 +125,14 @@ class Worker:
         self._log.close()
 
     def stop(self) -> None:
-        horses = self.pids()[1:]
+        children = self.pids()[1:]
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
-        for pid in horses:
+        for pid in children:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

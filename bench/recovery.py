@@ -5,11 +5,12 @@
 
 1. kill: two real `manage.py rqworker` processes (see `_workers.py`) with the project's
    settings (lease TTL and reconciler interval from the environment, the defaults unless
-   given). A long session runs; the worker whose work horse holds its lease is SIGKILLed
-   (the worker and its horse at once, as a machine crash would) and the bench waits for the
-   next step committed by the other worker. It prints the time from the kill to that step,
-   and its parts: the lease still had to run (set by the last heartbeat), then the wait
-   for a reconciler pass, the dispatch, the fork of a work horse, claim and load.
+   given). A long session runs; the worker whose process holds its lease is SIGKILLed
+   (supervisor and worker process at once, as a machine crash would) and the bench waits
+   for the next step committed by the other worker. It prints the time from the kill to
+   that step, and its parts: the lease still had to run (set by the last heartbeat), then
+   the wait for a reconciler pass (due just after the lease runs out), the dispatch,
+   claim and load.
    A fresh worker is started after each round so that two are always running.
 2. resume: in process, a session of `--resume-steps` steps (written by the real loop), then
    claim + load_head + the next step (the run_started step) committed, timed; then
@@ -46,8 +47,8 @@ def kill_round(workers, spawn, log: list[dict]) -> None:
         if session.lease_owner and session.last_seq > 300:
             break
         time.sleep(0.01)
-    horse_pid = int(session.lease_owner.split(":")[1])
-    victim = next(w for w in workers if horse_pid in w.pids())
+    owner_pid = int(session.lease_owner.split(":")[1])
+    victim = next(w for w in workers if owner_pid in w.pids())
     victim.kill()
     killed = timezone.now()
     before = AgentSession.objects.get(id=sid)  # as the dead worker left it

@@ -4,8 +4,8 @@
 
 On a database of its own (respawn_bench_soak) and a private Redis server, it starts real
 `rqworker` processes and, until the kill budget is spent, injects one fault at a time:
-SIGKILL of a busy worker (and its work horse) at a random moment, SIGKILL right between a
-tool call and its result, SIGKILL of the work horse only, SIGSTOP past the lease then
+SIGKILL of a busy worker (supervisor and worker process) at a random moment, SIGKILL right between a
+tool call and its result, SIGKILL of the worker process only (its supervisor starts a new one), SIGSTOP past the lease then
 SIGCONT, and Redis FLUSHALL. New sessions keep arriving. Afterwards every session is
 checked against the trace of an uninterrupted run; it prints a table of the faults and of
 lost steps, duplicated steps, duplicated side effects, unfinished sessions and the longest
@@ -132,7 +132,10 @@ def main() -> None:
             return []
 
     def busy():
-        return [w for w in workers if w.poll() is None and len(family(w)) > 1]
+        """Workers whose process holds a lease (owner = host:pid:…)."""
+        owners = AgentSession.objects.exclude(lease_owner__isnull=True).exclude(lease_owner="")
+        pids = {int(owner.split(":")[1]) for owner in owners.values_list("lease_owner", flat=True)}
+        return [w for w in workers if w.poll() is None and pids & set(family(w))]
 
     def kill(pids):
         for pid in pids:
@@ -168,7 +171,7 @@ def main() -> None:
     kinds = [
         "sigkill-random",
         "sigkill-between-call-and-result",
-        "sigkill-horse-only",
+        "sigkill-worker-process-only",
         "sigstop-past-lease",
         "redis-flushall",
     ]
@@ -217,7 +220,7 @@ def main() -> None:
             import redis as redis_client
 
             redis_client.Redis.from_url(os.environ["REDIS_URL"]).flushall()
-        elif kind == "sigkill-horse-only":
+        elif kind == "sigkill-worker-process-only":
             kill(pids[1:])
         elif kind == "sigstop-past-lease":
             for pid in pids:

@@ -1,15 +1,17 @@
 """Real RQ workers: enqueue-to-first-step latency, and durable steps per second in total.
 
     python -m bench.throughput [--workers 2] [--sessions 100] [--turns 30] [--latency 30]
+                               [--fork]
 
-Starts `--workers` real `manage.py rqworker` processes (RQ's forking worker, Respawn's job,
-store, lease, heartbeat and reconciler; the bench agent added, see `_workers.py`) on a
-database of its own and a queue of its own, then:
+Starts `--workers` real `manage.py rqworker` processes (Respawn's worker: a supervisor and
+a long-lived worker process that runs the jobs; Respawn's job, store, lease, heartbeat and
+reconciler; the bench agent added, see `_workers.py`) on a database of its own and a queue
+of its own, then:
 
 1. latency: `--latency` one-turn sessions, one at a time, each started the way the
    dashboard and the API start one (`services.session_start`: the row, the user step,
-   enqueue after commit). Enqueue -> job start is RQ (BLPOP wake-up and fork of the work
-   horse); enqueue -> first step is the worker's first durable step (the run_started
+   enqueue after commit). Enqueue -> job start is RQ (BLPOP wake-up and its job
+   bookkeeping; with --fork, RQ's default fork of a work horse per job too); enqueue -> first step is the worker's first durable step (the run_started
    step, committed; its created_at is taken just before its statement is sent).
 2. throughput: `--sessions` sessions of `--turns` turns (three steps a turn) started at
    once; total steps the workers committed divided by the time from the first enqueue to
@@ -83,13 +85,16 @@ def _machine_busy() -> tuple[float, float]:
 
 
 def _workers_cpu(workers) -> float:
-    """CPU seconds of the worker processes, their finished work horses included."""
+    """CPU seconds of the worker processes: supervisors, their live worker processes, and
+    any that ended (work horses forked per job, with --fork)."""
     import psutil
 
     total = 0.0
     for w in workers:
-        times = psutil.Process(w.process.pid).cpu_times()
-        total += times.user + times.system + times.children_user + times.children_system
+        parent = psutil.Process(w.process.pid)
+        for process in (parent, *parent.children(recursive=True)):
+            times = process.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
     return total
 
 
@@ -148,9 +153,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=30)
     parser.add_argument("--latency", type=int, default=30, help="sessions for the latency test")
     parser.add_argument(
-        "--simple",
+        "--fork",
         action="store_true",
-        help="RQ's SimpleWorker (no fork per job) instead of the project's forking worker",
+        help="fork a work horse per job (RQ's default) instead of running jobs in process",
     )
     args = parser.parse_args()
 
@@ -164,7 +169,7 @@ def main() -> None:
     install_bench_agent()
     log_dir = Path(tempfile.mkdtemp(prefix="respawn-bench-"))
     env = worker_env(url, redis_url, queue)
-    worker_class = "bench._workers." + ("BenchSimpleWorker" if args.simple else "BenchWorker")
+    worker_class = "bench._workers." + ("BenchForkingWorker" if args.fork else "BenchWorker")
     workers = [
         Worker(env, queue, f"bench-w{i + 1}-{os.getpid()}", log_dir, worker_class)
         for i in range(args.workers)

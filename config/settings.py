@@ -137,13 +137,14 @@ else:
     _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(VAR_DIR / "respawn.sqlite3")}
 
 if _db["ENGINE"] == "django.db.backends.postgresql":
-    # Django's native psycopg pool in web processes. RQ workers fork a work horse per job,
-    # and a pool's sockets must never be shared across a fork, so workers use one plain
-    # persistent connection per process instead.
+    # Django's native psycopg pool in web processes. A worker process runs one job at a
+    # time and keeps one plain persistent connection from job to job instead, checked
+    # before the first query of each job (the server may have dropped it while idle).
     if env_bool("RESPAWN_DB_POOL", True) and not _IS_WORKER:
         _db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 10, "timeout": 10}
     else:
         _db["CONN_MAX_AGE"] = None
+        _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("TEST", {})["NAME"] = os.environ.get("RESPAWN_TEST_DB_NAME") or None
 elif _db["ENGINE"] == "django.db.backends.sqlite3":
     # Web server and worker write the same file: WAL lets readers go on during a write,
@@ -170,8 +171,10 @@ RESPAWN_QUEUE = os.environ.get("RESPAWN_QUEUE", "default")
 RQ_QUEUES = {
     name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600} for name in {"default", RESPAWN_QUEUE}
 }
-# The worker class runs the reconciler on a timer beside the job loop.
+# The worker class runs jobs in a long-lived process under a supervisor that restarts it
+# when it dies, and the reconciler on a timer beside the job loop (sessions_app/worker.py).
 RQ = {"WORKER_CLASS": "sessions_app.worker.RespawnWorker"}
+RESPAWN_WORKER_SUPERVISE = env_bool("RESPAWN_WORKER_SUPERVISE", True)
 RQ_SHOW_ADMIN_LINK = True
 
 # --- Respawn runtime --------------------------------------------------------------------
@@ -179,7 +182,9 @@ RQ_SHOW_ADMIN_LINK = True
 # session is taken over by another worker after at most this long.
 RESPAWN_LEASE_TTL = env_float("RESPAWN_LEASE_TTL", 10.0)
 # How often each worker process runs the reconciler (finds runnable sessions with no
-# live lease and dispatches them again), independent of what Redis still holds.
+# live lease and dispatches them again), independent of what Redis still holds. It also
+# runs just after the next live lease expires, so a dead worker's session is taken over
+# about RESPAWN_LEASE_TTL after its last heartbeat, not up to this much later.
 RESPAWN_RECONCILE_INTERVAL = env_float("RESPAWN_RECONCILE_INTERVAL", 15.0)
 # A dispatched session whose job has not started after this many seconds is dispatched again.
 RESPAWN_DISPATCH_GRACE = env_float("RESPAWN_DISPATCH_GRACE", 30.0)

@@ -114,6 +114,19 @@ def _job_waiting(job_id: str, connection) -> bool:
     return queue().get_job_position(job_id) is not None
 
 
+def next_lease_expiry() -> float | None:
+    """Seconds until the first live lease of a runnable session runs out (None: no live
+    lease). Read from the reconciler's partial index (runnable sessions by expiry)."""
+    now = timezone.now()
+    expires = (
+        AgentSession.objects.filter(status__in=RUNNABLE, lease_expires_at__gt=now)
+        .order_by("lease_expires_at")
+        .values_list("lease_expires_at", flat=True)
+        .first()
+    )
+    return None if expires is None else (expires - now).total_seconds()
+
+
 def reconcile(*, limit: int | None = None) -> list[str]:
     """Dispatch again every runnable session that nobody is running and nothing will run.
 

@@ -19,10 +19,12 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+import orjson
 import psycopg
 from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import Case, F, Value, When
 from django.utils import timezone
+from psycopg.types.json import set_json_loads
 
 from agent_runtime.records import BatchOutcome, demo_record, migrate_payload
 from agent_runtime.state import (
@@ -116,11 +118,22 @@ def _raw_connection():
     return raw
 
 
+def _loads(data: bytes | str) -> Any:
+    """JSON decoding for long histories: orjson, several times faster than the standard
+    library; the standard library where orjson refuses what PostgreSQL accepts (integers
+    wider than 64 bits)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
+
+
 def _fetch_all(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     # Binary results: psycopg's C loaders read timestamps several times faster than the
     # text loader Django registers (which a long history spends a quarter of its load in).
     with connection.wrap_database_errors:
         with psycopg.Cursor(_raw_connection()) as cursor:
+            set_json_loads(_loads, cursor)
             cursor.execute(sql, params, prepare=True, binary=True)
             return cursor.fetchall()
 

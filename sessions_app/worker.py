@@ -1,4 +1,16 @@
-"""The RQ worker class: RQ's forking worker plus the reconciler on a timer.
+"""The RQ worker class: jobs run in a long-lived process under a supervisor, and the
+reconciler runs on a timer beside them.
+
+RQ's default worker forks a work horse for every job. On a 2-CPU machine that fork alone
+costs 10-16 ms, and each horse opens a new PostgreSQL connection: most of the time from
+enqueue to a session's first durable step. Respawn's worker instead runs jobs one after
+the other in one process that keeps its connections (RQ's SimpleWorker), and keeps what
+the fork was for, isolation, one level up: `manage.py rqworker` is a small supervisor that
+forks that process once and starts a new one when it dies (SIGKILL, OOM killer, a native
+crash in a tool). A session whose run died with it comes back through its lease, as before.
+
+Set RESPAWN_WORKER_SUPERVISE=0 to run the worker without the supervisor (under a process
+manager that restarts it, for instance).
 
 The reconciler must not depend on Redis holding a scheduled job (Redis may have lost
 everything), so every worker process runs it from a thread of its own. Several workers
@@ -8,39 +20,62 @@ reconciling at once is safe: each dispatch is a conditional UPDATE that only one
 from __future__ import annotations
 
 import logging
+import os
 import random
+import signal
 import threading
+import time
 
 from django.conf import settings
 from django.db import connections
-from rq import Worker
+from rq import SimpleWorker
 
 log = logging.getLogger("respawn.worker")
 
+# A process that died sooner than this after its start counts as a quick death: the
+# supervisor waits longer before the next start (doubling, up to RESTART_DELAY_MAX).
+QUICK_DEATH = 10.0
+RESTART_DELAY = 0.1
+RESTART_DELAY_MAX = 5.0
+
 
 class Reconciler(threading.Thread):
+    """Runs `dispatch.reconcile` every `interval` seconds (±20 %, to spread the passes of
+    many workers apart), and sooner when a live lease expires before then: a session whose
+    worker died is dispatched again as soon as its lease runs out."""
+
     def __init__(self, interval: float) -> None:
         super().__init__(name="respawn-reconciler", daemon=True)
         self.interval = interval
         self.stopped = threading.Event()
 
     def run(self) -> None:
-        from .dispatch import reconcile
+        from .dispatch import next_lease_expiry, reconcile
 
-        # Start soon, then spread the passes of many workers apart.
-        delay = min(1.0, self.interval)
+        delay = min(1.0, self.interval)  # start soon
         while not self.stopped.wait(delay):
+            delay = self.interval * random.uniform(0.8, 1.2)
             try:
                 reconcile()
+                expires_in = next_lease_expiry()
             except Exception:
                 log.exception("reconciler pass failed")
                 connections.close_all()
-            delay = self.interval * random.uniform(0.8, 1.2)
+                continue
+            if expires_in is not None:
+                # Just after the lease runs out (a heartbeat may renew it meanwhile: then
+                # the pass finds nothing and looks again).
+                delay = min(delay, expires_in + random.uniform(0.02, 0.1))
         connections.close_all()
 
 
-class RespawnWorker(Worker):
+class RespawnWorker(SimpleWorker):
     def work(self, *args, **kwargs):  # type: ignore[override]
+        if settings.RESPAWN_WORKER_SUPERVISE:
+            return Supervisor(self).run(lambda: self._work(*args, **kwargs))
+        return self._work(*args, **kwargs)
+
+    def _work(self, *args, **kwargs) -> bool:
         reconciler = None
         if settings.RESPAWN_RECONCILE_INTERVAL > 0:
             reconciler = Reconciler(settings.RESPAWN_RECONCILE_INTERVAL)
@@ -50,3 +85,83 @@ class RespawnWorker(Worker):
         finally:
             if reconciler is not None:
                 reconciler.stopped.set()
+
+
+class Supervisor:
+    """Forks the worker process and starts a new one whenever it dies.
+
+    The worker process runs in its own process group, so a terminal's Ctrl-C reaches only
+    the supervisor, which passes SIGINT and SIGTERM on exactly once each: RQ's warm
+    shutdown (finish the current job), and on a second signal its cold one. A worker
+    process that exits by itself with status 0 (burst mode, --max-jobs, --max-idle-time,
+    a shutdown) ends the supervisor too."""
+
+    def __init__(self, worker: SimpleWorker) -> None:
+        self.worker = worker
+        self.child: int | None = None
+        self.stopping: int | None = None
+
+    def _forward(self, signum, frame) -> None:
+        self.stopping = signum
+        if self.child is not None:
+            try:
+                os.kill(self.child, signum)
+            except ProcessLookupError:
+                pass
+
+    def run(self, work) -> bool:
+        previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        delay = RESTART_DELAY
+        try:
+            while True:
+                started = time.monotonic()
+                pid = os.fork()
+                if pid == 0:
+                    self._child(work, previous)  # never returns
+                self.child = pid
+                if self.stopping is not None:  # a signal came before the child was known
+                    os.kill(pid, self.stopping)
+                _, status = os.waitpid(pid, 0)
+                self.child = None
+                if self.stopping is not None or os.waitstatus_to_exitcode(status) == 0:
+                    return os.waitstatus_to_exitcode(status) == 0
+                log.error(
+                    "worker process %d died (%s); starting a new one",
+                    pid,
+                    _describe(status),
+                )
+                # Its registration in Redis says it is alive; the next one takes its name.
+                self.worker.register_death()
+                delay = RESTART_DELAY if time.monotonic() - started > QUICK_DEATH else delay
+                deadline = time.monotonic() + delay
+                while self.stopping is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                if self.stopping is not None:
+                    return False
+                delay = min(delay * 2, RESTART_DELAY_MAX)
+        finally:
+            for signum, handler in previous.items():
+                signal.signal(signum, handler)
+
+    @staticmethod
+    def _child(work, previous) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        os.setpgrp()
+        code = 1
+        try:
+            work()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except BaseException:
+            log.exception("worker process failed")
+        finally:
+            logging.shutdown()
+            os._exit(code)
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by {signal.Signals(os.WTERMSIG(status)).name}"
+    return f"exit status {os.waitstatus_to_exitcode(status)}"

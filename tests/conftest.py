@@ -84,7 +84,7 @@ class WorkerProcess:
         )
 
     def pids(self) -> list[int]:
-        """The worker and its work horse (RQ forks one per job, in its own process group)."""
+        """The supervisor and the worker process it forked (in its own process group)."""
         try:
             parent = psutil.Process(self.process.pid)
             return [parent.pid, *(child.pid for child in parent.children(recursive=True))]
@@ -92,7 +92,7 @@ class WorkerProcess:
             return []
 
     def kill(self) -> None:
-        """SIGKILL the worker and its horse at once, as a machine crash would."""
+        """SIGKILL the supervisor and its worker process at once, as a machine crash would."""
         for pid in self.pids():
             try:
                 os.kill(pid, signal.SIGKILL)
@@ -147,9 +147,9 @@ def start_worker(worker_env, rq_queue, tmp_path, request):
 
     yield start
     for worker in started:
-        horse_pids = worker.pids()[1:]
+        child_pids = worker.pids()[1:]
         worker.stop()
-        for pid in horse_pids:
+        for pid in child_pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 from django.db.models import Count
+from rq import Worker
+from rq.worker import WorkerStatus
 
 from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
 
@@ -111,8 +114,18 @@ def fleet(start_worker, private_redis):
         def alive(self):
             return [w for w in self.workers if w.process.poll() is None]
 
+        def busy(self):
+            """Live workers running a job now, by RQ's own record of each worker's state."""
+            conn = redis.Redis.from_url(private_redis.url)
+            prefix = Worker.redis_worker_namespace_prefix
+            return [
+                w
+                for w in self.alive()
+                if conn.hget(f"{prefix}{w.name}", "state") == WorkerStatus.BUSY.value.encode()
+            ]
+
         def running(self, session) -> object | None:
-            """The worker whose work horse holds the session's lease (owner = host:pid:…)."""
+            """The worker whose process holds the session's lease (owner = host:pid:…)."""
             session.refresh_from_db()
             if not session.lease_owner:
                 return None
@@ -125,8 +138,9 @@ def fleet(start_worker, private_redis):
     return Fleet()
 
 
-def kill_horse_only(worker) -> bool:
-    """SIGKILL the work horse and leave RQ's parent alive, as the OOM killer would."""
+def kill_worker_process_only(worker) -> bool:
+    """SIGKILL the process that runs the jobs and leave its supervisor alive, as the OOM
+    killer would."""
     children = psutil.Process(worker.process.pid).children(recursive=True)
     for child in children:
         os.kill(child.pid, signal.SIGKILL)

@@ -14,7 +14,7 @@ from sessions_app.models import AgentSession, DemoBatch, DemoRecord, Status, Ste
 from sessions_app.services import session_start
 
 from ..conftest import wait_for
-from .conftest import assert_invariants, kill_horse_only, wait_final
+from .conftest import assert_invariants, kill_worker_process_only, wait_final
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -62,7 +62,7 @@ def test_sigkill_mid_batch_migrates_every_record_once(fleet):
         if worker is None:
             continue
         if kills % 2:
-            kill_horse_only(worker)
+            kill_worker_process_only(worker)
         else:
             worker.kill()
             fleet.start(**env)

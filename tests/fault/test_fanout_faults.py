@@ -49,9 +49,7 @@ def test_sigkill_during_fan_out_loses_and_duplicates_no_branch(fleet):
     # Two workers die in the middle of their branches, at once.
     busy = wait_for(
         lambda: (
-            [w for w in fleet.alive() if len(w.pids()) > 1][:2]
-            if len([w for w in fleet.alive() if len(w.pids()) > 1]) >= 2
-            else None
+            fleet.busy()[:2] if len(fleet.busy()) >= 2 else None
         ),
         timeout=20,
         interval=0.02,
@@ -89,7 +87,7 @@ def test_random_sigkills_over_fan_out_sessions(fleet):
     kills, started = 0, time.monotonic()
     while kills < 6 and time.monotonic() - started < 60:
         time.sleep(rng.uniform(0.2, 0.6))
-        busy = [w for w in fleet.alive() if len(w.pids()) > 1]
+        busy = fleet.busy()
         if not busy:
             if all(
                 s.status in (Status.COMPLETED, Status.FAILED)

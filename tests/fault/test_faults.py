@@ -20,7 +20,7 @@ from sessions_app.models import AgentSession, ApiToken, SideEffect, Status, Step
 from sessions_app.services import checkpoint_rollback, session_cancel, session_start
 
 from ..conftest import wait_for, without_ids
-from .conftest import assert_invariants, conversation, kill_horse_only, wait_final
+from .conftest import assert_invariants, conversation, kill_worker_process_only, wait_final
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -61,7 +61,7 @@ def test_random_sigkills_lose_and_duplicate_nothing(fleet):
     kills, started = 0, time.monotonic()
     while kills < 20 and time.monotonic() - started < 90:
         time.sleep(rng.uniform(0.3, 1.2))
-        live = [w for w in fleet.alive() if len(w.pids()) > 1]  # busy: a horse is running
+        live = fleet.busy()
         if not live:
             if (
                 AgentSession.objects.filter(id__in=[s.id for s in sessions])
@@ -235,7 +235,9 @@ def test_poison_session_fails_after_repeated_crashes_and_blocks_no_one(fleet):
     assert_invariants(poison)
 
 
-def test_only_the_work_horse_killed_comes_back_through_the_lease(fleet):
+def test_only_the_worker_process_killed_comes_back_through_the_lease(fleet):
+    """The OOM killer takes the process running the jobs, not its supervisor: the
+    supervisor starts a new one, which takes the session over when its lease runs out."""
     session = session_start(agent="slow", input="count to 5")
     worker = fleet.start()
     wait_for(
@@ -244,11 +246,14 @@ def test_only_the_work_horse_killed_comes_back_through_the_lease(fleet):
         interval=0.02,
         what="the run to get going",
     )
-    assert kill_horse_only(worker)
+    first = worker.pids()[1:]
+    assert kill_worker_process_only(worker)
     wait_final([session], timeout=40)
     session.refresh_from_db()
     assert session.status == Status.COMPLETED
-    assert worker.process.poll() is None, "RQ's parent survived the horse"
+    assert worker.process.poll() is None, "the supervisor survived its worker process"
+    assert worker.pids()[1:] and set(worker.pids()[1:]).isdisjoint(first), "a new process"
+    assert "died (killed by SIGKILL); starting a new one" in worker.log()
     assert runs_of(session) >= 2
     assert conversation(session) == reference("slow", "count to 5")
     assert_invariants(session)
