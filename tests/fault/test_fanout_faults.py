@@ -48,9 +48,7 @@ def test_sigkill_during_fan_out_loses_and_duplicates_no_branch(fleet):
     )
     # Two workers die in the middle of their branches, at once.
     busy = wait_for(
-        lambda: (
-            fleet.busy()[:2] if len(fleet.busy()) >= 2 else None
-        ),
+        lambda: fleet.busy()[:2] if len(fleet.busy()) >= 2 else None,
         timeout=20,
         interval=0.02,
         what="two workers running branches",
