@@ -65,12 +65,10 @@ class BenchWorker(RespawnWorker):
         return super().work(*args, **kwargs)
 
 
-class BenchForkingWorker(BenchWorker):
+class BenchForkingWorker(Worker, BenchWorker):
     """For comparison only: RQ's default execution, a work horse forked for every job (and
-    so a new PostgreSQL connection for every job), under the same supervisor."""
-
-    execute_job = Worker.execute_job
-    get_heartbeat_ttl = Worker.get_heartbeat_ttl
+    so a new PostgreSQL connection for every job), under the same supervisor. (RQ's
+    forking Worker first: its execute_job and horse handling override SimpleWorker's.)"""
 
 
 class Worker:

@@ -93,7 +93,10 @@ def _workers_cpu(workers) -> float:
     for w in workers:
         parent = psutil.Process(w.process.pid)
         for process in (parent, *parent.children(recursive=True)):
-            times = process.cpu_times()
+            try:
+                times = process.cpu_times()
+            except psutil.NoSuchProcess:  # a work horse that just ended: in its parent's
+                continue
             total += times.user + times.system + times.children_user + times.children_system
     return total
 
