@@ -41,31 +41,47 @@ RESTART_DELAY_MAX = 5.0
 
 class Reconciler(threading.Thread):
     """Runs `dispatch.reconcile` every `interval` seconds (±20 %, to spread the passes of
-    many workers apart), and sooner when a live lease expires before then: a session whose
-    worker died is dispatched again as soon as its lease runs out."""
+    many workers apart), and also just after a live lease expires: a session whose worker
+    died is dispatched again as soon as its lease runs out, not up to `interval` later.
 
-    def __init__(self, interval: float) -> None:
+    It learns the next expiry from the database at least every `watch` seconds (half a
+    lease TTL): a lease's last heartbeat sets an expiry at most one TTL ahead, so a look
+    within that time always sees it coming."""
+
+    def __init__(self, interval: float, watch: float) -> None:
         super().__init__(name="respawn-reconciler", daemon=True)
         self.interval = interval
+        self.watch = watch
         self.stopped = threading.Event()
 
     def run(self) -> None:
         from .dispatch import next_lease_expiry, reconcile
 
-        delay = min(1.0, self.interval)  # start soon
-        while not self.stopped.wait(delay):
-            delay = self.interval * random.uniform(0.8, 1.2)
+        next_pass = time.monotonic() + min(1.0, self.interval)  # start soon
+        while True:
+            now = time.monotonic()
+            wake, due = min(next_pass, now + self.watch), next_pass <= now + self.watch
+            try:
+                expires_in = next_lease_expiry()
+            except Exception:
+                log.exception("reconciler: reading the next lease expiry failed")
+                connections.close_all()
+                expires_in = None
+            if expires_in is not None and now + expires_in < wake:
+                # Just after it runs out (a heartbeat may renew it meanwhile: then the
+                # pass finds nothing and the next look finds the new expiry).
+                wake, due = now + expires_in + random.uniform(0.02, 0.1), True
+            if self.stopped.wait(max(0.0, wake - time.monotonic())):
+                break
+            if not due:
+                continue
             try:
                 reconcile()
-                expires_in = next_lease_expiry()
             except Exception:
                 log.exception("reconciler pass failed")
                 connections.close_all()
-                continue
-            if expires_in is not None:
-                # Just after the lease runs out (a heartbeat may renew it meanwhile: then
-                # the pass finds nothing and looks again).
-                delay = min(delay, expires_in + random.uniform(0.02, 0.1))
+            if time.monotonic() >= next_pass:
+                next_pass = time.monotonic() + self.interval * random.uniform(0.8, 1.2)
         connections.close_all()
 
 
@@ -78,7 +94,9 @@ class RespawnWorker(SimpleWorker):
     def _work(self, *args, **kwargs) -> bool:
         reconciler = None
         if settings.RESPAWN_RECONCILE_INTERVAL > 0:
-            reconciler = Reconciler(settings.RESPAWN_RECONCILE_INTERVAL)
+            reconciler = Reconciler(
+                settings.RESPAWN_RECONCILE_INTERVAL, watch=settings.RESPAWN_LEASE_TTL / 2
+            )
             reconciler.start()
         try:
             return super().work(*args, **kwargs)

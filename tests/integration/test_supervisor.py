@@ -75,24 +75,27 @@ def test_a_dead_worker_process_is_replaced_and_takes_jobs(start_worker):
 
 
 def test_a_dead_workers_session_is_taken_over_when_its_lease_expires(start_worker, settings):
-    """The reconciler's period is far longer than the lease here: the takeover must come
-    from its wake-up at the lease's expiry, within lease TTL + 1 s of the last heartbeat."""
+    """The reconciler's period is far longer than the lease here, and both workers made
+    their first pass before the session existed: the takeover must come from the wake-up
+    at the lease's expiry, within lease TTL + 1 s of the kill."""
     env = {"RESPAWN_RECONCILE_INTERVAL": "60", "RESPAWN_SLOW_DELAY": "0.3"}
-    doomed = start_worker(**env)
-    _ready(doomed)
+    workers = [start_worker(**env) for _ in range(2)]
+    for worker in workers:
+        _ready(worker)
+    time.sleep(1.5)  # their first reconciler passes are behind them
     session = session_start(agent="slow", input="count to 30")
     wait_for(
         lambda: Step.objects.filter(session=session, kind="tool_result").exists(),
         what="the run to get going",
         interval=0.02,
     )
-    rescuer = start_worker(**env)
-    _, rescuer_process = _ready(rescuer)
-    time.sleep(1.5)  # its first reconciler pass is behind it: what wakes it is the expiry
+    (holder,) = _run_owner_pids(session)
+    doomed = next(w for w in workers if holder in w.pids())
+    (rescuer,) = [w for w in workers if w is not doomed]
     doomed.kill()
     killed = time.monotonic()
     wait_for(
-        lambda: rescuer_process in _run_owner_pids(session),
+        lambda: rescuer.pids()[1] in _run_owner_pids(session),
         timeout=settings.RESPAWN_LEASE_TTL + 10,
         interval=0.02,
         what="the other worker's run",
