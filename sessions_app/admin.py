@@ -50,7 +50,7 @@ from .models import (
 )
 from .permissions import can_operate
 from .runtime import agent_registry
-from .views import BULK_DISPATCH_NOW, BULK_LIMIT
+from .views import BULK_LIMIT
 
 admin.site.site_header = "Respawn admin"
 admin.site.site_title = "Respawn admin"
@@ -558,16 +558,13 @@ class AgentSessionAdmin(LargeTableAdmin):
     @admin.action(description="Resume the selected sessions", permissions=["operate"])
     def resume_sessions(self, request, queryset):
         def run(session_id, index):
-            # Like the dashboard's bulk resume: the first ones are enqueued now, the
-            # reconciler dispatches the rest in waves.
-            now = index < BULK_DISPATCH_NOW
-            services.session_resume(
+            # The dashboard's bulk resume: the first ones enqueued now, the rest in waves.
+            return services.session_resume_in_bulk(
                 session_id=session_id,
+                position=index,
                 actor=request.user,
                 request_meta=_meta(request),
-                dispatch_now=now,
             )
-            return "queued" if now else "queued (dispatched by the reconciler)"
 
         self._each_session(request, queryset, run)
 

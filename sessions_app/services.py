@@ -309,6 +309,20 @@ def session_resume(
     return session
 
 
+BULK_DISPATCH_NOW = 50  # a bulk resume enqueues this many at once; the reconciler the rest
+
+
+def session_resume_in_bulk(
+    *, session_id: Any, position: int, actor: Actor = None, request_meta: dict | None = None
+) -> str:
+    """Resume the session at `position` (from 0) of a bulk selection: the first
+    BULK_DISPATCH_NOW are enqueued now, the reconciler dispatches the rest in waves.
+    Returns what became of it, for the operator's report."""
+    now = position < BULK_DISPATCH_NOW
+    session_resume(session_id=session_id, actor=actor, request_meta=request_meta, dispatch_now=now)
+    return "queued" if now else "queued (dispatched by the reconciler)"
+
+
 def session_cancel(
     *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
 ) -> AgentSession:

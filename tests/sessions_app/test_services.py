@@ -9,6 +9,7 @@ from agent_runtime.state import SCHEMA_VERSION
 from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
 from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import (
+    BULK_DISPATCH_NOW,
     ActionError,
     checkpoint_rollback,
     session_add_instruction,
@@ -18,6 +19,7 @@ from sessions_app.services import (
     session_reject,
     session_resolve_uncertain,
     session_resume,
+    session_resume_in_bulk,
     session_send_message,
     session_start,
 )
@@ -111,6 +113,23 @@ def test_resume_of_failed_session_queues_it_and_fences_the_old_lease():
     assert resumed.status == Status.QUEUED and resumed.last_error == ""
     assert resumed.fencing_token == 5
     assert AuditEvent.objects.filter(session=session, action="resume").count() == 1
+
+
+def test_bulk_resume_enqueues_the_first_ones_and_leaves_the_rest_to_the_reconciler():
+    first, later = (session_start(agent="echo", input=f"hi {n}") for n in range(2))
+    AgentSession.objects.filter(id__in=[first.id, later.id]).update(status=Status.FAILED)
+
+    assert session_resume_in_bulk(session_id=first.id, position=BULK_DISPATCH_NOW - 1) == "queued"
+    assert (
+        session_resume_in_bulk(session_id=later.id, position=BULK_DISPATCH_NOW)
+        == "queued (dispatched by the reconciler)"
+    )
+
+    first.refresh_from_db()
+    later.refresh_from_db()
+    assert first.status == later.status == Status.QUEUED
+    assert first.dispatched_at is not None and first.job_id.startswith(f"run-{first.id}-")
+    assert later.dispatched_at is None and later.job_id == ""
 
 
 def _summary(session):
