@@ -7,8 +7,9 @@ a COUNT(*) over millions of rows.
 - Every save goes through `admin_services` (locks, refuses to race a worker, audits the
   full before and after values); session actions go through `services`, like the dashboard.
 - Nothing of a session's history is added or deleted here; audit events are read-only.
-- Changelists count with `LargeTablePaginator`, filter through indexes (migration 0011)
-  and draw the date hierarchy from MIN/MAX only (templatetags/admin_scale.py).
+- Changelists count with `LargeTablePaginator`, filter through indexes (migration
+  0011_admin_indexes) and draw the date hierarchy from MIN/MAX only
+  (templatetags/admin_scale.py).
 """
 
 from __future__ import annotations
