@@ -7,8 +7,9 @@ a COUNT(*) over millions of rows.
 - Every save goes through `admin_services` (locks, refuses to race a worker, audits the
   full before and after values); session actions go through `services`, like the dashboard.
 - Nothing of a session's history is added or deleted here; audit events are read-only.
-- Changelists count with `LargeTablePaginator`, filter through indexes (migration 0011)
-  and draw the date hierarchy from MIN/MAX only (templatetags/admin_scale.py).
+- Changelists count with `LargeTablePaginator`, filter through indexes (migration
+  0011_admin_indexes) and draw the date hierarchy from MIN/MAX only
+  (templatetags/admin_scale.py).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from .models import (
 )
 from .permissions import can_operate
 from .runtime import agent_registry
-from .views import BULK_DISPATCH_NOW, BULK_LIMIT
+from .views import BULK_LIMIT
 
 admin.site.site_header = "Respawn admin"
 admin.site.site_title = "Respawn admin"
@@ -558,16 +559,13 @@ class AgentSessionAdmin(LargeTableAdmin):
     @admin.action(description="Resume the selected sessions", permissions=["operate"])
     def resume_sessions(self, request, queryset):
         def run(session_id, index):
-            # Like the dashboard's bulk resume: the first ones are enqueued now, the
-            # reconciler dispatches the rest in waves.
-            now = index < BULK_DISPATCH_NOW
-            services.session_resume(
+            # The dashboard's bulk resume: the first ones enqueued now, the rest in waves.
+            return services.session_resume_in_bulk(
                 session_id=session_id,
+                position=index,
                 actor=request.user,
                 request_meta=_meta(request),
-                dispatch_now=now,
             )
-            return "queued" if now else "queued (dispatched by the reconciler)"
 
         self._each_session(request, queryset, run)
 

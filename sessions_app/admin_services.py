@@ -5,7 +5,7 @@ directly, like the dashboard and the API."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -26,6 +26,20 @@ def _refuse_if_running(session: AgentSession) -> None:
             "stops before editing its history",
             code="already_running",
         )
+
+
+Row = TypeVar("Row", Step, Checkpoint)
+
+
+def _locked_row(model: type[Row], pk: int, what: str) -> tuple[AgentSession, Row]:
+    """A step or checkpoint to edit, locked after its session (the lock a worker's append
+    waits on), and refused while a worker holds the session's lease."""
+    session_id = model.objects.filter(pk=pk).values_list("session_id", flat=True).first()
+    if session_id is None:
+        raise ActionError(f"no {what} with id {pk}", code="not_found")
+    session = _locked(session_id)
+    _refuse_if_running(session)
+    return session, model.objects.select_for_update().get(pk=pk)
 
 
 def _fence(session: AgentSession) -> tuple[int, int]:
@@ -73,12 +87,7 @@ def step_edit_payload(
     must load at the step's schema version; the audit event keeps the old one whole."""
     who = _actor(actor)
     with transaction.atomic():
-        session_id = Step.objects.filter(pk=step_id).values_list("session_id", flat=True).first()
-        if session_id is None:
-            raise ActionError(f"no step with id {step_id}", code="not_found")
-        session = _locked(session_id)
-        _refuse_if_running(session)
-        step = Step.objects.select_for_update().get(pk=step_id)
+        session, step = _locked_row(Step, step_id, "step")
         try:
             validate_step_payload_json(step.kind, payload, step.schema_version)
         except ValidationError as exc:
@@ -120,14 +129,7 @@ def checkpoint_edit_state(
     updates the session's copy of it, as a rollback does."""
     who = _actor(actor)
     with transaction.atomic():
-        session_id = (
-            Checkpoint.objects.filter(pk=checkpoint_id).values_list("session_id", flat=True).first()
-        )
-        if session_id is None:
-            raise ActionError(f"no checkpoint with id {checkpoint_id}", code="not_found")
-        session = _locked(session_id)
-        _refuse_if_running(session)
-        checkpoint = Checkpoint.objects.select_for_update().get(pk=checkpoint_id)
+        session, checkpoint = _locked_row(Checkpoint, checkpoint_id, "checkpoint")
         try:
             validate_checkpoint_state_json(state, checkpoint.schema_version)
         except ValidationError as exc:

@@ -25,7 +25,7 @@ from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
 from . import services
-from .models import AgentSession, ApiToken, Checkpoint, Status, Step
+from .models import AgentSession, ApiToken, Status, Step
 from .permissions import can_operate, can_view
 
 MAX_PAGE = 200
@@ -219,13 +219,8 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
     }
 
 
-def _pending(session: AgentSession) -> dict | None:
-    if session.status != Status.WAITING_INPUT:
-        return None
-    checkpoint = (
-        Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
-    )
-    pending = (checkpoint.state if checkpoint else {}).get("pending_approval")
+def _pending(state: dict[str, Any]) -> dict | None:
+    pending = state.get("pending_approval")
     if not pending:
         return None
     return {k: pending.get(k) for k in ("call_id", "tool", "arguments", "requested_at")}
@@ -239,16 +234,19 @@ def _get(session_id: UUID) -> AgentSession:
 
 
 def _detail(session: AgentSession) -> dict[str, Any]:
-    out = _session_out(session, _pending(session))
-    if session.status == Status.WAITING_INPUT:
-        from .selectors import head_state, uncertain_call
+    if session.status != Status.WAITING_INPUT:
+        return _session_out(session)
+    from .selectors import head_state, uncertain_call
 
-        call = uncertain_call(session, head_state(session))
-        if call is not None:
-            out["uncertain_call"] = {
-                k: call.get(k)
-                for k in ("call_id", "tool", "arguments", "tool_call_seq", "idempotency_key")
-            }
+    # One read of the head checkpoint serves both: what waits for approval, what is uncertain.
+    state = head_state(session)
+    out = _session_out(session, _pending(state))
+    call = uncertain_call(session, state)
+    if call is not None:
+        out["uncertain_call"] = {
+            k: call.get(k)
+            for k in ("call_id", "tool", "arguments", "tool_call_seq", "idempotency_key")
+        }
     return out
 
 

@@ -129,7 +129,8 @@ class AgentSession(models.Model):
                 condition=Q(status__in=["queued", "running"]),
             ),
             # The admin's title search (upper(title) LIKE '%...%') is served by a trigram
-            # index on PostgreSQL, created in migration 0008 (not expressible here portably).
+            # index on PostgreSQL, created in migration 0011_admin_indexes (not expressible
+            # here portably).
         ]
 
     def __str__(self) -> str:
@@ -253,9 +254,9 @@ class Checkpoint(models.Model):
 
 
 class AuditEvent(models.Model):
-    """Append-only: a database trigger refuses every UPDATE and DELETE (migration 0007).
-    The foreign keys are unconstrained and untouched when a user or session is deleted,
-    so the record keeps pointing at what it was about."""
+    """Append-only: a database trigger refuses every UPDATE and DELETE (migration
+    0007_audit_append_only). The foreign keys are unconstrained and untouched when a user
+    or session is deleted, so the record keeps pointing at what it was about."""
 
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL,

@@ -5,7 +5,8 @@ commit) live in one place."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -96,6 +97,12 @@ def _load_checkpoint_state(checkpoint: Checkpoint) -> SessionState:
         ) from None
 
 
+def _head_state(session: AgentSession) -> SessionState | None:
+    """The state of the checkpoint a resume would load; None if the session has none."""
+    checkpoint = session.checkpoints.filter(seq=session.head).order_by("-id").first()
+    return _load_checkpoint_state(checkpoint) if checkpoint else None
+
+
 def _clear_incompatible(session: AgentSession) -> None:
     session.incompatible_reason = ""
     session.incompatible_at = None
@@ -124,6 +131,56 @@ def _append_operator_step(
         finished_at=now,
         created_at=now,
     )
+
+
+@dataclass(frozen=True)
+class _Edit:
+    """What an operator's edit writes: its step, the session's new status and error, and
+    what the audit event records beside the session's summary."""
+
+    payload: dict[str, Any]
+    kind: str = Kind.OPERATOR
+    status: str = Status.QUEUED
+    last_error: str = ""
+    clear_final_answer: bool = False
+    before: dict[str, Any] = field(default_factory=dict)
+    after: dict[str, Any] = field(default_factory=dict)
+
+
+def _operator_edit(
+    *,
+    session_id: Any,
+    action: str,
+    actor: Actor,
+    request_meta: dict | None,
+    prepare: Callable[[AgentSession, ActorInfo], _Edit],
+) -> AgentSession:
+    """What every edit that appends a step outside a run does. Under the session's lock,
+    `prepare` checks the session (raising ActionError) and says what to write; the step is
+    appended, the session saved and audited and, when the edit queues it, dispatched once
+    the transaction commits."""
+    who = _actor(actor)
+    with transaction.atomic():
+        session = _locked(session_id)
+        edit = prepare(session, who)
+        before = {**_summary(session), **edit.before}
+        step = _append_operator_step(session, edit.payload, kind=edit.kind)
+        session.status = edit.status
+        session.last_error = edit.last_error
+        if edit.clear_final_answer:
+            session.final_answer = ""
+        session.save()
+        audit(
+            actor=who,
+            action=action,
+            session=session,
+            before=before,
+            after={**_summary(session), "step": step.seq, **edit.after},
+            request_meta=request_meta,
+        )
+        if session.status == Status.QUEUED:
+            dispatch.dispatch_on_commit(session)
+    return session
 
 
 def session_start(
@@ -252,6 +309,20 @@ def session_resume(
     return session
 
 
+BULK_DISPATCH_NOW = 50  # a bulk resume enqueues this many at once; the reconciler the rest
+
+
+def session_resume_in_bulk(
+    *, session_id: Any, position: int, actor: Actor = None, request_meta: dict | None = None
+) -> str:
+    """Resume the session at `position` (from 0) of a bulk selection: the first
+    BULK_DISPATCH_NOW are enqueued now, the reconciler dispatches the rest in waves.
+    Returns what became of it, for the operator's report."""
+    now = position < BULK_DISPATCH_NOW
+    session_resume(session_id=session_id, actor=actor, request_meta=request_meta, dispatch_now=now)
+    return "queued" if now else "queued (dispatched by the reconciler)"
+
+
 def session_cancel(
     *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
 ) -> AgentSession:
@@ -290,8 +361,7 @@ def _decide(
         session = _locked(session_id)
         if session.status != Status.WAITING_INPUT:
             raise ActionError("nothing is waiting for approval in this session", code="bad_status")
-        checkpoint = session.checkpoints.filter(seq=session.head).order_by("-id").first()
-        state = _load_checkpoint_state(checkpoint) if checkpoint else None
+        state = _head_state(session)
         pending = state.pending_approval if state else None
         if pending is None:
             raise ActionError("nothing is waiting for approval in this session", code="bad_status")
@@ -437,9 +507,8 @@ def session_send_message(
         raise ActionError("content must not be empty", code="empty_input")
     if len(text) > MAX_INPUT_CHARS:
         raise ActionError(f"content is longer than {MAX_INPUT_CHARS} characters", code="too_long")
-    who = _actor(actor)
-    with transaction.atomic():
-        session = _locked(session_id)
+
+    def prepare(session: AgentSession, who: ActorInfo) -> _Edit:
         if session.status == Status.WAITING_INPUT:
             raise ActionError(
                 "session is waiting for an approval: approve or reject the pending tool call first",
@@ -451,22 +520,15 @@ def session_send_message(
                 "(only completed, paused or failed ones take new messages)",
                 code="bad_status" if session.status != Status.RUNNING else "already_running",
             )
-        before = _summary(session)
-        step = _append_operator_step(session, user_payload(text), kind=Kind.USER)
-        session.status = Status.QUEUED
-        session.last_error = ""
-        session.final_answer = ""
-        session.save()
-        audit(
-            actor=who,
-            action="message",
-            session=session,
-            before=before,
-            after={**_summary(session), "step": step.seq},
-            request_meta=request_meta,
-        )
-        dispatch.dispatch_on_commit(session)
-    return session
+        return _Edit(payload=user_payload(text), kind=Kind.USER, clear_final_answer=True)
+
+    return _operator_edit(
+        session_id=session_id,
+        action="message",
+        actor=actor,
+        request_meta=request_meta,
+        prepare=prepare,
+    )
 
 
 def session_fork(
@@ -592,9 +654,8 @@ def session_correct_result(
         json.dumps(output)
     except (TypeError, ValueError):
         raise ActionError("the corrected output must be JSON", code="invalid") from None
-    who = _actor(actor)
-    with transaction.atomic():
-        session = _locked(session_id)
+
+    def prepare(session: AgentSession, who: ActorInfo) -> _Edit:
         _editable(session)
         target = Step.objects.filter(
             session=session, seq=result_seq, superseded_at__isnull=True
@@ -603,7 +664,6 @@ def session_correct_result(
             raise ActionError(
                 f"step {result_seq} is not a live tool result of this session", code="not_found"
             )
-        before = {**_summary(session), "result_seq": result_seq, "original": target.payload}
         payload = {
             "action": "correct_result",
             "actor": who.label,
@@ -614,20 +674,19 @@ def session_correct_result(
         }
         if note.strip():
             payload["note"] = note.strip()[:2000]
-        step = _append_operator_step(session, payload)
-        session.status = Status.QUEUED
-        session.last_error = ""
-        session.save()
-        audit(
-            actor=who,
-            action="correct_result",
-            session=session,
-            before=before,
-            after={**_summary(session), "step": step.seq, "output": output},
-            request_meta=request_meta,
+        return _Edit(
+            payload=payload,
+            before={"result_seq": result_seq, "original": target.payload},
+            after={"output": output},
         )
-        dispatch.dispatch_on_commit(session)
-    return session
+
+    return _operator_edit(
+        session_id=session_id,
+        action="correct_result",
+        actor=actor,
+        request_meta=request_meta,
+        prepare=prepare,
+    )
 
 
 def session_add_instruction(
@@ -642,25 +701,18 @@ def session_add_instruction(
         raise ActionError(
             f"the instruction is longer than {MAX_INPUT_CHARS} characters", code="too_long"
         )
-    who = _actor(actor)
-    with transaction.atomic():
-        session = _locked(session_id)
+
+    def prepare(session: AgentSession, who: ActorInfo) -> _Edit:
         _editable(session)
-        before = _summary(session)
-        step = _append_operator_step(session, instruction_payload(text, who.label))
-        session.status = Status.QUEUED
-        session.last_error = ""
-        session.save()
-        audit(
-            actor=who,
-            action="instruction",
-            session=session,
-            before=before,
-            after={**_summary(session), "step": step.seq, "text": text},
-            request_meta=request_meta,
-        )
-        dispatch.dispatch_on_commit(session)
-    return session
+        return _Edit(payload=instruction_payload(text, who.label), after={"text": text})
+
+    return _operator_edit(
+        session_id=session_id,
+        action="instruction",
+        actor=actor,
+        request_meta=request_meta,
+        prepare=prepare,
+    )
 
 
 UNCERTAIN_CHOICES = ("rerun", "record_result", "fail")
@@ -690,42 +742,31 @@ def session_resolve_uncertain(
             json.dumps(output)
         except (TypeError, ValueError):
             raise ActionError("the recorded result must be JSON", code="invalid") from None
-    who = _actor(actor)
-    with transaction.atomic():
-        session = _locked(session_id)
-        checkpoint = session.checkpoints.filter(seq=session.head).order_by("-id").first()
-        state = _load_checkpoint_state(checkpoint) if checkpoint else None
+
+    def prepare(session: AgentSession, who: ActorInfo) -> _Edit:
+        state = _head_state(session)
         uncertain = list(state.uncertain_calls) if state else []
         if session.status != Status.WAITING_INPUT or not uncertain:
             raise ActionError("no tool call of this session is uncertain", code="bad_status")
         call_id = uncertain[0]
-        before = {**_summary(session), "uncertain_call": call_id}
         payload: dict[str, Any] = {"action": resolution, "call_id": call_id, "actor": who.label}
         if resolution == "record_result":
             payload["output"] = output
         if note.strip():
             payload["note"] = note.strip()[:2000]
-        step = _append_operator_step(session, payload)
+        before = {"uncertain_call": call_id}
         if resolution == "fail":
-            session.status = Status.FAILED
-            session.last_error = (
-                f"failed by {who.label}: tool call {call_id} may or may not have happened"
-            )
-        else:
-            session.status = Status.QUEUED
-            session.last_error = ""
-        session.save()
-        audit(
-            actor=who,
-            action=f"uncertain_{resolution}",
-            session=session,
-            before=before,
-            after={**_summary(session), "step": step.seq},
-            request_meta=request_meta,
-        )
-        if resolution != "fail":
-            dispatch.dispatch_on_commit(session)
-    return session
+            failed = f"failed by {who.label}: tool call {call_id} may or may not have happened"
+            return _Edit(payload=payload, status=Status.FAILED, last_error=failed, before=before)
+        return _Edit(payload=payload, before=before)
+
+    return _operator_edit(
+        session_id=session_id,
+        action=f"uncertain_{resolution}",
+        actor=actor,
+        request_meta=request_meta,
+        prepare=prepare,
+    )
 
 
 def session_check_compat(

@@ -33,7 +33,6 @@ PAGE_SIZE = 50
 TRACE_PAGE = 50
 WATERFALL_STEPS = 400
 BULK_LIMIT = 1000
-BULK_DISPATCH_NOW = 50  # a bulk resume enqueues this many at once; the reconciler the rest
 LIVE_POLL = "2s"
 
 
@@ -184,16 +183,11 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
     for index, session in enumerate(sessions):
         try:
             if action == "resume":
-                services.session_resume(
+                outcome = services.session_resume_in_bulk(
                     session_id=session.id,
+                    position=index,
                     actor=request.user,
                     request_meta=_meta(request),
-                    dispatch_now=index < BULK_DISPATCH_NOW,
-                )
-                outcome = (
-                    "queued"
-                    if index < BULK_DISPATCH_NOW
-                    else "queued (dispatched by the reconciler)"
                 )
             else:
                 services.session_cancel(

@@ -1,16 +1,18 @@
-"""What the HTTP providers share: error classification, operator-readable messages that
-never carry a credential, and decoding of tool-call arguments."""
+"""What the HTTP providers share: one turn through an official SDK, error classification,
+operator-readable messages that never carry a credential, and decoding of tool-call
+arguments."""
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from http import HTTPStatus
 from types import ModuleType
 from typing import Any
 
-from .base import ProviderError
+from .base import ModelTurn, ProviderError
 
 REDACTED = "[redacted]"
 
@@ -91,6 +93,56 @@ def server_detail(body: object) -> str:
     if message is None:
         message = body
     return shorten(message if isinstance(message, str) else json.dumps(message, default=str))
+
+
+def sdk_turn(
+    *,
+    provider: str,
+    sdk: ModuleType,
+    base_error: type[Exception],
+    open_client: Callable[[], AbstractContextManager[Any]],
+    send: Callable[[Any], Any],
+    parse: Callable[[str], ModelTurn],
+    endpoint: str,
+    timeout: float,
+    scrub: Scrubber,
+) -> ModelTurn:
+    """One request through an official SDK: `open_client` builds the client, `send` makes
+    the request for the raw response, `parse` reads the turn from its body. Every failure
+    leaves as a ProviderError with the secrets scrubbed from its message."""
+    try:
+        with open_client() as client:
+            endpoint = str(client.base_url)
+            # The raw body, not the SDK's model: the SDK accepts any JSON without
+            # validating it, and a non-JSON body comes back as a str; checking the
+            # shape ourselves gives one clear error for each way a body can be wrong.
+            response = send(client)
+            status, body = response.http_response.status_code, response.http_response.text
+    except Exception as exc:  # every error leaves through the scrubber
+        error = translate_sdk_error(
+            exc,
+            sdk=sdk,
+            base_error=base_error,
+            provider=provider,
+            endpoint=endpoint,
+            timeout=timeout,
+        )
+        # from None: the SDK's exception holds the request, key included; it must not
+        # ride along into a logged traceback.
+        raise ProviderError(
+            scrub(str(error)), permanent=error.permanent, status=error.status
+        ) from None
+    try:
+        return parse(body)
+    except MalformedResponse as exc:
+        # Retryable: a bad body is most often a proxy's error page or a cut-off response,
+        # which the next attempt does not repeat; a server that always answers like this
+        # costs only the loop's few bounded retries before the session fails.
+        raise ProviderError(
+            scrub(f"{provider}: malformed response (HTTP {status}) from {endpoint}: {exc}"),
+            permanent=False,
+            status=status,
+        ) from None
 
 
 def translate_sdk_error(

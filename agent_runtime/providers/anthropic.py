@@ -17,10 +17,10 @@ from ._http import (
     Scrubber,
     canonical,
     kind,
+    sdk_turn,
     server_detail,
     snippet,
     token_count,
-    translate_sdk_error,
 )
 from .base import Message, ModelSettings, ModelTurn, ProviderError, ToolCall, Usage
 
@@ -45,47 +45,24 @@ class AnthropicProvider:
         self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings
     ) -> ModelTurn:
         request = self.request(messages, tools, settings)
-        endpoint = self.base_url or "the Anthropic API"
-        try:
-            with anthropic.Anthropic(
+        return sdk_turn(
+            provider=NAME,
+            sdk=anthropic,
+            base_error=anthropic.AnthropicError,
+            open_client=lambda: anthropic.Anthropic(
                 api_key=self._api_key,  # explicit: the SDK then reads no credential files
                 base_url=self.base_url,  # None: the SDK's default
                 timeout=settings.timeout,
                 max_retries=0,  # the loop retries, with its backoff, and records the attempts
-            ) as client:
-                endpoint = str(client.base_url)
-                # The raw body, not the SDK's model: the SDK accepts any JSON without
-                # validating it; checking the shape ourselves gives one clear error.
-                response = client.messages.with_raw_response.create(
-                    **request, timeout=settings.timeout
-                )
-                status, body = response.http_response.status_code, response.http_response.text
-        except Exception as exc:  # every error leaves through the scrubber
-            error = translate_sdk_error(
-                exc,
-                sdk=anthropic,
-                base_error=anthropic.AnthropicError,
-                provider=NAME,
-                endpoint=endpoint,
-                timeout=settings.timeout,
-            )
-            # from None: the SDK's exception holds the request, key included; it must not
-            # ride along into a logged traceback.
-            raise ProviderError(
-                self._scrub(str(error)), permanent=error.permanent, status=error.status
-            ) from None
-        try:
-            return parse_message(body)
-        except MalformedResponse as exc:
-            # Retryable, as for OpenAI: most often a proxy's page or a cut-off body, and a
-            # server that always answers like this costs only the loop's bounded retries.
-            raise ProviderError(
-                self._scrub(
-                    f"anthropic: malformed response (HTTP {status}) from {endpoint}: {exc}"
-                ),
-                permanent=False,
-                status=status,
-            ) from None
+            ),
+            send=lambda client: client.messages.with_raw_response.create(
+                **request, timeout=settings.timeout
+            ),
+            parse=parse_message,
+            endpoint=self.base_url or "the Anthropic API",
+            timeout=settings.timeout,
+            scrub=self._scrub,
+        )
 
     def request(
         self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings

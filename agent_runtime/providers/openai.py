@@ -18,9 +18,9 @@ from ._http import (
     Scrubber,
     decode_arguments,
     kind,
+    sdk_turn,
     snippet,
     token_count,
-    translate_sdk_error,
 )
 from .base import Message, ModelSettings, ModelTurn, ProviderError, ToolCall, Usage
 
@@ -49,47 +49,24 @@ class OpenAIProvider:
         self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings
     ) -> ModelTurn:
         request = self.request(messages, tools, settings)
-        endpoint = self.base_url or "the OpenAI API"
-        try:
-            with openai.OpenAI(
+        return sdk_turn(
+            provider=NAME,
+            sdk=openai,
+            base_error=openai.OpenAIError,
+            open_client=lambda: openai.OpenAI(
                 api_key=self._api_key,
                 base_url=self.base_url,  # None: the SDK's default
                 timeout=settings.timeout,
                 max_retries=0,  # the loop retries, with its backoff, and records the attempts
-            ) as client:
-                endpoint = str(client.base_url)
-                # The raw body, not the SDK's model: the SDK accepts any JSON without
-                # validating it, and a non-JSON body comes back as a str; checking the
-                # shape ourselves gives one clear error for each way a body can be wrong.
-                response = client.chat.completions.with_raw_response.create(
-                    **request, timeout=settings.timeout
-                )
-                status, body = response.http_response.status_code, response.http_response.text
-        except Exception as exc:  # every error leaves through the scrubber
-            error = translate_sdk_error(
-                exc,
-                sdk=openai,
-                base_error=openai.OpenAIError,
-                provider=NAME,
-                endpoint=endpoint,
-                timeout=settings.timeout,
-            )
-            # from None: the SDK's exception holds the request, key included; it must not
-            # ride along into a logged traceback.
-            raise ProviderError(
-                self._scrub(str(error)), permanent=error.permanent, status=error.status
-            ) from None
-        try:
-            return parse_completion(body)
-        except MalformedResponse as exc:
-            # Retryable: a bad body is most often a proxy's error page or a cut-off response,
-            # which the next attempt does not repeat; a server that always answers like this
-            # costs only the loop's few bounded retries before the session fails.
-            raise ProviderError(
-                self._scrub(f"openai: malformed response (HTTP {status}) from {endpoint}: {exc}"),
-                permanent=False,
-                status=status,
-            ) from None
+            ),
+            send=lambda client: client.chat.completions.with_raw_response.create(
+                **request, timeout=settings.timeout
+            ),
+            parse=parse_completion,
+            endpoint=self.base_url or "the OpenAI API",
+            timeout=settings.timeout,
+            scrub=self._scrub,
+        )
 
     def request(
         self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings

@@ -7,7 +7,7 @@ migration is not atomic. Other databases get plain CREATE INDEX.
 
 The title search index is PostgreSQL-only (a pg_trgm GIN index on the exact expression
 Django's icontains generates, UPPER(title::text), so the planner uses it), like the
-step_payload_search index of migration 0004."""
+step_payload_search index of migration 0004_step_search."""
 
 from django.db import migrations, models
 

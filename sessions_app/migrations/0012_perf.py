@@ -32,7 +32,7 @@ class Migration(migrations.Migration):
         ("sessions_app", "0011_admin_indexes"),
     ]
 
-    # The index names are the ones Django gave the foreign keys' indexes (0001). Only the
+    # The index names are the ones Django gave the foreign keys' indexes (0001_initial). Only the
     # index is dropped: AlterField would also drop and re-add the foreign key, which
     # validates every step row under a lock that blocks writes on a large table.
     operations = [

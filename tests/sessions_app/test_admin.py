@@ -475,6 +475,23 @@ def test_the_edit_services_validate_on_their_own(demo, staff):
         )
 
 
+def test_the_edit_services_refuse_missing_rows_and_running_sessions(demo, staff):
+    step, checkpoint = tool_result(demo), head_checkpoint(demo)
+    with pytest.raises(ActionError, match="no step with id 0") as missing:
+        admin_services.step_edit_payload(step_id=0, payload=step.payload, actor=staff)
+    assert missing.value.code == "not_found"
+    with pytest.raises(ActionError, match="no checkpoint with id 0") as missing:
+        admin_services.checkpoint_edit_state(checkpoint_id=0, state=checkpoint.state, actor=staff)
+    assert missing.value.code == "not_found"
+    hold_lease(demo)
+    with pytest.raises(ActionError, match="the session is running") as running:
+        admin_services.checkpoint_edit_state(
+            checkpoint_id=checkpoint.pk, state={**checkpoint.state, "turn": 99}, actor=staff
+        )
+    assert running.value.code == "already_running"
+    assert Checkpoint.objects.get(pk=checkpoint.pk).state == checkpoint.state
+
+
 # --- Actions ----------------------------------------------------------------------------------
 
 

@@ -9,12 +9,18 @@ from agent_runtime.state import SCHEMA_VERSION
 from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
 from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import (
+    BULK_DISPATCH_NOW,
     ActionError,
     checkpoint_rollback,
+    session_add_instruction,
     session_approve,
     session_cancel,
+    session_correct_result,
     session_reject,
+    session_resolve_uncertain,
     session_resume,
+    session_resume_in_bulk,
+    session_send_message,
     session_start,
 )
 from sessions_app.store import DjangoEffects, DjangoSessionStore
@@ -107,6 +113,109 @@ def test_resume_of_failed_session_queues_it_and_fences_the_old_lease():
     assert resumed.status == Status.QUEUED and resumed.last_error == ""
     assert resumed.fencing_token == 5
     assert AuditEvent.objects.filter(session=session, action="resume").count() == 1
+
+
+def test_bulk_resume_enqueues_the_first_ones_and_leaves_the_rest_to_the_reconciler():
+    first, later = (session_start(agent="echo", input=f"hi {n}") for n in range(2))
+    AgentSession.objects.filter(id__in=[first.id, later.id]).update(status=Status.FAILED)
+
+    assert session_resume_in_bulk(session_id=first.id, position=BULK_DISPATCH_NOW - 1) == "queued"
+    assert (
+        session_resume_in_bulk(session_id=later.id, position=BULK_DISPATCH_NOW)
+        == "queued (dispatched by the reconciler)"
+    )
+
+    first.refresh_from_db()
+    later.refresh_from_db()
+    assert first.status == later.status == Status.QUEUED
+    assert first.dispatched_at is not None and first.job_id.startswith(f"run-{first.id}-")
+    assert later.dispatched_at is None and later.job_id == ""
+
+
+def _summary(session):
+    session.refresh_from_db()
+    return {
+        "status": session.status,
+        "head": session.head,
+        "last_seq": session.last_seq,
+        "fencing_token": session.fencing_token,
+    }
+
+
+def test_operator_edits_append_a_step_queue_the_session_and_audit_before_and_after(users):
+    olivia = users["operator"]
+    session = session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
+    run_inline(session)
+    result = Step.objects.get(session=session, kind="tool_result", payload__name="calculator")
+
+    def edit(action, apply):
+        """Apply one edit to the completed session; its step, its audit event."""
+        AgentSession.objects.filter(id=session.id).update(
+            status=Status.COMPLETED, last_error="earlier trouble", job_id=""
+        )
+        before = _summary(session)
+        apply()
+        after = _summary(session)
+        assert after["status"] == Status.QUEUED
+        assert session.last_error == "" and session.job_id.startswith(f"run-{session.id}-")
+        assert after["last_seq"] == before["last_seq"] + 1
+        assert after["fencing_token"] == before["fencing_token"] + 1
+        event = AuditEvent.objects.get(session=session, action=action)
+        assert event.actor == olivia
+        step = Step.objects.get(session=session, seq=after["last_seq"])
+        return step, event, before, {**after, "step": step.seq}
+
+    step, event, before, after = edit(
+        "correct_result",
+        lambda: session_correct_result(
+            session_id=session.id, result_seq=result.seq, output={"value": 88}, actor=olivia
+        ),
+    )
+    assert step.kind == "operator" and step.payload["output"] == {"value": 88}
+    assert event.before == {**before, "result_seq": result.seq, "original": result.payload}
+    assert event.after == {**after, "output": {"value": 88}}
+
+    step, event, before, after = edit(
+        "instruction",
+        lambda: session_add_instruction(session_id=session.id, text="be brief", actor=olivia),
+    )
+    assert step.kind == "operator" and step.payload["action"] == "instruction"
+    assert (event.before, event.after) == (before, {**after, "text": "be brief"})
+
+    step, event, before, after = edit(
+        "message",
+        lambda: session_send_message(session_id=session.id, content="and 2+2?", actor=olivia),
+    )
+    assert step.kind == "user" and session.final_answer == ""
+    assert (event.before, event.after) == (before, after)
+
+
+def test_failing_an_uncertain_call_audits_it_and_queues_nothing(users):
+    from tests.sessions_app.test_dashboard import _uncertain_notify_session
+
+    session = _uncertain_notify_session()
+    before, job_id = _summary(session), session.job_id
+
+    session_resolve_uncertain(
+        session_id=session.id, resolution="fail", note=" never sent ", actor=users["operator"]
+    )
+
+    after = _summary(session)
+    assert after["status"] == Status.FAILED and session.job_id == job_id
+    assert session.last_error == (
+        "failed by olivia: tool call call_0_0 may or may not have happened"
+    )
+    step = Step.objects.get(session=session, seq=after["last_seq"])
+    assert step.kind == "operator"
+    assert step.payload == {
+        "action": "fail",
+        "call_id": "call_0_0",
+        "actor": "olivia",
+        "note": "never sent",
+    }
+    event = AuditEvent.objects.get(session=session, action="uncertain_fail")
+    assert event.before == {**before, "uncertain_call": "call_0_0"}
+    assert event.after == {**after, "step": step.seq}
 
 
 def test_cancel_is_immediate_and_fences_off_a_running_worker():

@@ -1,4 +1,5 @@
-"""Rewrite stored blobs to the current schema version, on demand (same as migration 0009)."""
+"""Rewrite stored blobs to the current schema version, on demand (as migration
+0009_upgrade_state_blobs does)."""
 
 from __future__ import annotations
 
