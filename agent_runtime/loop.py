@@ -535,6 +535,9 @@ class _Run:
         return text
 
     def stop_cancelled(self) -> None:
+        """The cooperative stop: the session's `cancel_requested` flag (set in the admin)
+        came back with a heartbeat or an append; the step in hand is recorded, the run ends
+        here with a `cancelled` step. (The operator's cancel fences the run off instead.)"""
         self.append(
             NewStep(
                 kind=StepKind.SYSTEM,
