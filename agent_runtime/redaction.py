@@ -14,21 +14,29 @@ from typing import Any
 
 MARKER = "[REDACTED:{kind}]"
 
-PATTERNS: list[tuple[str, str]] = [
+# (kind, pattern, literals): a pattern can match only where one of its literals occurs
+# (compared in lower case), so a string none of them is in skips the regex: most text
+# holds no "sk-", "akia" or "eyj", and a regex scan costs microseconds per pattern.
+PATTERNS: list[tuple[str, str, tuple[str, ...]]] = [
     (
         "private-key",
         r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
+        ("-----begin ",),
     ),
-    ("anthropic-key", r"\bsk-ant-[A-Za-z0-9_\-]{20,}"),
-    ("openai-key", r"\bsk-(?:proj-|svcacct-|admin-|live-|test-)?[A-Za-z0-9_\-]{20,}"),
-    ("stripe-key", r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}"),
-    ("aws-access-key", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b"),
-    ("github-token", r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})"),
-    ("slack-token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
-    ("google-api-key", r"\bAIza[0-9A-Za-z_\-]{35}"),
-    ("respawn-token", r"\brsp_[A-Za-z0-9_\-]{30,}"),
-    ("jwt", r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}"),
-    ("bearer-token", r"(?i)(?<=bearer )[A-Za-z0-9._~+/=\-]{16,}"),
+    ("anthropic-key", r"\bsk-ant-[A-Za-z0-9_\-]{20,}", ("sk-ant-",)),
+    ("openai-key", r"\bsk-(?:proj-|svcacct-|admin-|live-|test-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),
+    ("stripe-key", r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}", ("_live_", "_test_")),
+    ("aws-access-key", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b", ("akia", "asia")),
+    (
+        "github-token",
+        r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})",
+        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+    ),
+    ("slack-token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}", ("xox",)),
+    ("google-api-key", r"\bAIza[0-9A-Za-z_\-]{35}", ("aiza",)),
+    ("respawn-token", r"\brsp_[A-Za-z0-9_\-]{30,}", ("rsp_",)),
+    ("jwt", r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", ("eyj",)),
+    ("bearer-token", r"(?i)(?<=bearer )[A-Za-z0-9._~+/=\-]{16,}", ("bearer ",)),
 ]
 # user:password@ in any URL: only the password is replaced.
 URL_PASSWORD = re.compile(
@@ -42,15 +50,18 @@ SECRET_KEYS = re.compile(
 
 class Redactor:
     def __init__(self, *, extra_patterns: Iterable[str] = (), secrets: Iterable[str] = ()) -> None:
-        compiled = [(kind, re.compile(pattern)) for kind, pattern in PATTERNS]
+        compiled = [(kind, re.compile(pattern), literals) for kind, pattern, literals in PATTERNS]
         for index, pattern in enumerate(extra_patterns):
             try:
-                compiled.append((f"custom-{index + 1}", re.compile(pattern)))
+                # A deployment's own pattern has no known literal: it always runs.
+                compiled.append((f"custom-{index + 1}", re.compile(pattern), ()))
             except re.error as exc:
                 raise ValueError(
                     f"redaction pattern {pattern!r} is not a valid regex: {exc}"
                 ) from None
         self._patterns = compiled
+        self._literals = {"://", *(literal for _, _, literals in compiled for literal in literals)}
+        self._always = any(not literals for _, _, literals in compiled)
         # Longest first, so a secret that contains another is replaced whole.
         self._secrets = sorted({s for s in secrets if s and len(s) >= 8}, key=len, reverse=True)
 
@@ -58,9 +69,16 @@ class Redactor:
         for secret in self._secrets:
             if secret in value:
                 value = value.replace(secret, MARKER.format(kind="configured-secret"))
-        value = URL_PASSWORD.sub(lambda m: m.group("head") + MARKER.format(kind="password"), value)
-        for kind, pattern in self._patterns:
-            value = pattern.sub(MARKER.format(kind=kind), value)
+        lowered = value.lower()
+        present = {literal for literal in self._literals if literal in lowered}
+        if "://" in present:
+            value = URL_PASSWORD.sub(
+                lambda m: m.group("head") + MARKER.format(kind="password"), value
+            )
+        if present or self._always:
+            for kind, pattern, literals in self._patterns:
+                if not literals or not present.isdisjoint(literals):
+                    value = pattern.sub(MARKER.format(kind=kind), value)
         return value
 
     def redact(self, value: Any) -> Any:

@@ -103,3 +103,45 @@ def test_loop_never_stores_a_secret_from_a_tool_result():
     )
     assert secret not in stored
     assert "[REDACTED:openai-key]" in stored
+
+
+def test_the_literal_prefilter_redacts_exactly_what_every_regex_would():
+    """Patterns whose literals are absent are skipped; that must never let a secret
+    through. Compared with a redactor that runs every regex on every string, on the known
+    shapes in odd cases and surroundings, and on text with near misses."""
+    import re
+
+    from agent_runtime import redaction
+
+    class Unfiltered(Redactor):
+        def text(self, value: str) -> str:
+            value = redaction.URL_PASSWORD.sub(
+                lambda m: m.group("head") + redaction.MARKER.format(kind="password"), value
+            )
+            for kind, pattern, _ in self._patterns:
+                value = pattern.sub(redaction.MARKER.format(kind=kind), value)
+            return value
+
+    samples = [f"x {fake} y" for fake in FAKES.values()]
+    samples += [f"({fake})\n" for fake in FAKES.values()]
+    samples += [
+        "AUTHORIZATION: BEARER abcdefghijklmnop1234",
+        "authorization: bEaReR abcdefghijklmnop1234",
+        "HTTPS://user:secret@EXAMPLE.com/",
+        "-----BEGIN EC PRIVATE KEY-----\nabc",
+        "sk-short ghp_short AKIAshort eyJ.eyJ. rsp_ xox- AIza sk_live_",
+        "plain text with no secrets at all, " * 8,
+    ]
+    for sample in samples:
+        assert Redactor().text(sample) == Unfiltered().text(sample), sample
+    # Every built-in pattern names a literal that each of its matches contains.
+    for kind, pattern, literals in redaction.PATTERNS:
+        for fake in [
+            *FAKES.values(),
+            "Bearer abcdefghijklmnop1234",
+            "-----BEGIN X PRIVATE KEY-----",
+        ]:
+            for match in re.finditer(pattern, fake):
+                assert any(
+                    lit in match.group(0).lower() or lit in fake.lower() for lit in literals
+                ), kind
