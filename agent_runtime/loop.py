@@ -432,8 +432,13 @@ class _Run:
         self.config = config
         self.lease = lease
         self.session_id = head.session_id
+        # From the last model step on (load_tail): all that deciding the next action, the
+        # fan-out and the uncertain calls read. The whole conversation is loaded when the
+        # model is next called, not before the run's first step.
         self.history = list(head.history)
-        self.conversation = Conversation(agent.system_prompt, self.history)
+        self._conversation = (
+            Conversation(agent.system_prompt, self.history) if head.history_from <= 1 else None
+        )
         self.last_seq = head.last_seq
         self.make_provider = make_provider
         self.heartbeat: Heartbeat | None = None
@@ -521,11 +526,30 @@ class _Run:
             )
         self.last_seq = records[-1].seq
         self.history.extend(records)
-        for record in records:
-            self.conversation.add(record)
+        if self._conversation is not None:
+            for record in records:
+                self._conversation.add(record)
         if result.cancel_requested and not release:
             self.stop_cancelled()
         return records
+
+    @property
+    def conversation(self) -> Conversation:
+        """The conversation the model sees, over the whole live history: loaded from the
+        store the first time it is needed in a run that started from a tail, then kept up
+        to date as steps are appended."""
+        if self._conversation is None:
+            try:
+                history = self.store.load_history(self.session_id)
+            except IncompatibleSchemaError as exc:
+                # A step before the tail that this code cannot read after all (a payload
+                # at the current version but malformed): stop as load_head would have.
+                self.store.release(self.lease)
+                raise _Stop(
+                    RunResult(self.session_id, Outcome.INCOMPATIBLE, error=str(exc))
+                ) from exc
+            self._conversation = Conversation(self.agent.system_prompt, history)
+        return self._conversation
 
     def _scrub(self, text: str) -> str:
         """Keep configured secrets out of recorded errors, whatever a provider raised."""
@@ -942,7 +966,7 @@ def run_session(
         log.info("session %s: not claimed (leased elsewhere or not runnable)", session_id)
         return RunResult(session_id, Outcome.NOT_CLAIMED)
     try:
-        head = store.load_head(session_id)
+        head = store.load_tail(session_id)
     except IncompatibleSchemaError as exc:
         store.release(lease)
         return RunResult(session_id, Outcome.INCOMPATIBLE, error=str(exc))

@@ -64,10 +64,28 @@ class SessionHead:
     history: list[StepRecord]
     upgraders_applied: tuple[str, ...] = ()  # applied to the checkpoint state
     step_versions: dict[int, int] = field(default_factory=dict)  # stored version -> steps
+    # The first seq `history` holds: 1 when it is all of it (load_head), later for the
+    # tail load_tail returns (every live step from this seq on).
+    history_from: int = 1
 
     @property
     def steps_after_checkpoint(self) -> list[StepRecord]:
         return [s for s in self.history if s.seq > self.head_seq]
+
+
+def tail_start(history: Sequence[StepRecord], head_seq: int) -> int:
+    """Where the steps a run starts from begin: at the last model step (what the run does
+    next is decided from it and the steps after it), or just after the head checkpoint if
+    that is earlier (those steps are folded into the checkpoint's state). 1 (everything)
+    when there is no model step yet."""
+    last_model = max((s.seq for s in history if s.kind == StepKind.MODEL), default=None)
+    return 1 if last_model is None else min(last_model, head_seq + 1)
+
+
+def tail_of(head: SessionHead) -> SessionHead:
+    """A whole-history head cut down to what load_tail returns."""
+    start = tail_start(head.history, head.head_seq)
+    return replace(head, history=[s for s in head.history if s.seq >= start], history_from=start)
 
 
 @dataclass(frozen=True)
@@ -98,6 +116,20 @@ class SessionStore(Protocol):
         Raises IncompatibleSchemaError (naming the checkpoint or step) when any of it cannot
         be loaded by this code; nothing is written then.
         """
+
+    def load_tail(self, session_id: str) -> SessionHead:
+        """What a run starts from without the whole history: `load_head` with only the
+        live steps from `tail_start` on (`history_from` says where they begin); the
+        step counts by stored version are still those of every live step.
+
+        Raises IncompatibleSchemaError like load_head for the checkpoint, the steps it
+        returns, and any live step stored at a schema version this code cannot load;
+        nothing is written then. (A step at the current version whose payload is
+        malformed is found when the rest is loaded, by load_history.)
+        """
+
+    def load_history(self, session_id: str) -> list[StepRecord]:
+        """The whole live history, upgraded: what load_head returns as `history`."""
 
     def append(
         self,
@@ -273,6 +305,12 @@ class InMemoryStore:
                 upgraders_applied=applied,
                 step_versions=versions,
             )
+
+    def load_tail(self, session_id: str) -> SessionHead:
+        return tail_of(self.load_head(session_id))
+
+    def load_history(self, session_id: str) -> list[StepRecord]:
+        return self.load_head(session_id).history
 
     def _check(self, session: _MemSession, lease: Lease) -> None:
         if session.fencing_token != lease.token or session.lease_owner != lease.owner:

@@ -45,6 +45,7 @@ from agent_runtime.store import (
     LeaseLost,
     SessionHead,
     SessionNotFound,
+    tail_of,
 )
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_step_payload
 
@@ -230,10 +231,25 @@ class DjangoSessionStore:
             return self._load_head_postgresql(session_id)
         return self._load_head_portable(session_id)
 
-    def _load_head_postgresql(self, session_id: str) -> SessionHead:
+    def load_tail(self, session_id: str) -> SessionHead:
+        if connection.vendor == "postgresql":
+            return self._load_head_postgresql(session_id, tail=True)
+        return tail_of(self._load_head_portable(session_id))
+
+    def load_history(self, session_id: str) -> list[StepRecord]:
+        if connection.vendor == "postgresql":
+            return self._live_steps(session_id, 1)[0]
+        return self._load_head_portable(session_id).history
+
+    def _load_head_postgresql(self, session_id: str, *, tail: bool = False) -> SessionHead:
         """The portable load in two statements and without ORM instances (a 10,000-step
         history is 10,000 model instances there): the session row with its head
-        checkpoint, then the live steps. Same columns, same upgraders."""
+        checkpoint, then the live steps. Same columns, same upgraders.
+
+        With tail=True (load_tail), a third statement first counts the live steps by
+        stored schema version and finds the last model step, and only the steps from
+        `tail_start` on are read. A version other than this code's falls back to the
+        whole load, which upgrades every step or names the one it cannot load."""
         row = _execute_prepared(
             f"SELECT s.agent, s.status, s.head, s.last_seq, c.seq, c.state, c.reason"
             f" FROM {SESSION_TABLE} s LEFT JOIN LATERAL (SELECT seq, state, reason"
@@ -259,13 +275,45 @@ class DjangoSessionStore:
                 reason=reason,
                 schema_version=loaded.stored_version,
             )
+        head_seq = checkpoint.seq if checkpoint else 0
+        start = 1
+        if tail:
+            counts = _fetch_all(
+                f"SELECT schema_version, count(*), (SELECT max(seq) FROM {STEP_TABLE}"
+                "  WHERE session_id = %s::uuid AND kind = %s AND superseded_at IS NULL)"
+                f" FROM {STEP_TABLE} WHERE session_id = %s::uuid AND superseded_at IS NULL"
+                " GROUP BY schema_version",
+                [session_id, StepKind.MODEL.value, session_id],
+            )
+            if any(version != SCHEMA_VERSION for version, _, _ in counts):
+                return self._load_head_postgresql(session_id)
+            last_model = counts[0][2] if counts else None
+            start = 1 if last_model is None else min(last_model, head_seq + 1)
+        history, versions = self._live_steps(session_id, start)
+        if tail:
+            versions = {version: count for version, count, _ in counts}
+        return SessionHead(
+            session_id=str(session_id),
+            agent_name=agent,
+            status=SessionStatus(status),
+            head_seq=head_seq,
+            last_seq=last_seq,
+            checkpoint=checkpoint,
+            history=history,
+            upgraders_applied=applied,
+            step_versions=versions,
+            history_from=start,
+        )
+
+    def _live_steps(self, session_id: str, start: int) -> tuple[list[StepRecord], dict[int, int]]:
+        """The live steps from seq `start` on, upgraded, and their count by stored version."""
         history = []
         versions: dict[int, int] = {}
         for seq, kind, payload, version, started, finished, t_in, t_out, key in _fetch_all(
             f"SELECT seq, kind, payload, schema_version, started_at, finished_at, tokens_in,"
             f" tokens_out, idempotency_key FROM {STEP_TABLE}"
-            " WHERE session_id = %s::uuid AND superseded_at IS NULL ORDER BY seq",
-            [session_id],
+            " WHERE session_id = %s::uuid AND superseded_at IS NULL AND seq >= %s ORDER BY seq",
+            [session_id, start],
         ):
             try:
                 loaded = load_step_payload(kind, _json(payload), version)
@@ -286,17 +334,7 @@ class DjangoSessionStore:
                     superseded=False,
                 )
             )
-        return SessionHead(
-            session_id=str(session_id),
-            agent_name=agent,
-            status=SessionStatus(status),
-            head_seq=checkpoint.seq if checkpoint else 0,
-            last_seq=last_seq,
-            checkpoint=checkpoint,
-            history=history,
-            upgraders_applied=applied,
-            step_versions=versions,
-        )
+        return history, versions
 
     def _load_head_portable(self, session_id: str) -> SessionHead:
         # Only the columns a load needs: `check_state_compat` runs this with the next

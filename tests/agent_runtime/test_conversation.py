@@ -104,3 +104,58 @@ def test_a_tool_that_overruns_does_not_hold_up_the_next_call():
         assert time.monotonic() - started < 2
     finally:
         release.set()
+
+
+def test_a_resumed_run_starts_from_the_tail_and_loads_the_conversation_for_the_model():
+    """After a crash, the next run's first step is written from the tail alone; the whole
+    conversation is read once, when the model is called, and is exactly build_messages
+    over the live history at that moment."""
+    from agent_runtime.agents import demo_agents
+    from agent_runtime.loop import Outcome
+    from agent_runtime.providers import make_provider
+
+    from .helpers import Crash, CrashingStore
+
+    class SpyStore(InMemoryStore):
+        events: list[str] = []
+
+        def append(self, lease, steps, **kwargs):
+            self.events.append("append")
+            return super().append(lease, steps, **kwargs)
+
+        def load_history(self, session_id):
+            self.events.append("load_history")
+            return super().load_history(session_id)
+
+    store = SpyStore()
+    agents = demo_agents(slow_delay=0)
+    sid = new_session(store, "demo", "what is (12*7)+3, then save it as a note")
+    try:  # dies in the second turn, after its model step and tool call were committed
+        run(CrashingStore(store, crash_at=6, after_commit=True), sid, agents=agents)
+    except Crash:
+        pass
+    store.expire_lease(sid)
+    tail = store.load_tail(sid)
+    assert tail.history_from > 1 and len(tail.history) < len(store.load_head(sid).history)
+
+    seen: list[tuple[list, list]] = []
+
+    def spying_provider(spec, options):
+        provider, name = make_provider(spec, options)
+
+        class Spy:
+            def complete(self, messages, tools, settings):
+                live = store.load_head(sid).history
+                seen.append(
+                    (list(messages), build_messages(agents.get("demo").system_prompt, live))
+                )
+                return provider.complete(messages, tools, settings)
+
+        return Spy(), name
+
+    store.events.clear()
+    result = run(store, sid, agents=agents, make_provider=spying_provider)
+    assert result.outcome == Outcome.COMPLETED
+    assert store.events[0] == "append"  # run_started, before any history is read
+    assert store.events.count("load_history") == 1
+    assert seen and all(given == expected for given, expected in seen)

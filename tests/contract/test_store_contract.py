@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 
 from agent_runtime.state import (
+    SCHEMA_VERSION,
     NewCheckpoint,
     NewStep,
     SessionState,
@@ -238,3 +239,33 @@ def test_claim_counts_takeovers_in_a_row_without_progress(harness):
     assert lease.crashes == 1
     harness.store.release(lease)  # a clean stop
     assert harness.store.claim(sid, "e", ttl=30).crashes == 0
+
+
+def test_load_tail_starts_at_the_last_model_step_or_after_the_head_checkpoint(harness):
+    """What a run starts from: the live steps from the last model step on, or from just
+    after the head checkpoint when that is earlier; the version counts are still those
+    of every live step; load_history is load_head's whole history."""
+    sid = harness.create()
+    store = harness.store
+    assert store.load_tail(sid).history_from == 1  # no model step yet: everything
+    assert store.load_tail(sid).history == store.load_head(sid).history
+    lease = store.claim(sid, "a", ttl=30)
+    system = NewStep(kind=StepKind.SYSTEM, payload={"event": "x"})
+    store.append(lease, [model_step("one"), system], checkpoint=NewCheckpoint(state=state()))
+    store.append(lease, [system, model_step("two"), system])  # seqs 4-6
+    head, tail = store.load_head(sid), store.load_tail(sid)
+    assert head.head_seq == 3 and head.history_from == 1
+    assert tail.history_from == 4  # just after the checkpoint, before the last model (5)
+    assert tail.history == [s for s in head.history if s.seq >= 4]
+    assert tail.steps_after_checkpoint == head.steps_after_checkpoint
+    assert tail.step_versions == head.step_versions == {SCHEMA_VERSION: 6}
+    assert (tail.checkpoint, tail.last_seq, tail.head_seq) == (
+        head.checkpoint,
+        head.last_seq,
+        head.head_seq,
+    )
+    store.append(lease, [model_step("three")], checkpoint=NewCheckpoint(state=state()))
+    tail = store.load_tail(sid)
+    assert tail.history_from == 7 and [s.seq for s in tail.history] == [7]  # the last model
+    assert store.load_history(sid) == store.load_head(sid).history
+    assert [s.seq for s in store.load_history(sid)] == list(range(1, 8))
