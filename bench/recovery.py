@@ -13,9 +13,10 @@
    claim and load.
    A fresh worker is started after each round so that two are always running.
 2. resume: in process, a session of `--resume-steps` steps (written by the real loop), then
-   claim + load_head + the next step (the run_started step) committed, timed; then
-   load_head alone beside the ORM path (SQLite's) on the same session, and with
-   --profile-load a cProfile of one load_head.
+   claim + load_tail + the next step (the run_started step) committed, timed, as
+   `run_session` starts a run; then the whole history's load_head alone beside the ORM
+   path (SQLite's) on the same session, the conversation the run's first model call loads
+   (load_history and its messages), and with --profile-load a cProfile of one load_head.
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ def kill_round(workers, spawn, log: list[dict]) -> None:
 
 
 def resume(steps: int, rounds: int, profile_load: bool = False) -> list[float]:
-    """Times of claim + load_head + one committed step on a session of `steps` steps."""
+    """Times of claim + load_tail + one committed step on a session of `steps` steps: what
+    a worker does before its first step (`run_session`); then, apart, what the run's
+    first model call adds (the whole conversation: load_history and the messages)."""
     from agent_runtime.state import NewStep, StepKind
     from sessions_app.models import AgentSession
     from sessions_app.store import DjangoSessionStore
@@ -111,7 +114,7 @@ def resume(steps: int, rounds: int, profile_load: bool = False) -> list[float]:
         AgentSession.objects.filter(id=sid).update(status="queued", lease_owner=None)
         started = time.perf_counter()
         lease = store.claim(sid, f"resume-{i}", 10)
-        head = store.load_head(sid)
+        head = store.load_tail(sid)
         store.append(
             lease,
             [
@@ -130,11 +133,16 @@ def resume(steps: int, rounds: int, profile_load: bool = False) -> list[float]:
         store.release(lease)
         if i:  # the first one warms caches
             times.append(elapsed)
-    loads, orm_loads = [], []
+    from agent_runtime.loop import Conversation
+
+    loads, orm_loads, conversations = [], [], []
     for _ in range(rounds):
         started = time.perf_counter()
         store.load_head(sid)
         loads.append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        messages = Conversation("", store.load_history(sid)).messages
+        conversations.append((time.perf_counter() - started) * 1000)
         started = time.perf_counter()
         store._load_head_portable(sid)  # the ORM path (SQLite's), for comparison
         orm_loads.append((time.perf_counter() - started) * 1000)
@@ -146,14 +154,19 @@ def resume(steps: int, rounds: int, profile_load: bool = False) -> list[float]:
         profiler.runcall(store.load_head, sid)
         pstats.Stats(profiler).sort_stats("tottime").print_stats(8)
     print(
-        f"load_head alone: p50 {statistics.median(loads):.1f} ms "
+        f"load_head (the whole history) alone: p50 {statistics.median(loads):.1f} ms "
         f"(the ORM path on the same session: {statistics.median(orm_loads):.1f} ms)",
         flush=True,
     )
     print(
-        f"resume of a {n:,}-step session (claim + load_head + one step committed): "
+        f"the conversation for the run's first model call (load_history + messages): "
+        f"p50 {statistics.median(conversations):.1f} ms ({len(messages):,} messages)",
+        flush=True,
+    )
+    print(
+        f"resume of a {n:,}-step session (claim + load_tail + one step committed): "
         f"p50 {statistics.median(times):.1f} ms, min {min(times):.1f}, max {max(times):.1f} "
-        f"({rounds} rounds; history loaded: {len(head.history):,} steps)",
+        f"({rounds} rounds; steps loaded: {len(head.history):,}, from seq {head.history_from:,})",
         flush=True,
     )
     return times
