@@ -246,10 +246,10 @@ class DjangoSessionStore:
         history is 10,000 model instances there): the session row with its head
         checkpoint, then the live steps. Same columns, same upgraders.
 
-        With tail=True (load_tail), a third statement first counts the live steps by
-        stored schema version and finds the last model step, and only the steps from
-        `tail_start` on are read. A version other than this code's falls back to the
-        whole load, which upgrades every step or names the one it cannot load."""
+        With tail=True (load_tail), a third statement first finds the last model step
+        and whether any live step is stored at another schema version than this code's,
+        and only the steps from `tail_start` on are read. Another version falls back to
+        the whole load, which upgrades every step or names the one it cannot load."""
         row = _execute_prepared(
             f"SELECT s.agent, s.status, s.head, s.last_seq, c.seq, c.state, c.reason"
             f" FROM {SESSION_TABLE} s LEFT JOIN LATERAL (SELECT seq, state, reason"
@@ -278,20 +278,27 @@ class DjangoSessionStore:
         head_seq = checkpoint.seq if checkpoint else 0
         start = 1
         if tail:
-            counts = _fetch_all(
-                f"SELECT schema_version, count(*), (SELECT max(seq) FROM {STEP_TABLE}"
-                "  WHERE session_id = %s::uuid AND kind = %s AND superseded_at IS NULL)"
-                f" FROM {STEP_TABLE} WHERE session_id = %s::uuid AND superseded_at IS NULL"
-                " GROUP BY schema_version",
-                [session_id, StepKind.MODEL.value, session_id],
+            # Three lookups, each on an index: superseded steps (step_superseded), the last
+            # model step (step_session_kind_seq), a live step at another schema version
+            # than this code's (step_version: rare versions are few rows).
+            superseded, last_model, other_version = _execute_prepared(
+                f"SELECT (SELECT count(*) FROM {STEP_TABLE}"
+                "  WHERE session_id = %s::uuid AND superseded_at IS NOT NULL),"
+                f" (SELECT max(seq) FROM {STEP_TABLE}"
+                "  WHERE session_id = %s::uuid AND kind = %s AND superseded_at IS NULL),"
+                f" EXISTS (SELECT 1 FROM {STEP_TABLE} WHERE session_id = %s::uuid"
+                "  AND superseded_at IS NULL"
+                f"  AND (schema_version < {SCHEMA_VERSION} OR schema_version > {SCHEMA_VERSION}))",
+                [session_id, session_id, StepKind.MODEL.value, session_id],
             )
-            if any(version != SCHEMA_VERSION for version, _, _ in counts):
+            if other_version:
                 return self._load_head_postgresql(session_id)
-            last_model = counts[0][2] if counts else None
             start = 1 if last_model is None else min(last_model, head_seq + 1)
         history, versions = self._live_steps(session_id, start)
         if tail:
-            versions = {version: count for version, count, _ in counts}
+            # Seqs run from 1 to last_seq without a gap: the live ones are the rest.
+            live = last_seq - superseded
+            versions = {SCHEMA_VERSION: live} if live else {}
         return SessionHead(
             session_id=str(session_id),
             agent_name=agent,

@@ -269,3 +269,9 @@ def test_load_tail_starts_at_the_last_model_step_or_after_the_head_checkpoint(ha
     assert tail.history_from == 7 and [s.seq for s in tail.history] == [7]  # the last model
     assert store.load_history(sid) == store.load_head(sid).history
     assert [s.seq for s in store.load_history(sid)] == list(range(1, 8))
+    # A rollback supersedes steps: they are neither in the tail nor counted.
+    harness.supersede_after(sid, 5)
+    head, tail = store.load_head(sid), store.load_tail(sid)
+    assert [s.seq for s in head.history] == [1, 2, 3, 4, 5]
+    assert tail.history == [s for s in head.history if s.seq >= tail.history_from]
+    assert tail.step_versions == head.step_versions == {SCHEMA_VERSION: 5}
