@@ -53,11 +53,14 @@ def test_racing_branches_record_each_result_once_and_join_once():
     # Every branch twice, all at once: the last results race, and so do the duplicates.
     seqs = list(fanned.branches) * 2
     barrier = threading.Barrier(len(seqs))
-    outcomes: list[BranchOutcome] = []
+    outcomes: list[BranchOutcome | Exception] = []
 
     def go(seq):
         barrier.wait()
-        outcomes.append(branch(session.id, seq).outcome)
+        try:
+            outcomes.append(branch(session.id, seq).outcome)
+        except Exception as exc:  # shown by the assertions below, not lost in a thread
+            outcomes.append(exc)
 
     threads = [threading.Thread(target=go, args=(seq,)) for seq in seqs]
     for t in threads:
