@@ -129,13 +129,14 @@ class Supervisor:
 
     def run(self, work) -> bool:
         previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
+        supervisor = os.getpid()
         delay = RESTART_DELAY
         try:
             while True:
                 started = time.monotonic()
                 pid = os.fork()
                 if pid == 0:
-                    self._child(work, previous)  # never returns
+                    self._child(work, previous, supervisor)  # never returns
                 self.child = pid
                 if self.stopping is not None:  # a signal came before the child was known
                     os.kill(pid, self.stopping)
@@ -162,10 +163,11 @@ class Supervisor:
                 signal.signal(signum, handler)
 
     @staticmethod
-    def _child(work, previous) -> None:
+    def _child(work, previous, supervisor: int) -> None:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         os.setpgrp()
+        _stop_with_parent(supervisor)
         code = 1
         try:
             work()
@@ -177,6 +179,22 @@ class Supervisor:
         finally:
             logging.shutdown()
             os._exit(code)
+
+
+def _stop_with_parent(supervisor: int) -> None:
+    """Have the kernel send SIGTERM (RQ's warm shutdown) to this worker process when its
+    supervisor dies, so that no worker outlives the supervisor that would replace it
+    (Linux; elsewhere a process manager's group kill does the same)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != supervisor:  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _describe(status: int) -> str:

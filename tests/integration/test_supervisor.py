@@ -33,7 +33,12 @@ def _wait_completed(session: AgentSession, timeout: float = 30) -> None:
 
 def _ready(worker) -> list[int]:
     """The worker's process tree once the supervisor has forked its worker process."""
-    return wait_for(lambda: len(worker.pids()) == 2 and worker.pids(), what="the worker process")
+
+    def forked():
+        pids = worker.pids()
+        return len(pids) == 2 and pids
+
+    return wait_for(forked, what="the worker process")
 
 
 def test_jobs_run_one_after_another_in_one_worker_process(start_worker):
@@ -63,10 +68,12 @@ def test_a_dead_worker_process_is_replaced_and_takes_jobs(start_worker):
     worker = start_worker()
     supervisor, child = _ready(worker)
     psutil.Process(child).kill()
-    new = wait_for(
-        lambda: len(worker.pids()) == 2 and worker.pids()[1] != child and worker.pids()[1],
-        what="a new worker process",
-    )
+
+    def replaced():
+        pids = worker.pids()
+        return len(pids) == 2 and pids[1] != child and pids[1]
+
+    new = wait_for(replaced, what="a new worker process")
     session = session_start(agent="slow", input="count to 1")
     _wait_completed(session)
     assert _run_owner_pids(session) == [new]
@@ -103,3 +110,19 @@ def test_a_dead_workers_session_is_taken_over_when_its_lease_expires(start_worke
     took = time.monotonic() - killed
     assert took < settings.RESPAWN_LEASE_TTL + 1.0, f"taken over {took:.2f}s after the kill"
     _wait_completed(session)
+
+
+def test_the_worker_process_stops_when_its_supervisor_is_killed(start_worker):
+    """No worker process outlives its supervisor: the kernel sends it SIGTERM (RQ's warm
+    shutdown), and an idle one exits at once."""
+    worker = start_worker()
+    supervisor, child = _ready(worker)
+    wait_for(lambda: "Listening on" in worker.log(), what="the worker to listen")
+    psutil.Process(supervisor).kill()
+    worker.process.wait(timeout=10)
+    wait_for(
+        lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie",
+        timeout=15,
+        what="the orphaned worker process to stop",
+    )
+    assert "warm shut down requested" in worker.log()
