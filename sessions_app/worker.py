@@ -28,6 +28,7 @@ import time
 
 from django.conf import settings
 from django.db import connections
+from redis.exceptions import RedisError
 from rq import SimpleWorker
 
 log = logging.getLogger("respawn.worker")
@@ -131,8 +132,11 @@ class Supervisor:
         previous = {s: signal.signal(s, self._forward) for s in (signal.SIGTERM, signal.SIGINT)}
         supervisor = os.getpid()
         delay = RESTART_DELAY
+        registered = False  # a dead worker process's registration left in Redis
         try:
             while True:
+                if registered:
+                    registered = not self._unregister()
                 started = time.monotonic()
                 pid = os.fork()
                 if pid == 0:
@@ -150,7 +154,7 @@ class Supervisor:
                     _describe(status),
                 )
                 # Its registration in Redis says it is alive; the next one takes its name.
-                self.worker.register_death()
+                registered = True
                 delay = RESTART_DELAY if time.monotonic() - started > QUICK_DEATH else delay
                 deadline = time.monotonic() + delay
                 while self.stopping is None and time.monotonic() < deadline:
@@ -161,6 +165,17 @@ class Supervisor:
         finally:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
+
+    def _unregister(self) -> bool:
+        """Mark the dead worker process's registration dead, so that the next one may
+        register under the same name. With Redis away, the next process fails to start
+        (and is started again, later) until this succeeds."""
+        try:
+            self.worker.register_death()
+        except RedisError as exc:
+            log.warning("worker %s: cannot clear its registration yet (%s)", self.worker.name, exc)
+            return False
+        return True
 
     @staticmethod
     def _child(work, previous, supervisor: int) -> None:
