@@ -79,7 +79,13 @@ def tail_start(history: Sequence[StepRecord], head_seq: int) -> int:
     that is earlier (those steps are folded into the checkpoint's state). 1 (everything)
     when there is no model step yet."""
     last_model = max((s.seq for s in history if s.kind == StepKind.MODEL), default=None)
-    return 1 if last_model is None else min(last_model, head_seq + 1)
+    return tail_start_at(last_model, head_seq)
+
+
+def tail_start_at(last_model_seq: int | None, head_seq: int) -> int:
+    """tail_start from the seq of the last live model step (None: there is none), for a
+    store that finds it with a query instead of in a loaded history."""
+    return 1 if last_model_seq is None else min(last_model_seq, head_seq + 1)
 
 
 def tail_of(head: SessionHead) -> SessionHead:

@@ -46,6 +46,7 @@ from agent_runtime.store import (
     SessionHead,
     SessionNotFound,
     tail_of,
+    tail_start_at,
 )
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_step_payload
 
@@ -293,7 +294,7 @@ class DjangoSessionStore:
             )
             if other_version:
                 return self._load_head_postgresql(session_id)
-            start = 1 if last_model is None else min(last_model, head_seq + 1)
+            start = tail_start_at(last_model, head_seq)
         history, versions = self._live_steps(session_id, start)
         if tail:
             # Seqs run from 1 to last_seq without a gap: the live ones are the rest.
