@@ -1,105 +1,258 @@
 """Secrets never reach storage: values that look like credentials are replaced with a
 marker before a step or checkpoint is written (and before a log line is emitted).
 
-The patterns are deliberately specific (a key's known prefix and length) so that ordinary
-text is left alone; configured secrets (the provider API keys) are matched literally, and
-deployments add their own patterns.
+The patterns are deliberately specific (a key's known prefix and length, a credential's
+place in a URL or a header, a value under a key that names a secret) so that ordinary text
+is left alone; configured secrets (the provider API keys) are matched literally, and
+deployments add their own patterns. Redacting is idempotent: a marker is never redacted
+again, so text can pass the redactor any number of times.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 MARKER = "[REDACTED:{kind}]"
+_NOT_A_MARKER = r"(?!\[REDACTED:)"
 
-# (kind, pattern, literals): a pattern can match only where one of its literals occurs
-# (compared in lower case), so a string none of them is in skips the regex: most text
-# holds no "sk-", "akia" or "eyj", and a regex scan costs microseconds per pattern.
-PATTERNS: list[tuple[str, str, tuple[str, ...]]] = [
-    (
+
+def marker(kind: str) -> str:
+    return MARKER.format(kind=kind[:40])
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One kind of secret in text.
+
+    `literals` (lower case): the rule can match only where one of them occurs, so a string
+    none of them is in skips the regex (most text holds no "sk-", "akia" or "://", and a
+    regex scan costs microseconds). A rule without literals runs on every string at least
+    `min_length` long. `replace` turns a match into its replacement (default: the marker)."""
+
+    kind: str
+    pattern: re.Pattern[str]
+    literals: tuple[str, ...] = ()
+    min_length: int = 0
+    replace: Callable[[re.Match[str]], str] | None = None
+
+    def apply(self, value: str) -> str:
+        return self.pattern.sub(self.replace or (lambda _m: marker(self.kind)), value)
+
+
+def _shape(kind: str, pattern: str, *literals: str) -> Rule:
+    return Rule(kind, re.compile(pattern), literals)
+
+
+# Words that make a key name a secret's: `db_password`, `X-Api-Key`, `authToken`.
+_SECRET_WORDS = (
+    r"password|passwd|pwd|passphrase|secret|token|api[_-]?key|apikey|private[_-]?key"
+    r"|access[_-]?key|secret[_-]?key|signing[_-]?key|credentials?|cookie"
+)
+
+
+def _key_value(match: re.Match[str]) -> str:
+    key, quote = match.group("key"), match.group("quote") or ""
+    return f"{key}{match.group('sep')}{quote}{marker(key.lower())}{quote}"
+
+
+def _url_password(match: re.Match[str]) -> str:
+    return match.group("head") + marker("password") + "@"
+
+
+def _basic_credentials(match: re.Match[str]) -> str:
+    """`Basic <base64 of user:password>`; other words after "basic" are left alone."""
+    token = match.group("token")
+    try:
+        decoded = base64.b64decode(token + "=" * (-len(token) % 4), validate=True)
+    except (binascii.Error, ValueError):
+        return match.group(0)
+    if b":" not in decoded:
+        return match.group(0)
+    return match.group("head") + marker("basic-credentials")
+
+
+def _aws_secret(match: re.Match[str]) -> str:
+    """A 40-character AWS secret access key mixes upper case, lower case and digits; a
+    40-digit hex string (a git commit, a SHA-1) does not, and is left alone."""
+    run = match.group(0)
+    if any(c.isupper() for c in run) and any(c.islower() for c in run):
+        if any(c.isdigit() for c in run):
+            return marker("aws-secret-key")
+    return run
+
+
+# In order: a later rule sees the markers of the earlier ones and leaves them alone.
+RULES: list[Rule] = [
+    _shape(
         "private-key",
         r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
-        ("-----begin ",),
+        "-----begin ",
     ),
-    ("anthropic-key", r"\bsk-ant-[A-Za-z0-9_\-]{20,}", ("sk-ant-",)),
-    ("openai-key", r"\bsk-(?:proj-|svcacct-|admin-|live-|test-)?[A-Za-z0-9_\-]{20,}", ("sk-",)),
-    ("stripe-key", r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}", ("_live_", "_test_")),
-    ("aws-access-key", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b", ("akia", "asia")),
-    (
+    # The whole value of an Authorization header, whatever its scheme (Basic, Bearer,
+    # Token, Digest): up to the end of the line or of the quoted string.
+    Rule(
+        "authorization",
+        re.compile(
+            r"(?i)(?P<head>\b(?:proxy-)?authorization\\?[\"']?\s*[:=]\s*\\?[\"']?)"
+            + _NOT_A_MARKER
+            + r"[^\s\"'\\,;}][^\r\n\"'\\,;}]*"
+        ),
+        ("authorization",),
+        replace=lambda m: m.group("head") + marker("authorization"),
+    ),
+    # scheme://[user]:password@host: the password may hold "@" and "/" (the last "@"
+    # before the host ends it), and the user may be empty (redis://:password@host).
+    Rule(
+        "password",
+        re.compile(
+            r"(?i)(?P<head>\b[a-z][a-z0-9+.\-]*://[^\s:/@?#\"'<>`]*:)"
+            + _NOT_A_MARKER
+            + r"[^\s\"'<>`]+@"
+        ),
+        ("://",),
+        replace=_url_password,
+    ),
+    _shape("anthropic-key", r"\bsk-ant-[A-Za-z0-9_\-]{20,}", "sk-ant-"),
+    _shape("openai-key", r"\bsk-(?:proj-|svcacct-|admin-|live-|test-)?[A-Za-z0-9_\-]{20,}", "sk-"),
+    _shape("stripe-key", r"\b(?:sk|rk|pk)_(?:live|test)_[A-Za-z0-9]{16,}", "_live_", "_test_"),
+    _shape("aws-access-key", r"\b(?:AKIA|ASIA)[0-9A-Z]{16}\b", "akia", "asia"),
+    _shape(
         "github-token",
         r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})",
-        ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+        "ghp_",
+        "gho_",
+        "ghu_",
+        "ghs_",
+        "ghr_",
+        "github_pat_",
     ),
-    ("slack-token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}", ("xox",)),
-    ("google-api-key", r"\bAIza[0-9A-Za-z_\-]{35}", ("aiza",)),
-    ("respawn-token", r"\brsp_[A-Za-z0-9_\-]{30,}", ("rsp_",)),
-    ("jwt", r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", ("eyj",)),
-    ("bearer-token", r"(?i)(?<=bearer )[A-Za-z0-9._~+/=\-]{16,}", ("bearer ",)),
+    _shape("slack-token", r"\bxox[abposr]-[A-Za-z0-9-]{10,}", "xox"),
+    _shape("google-api-key", r"\bAIza[0-9A-Za-z_\-]{35}", "aiza"),
+    _shape("respawn-token", r"\brsp_[A-Za-z0-9_\-]{30,}", "rsp_"),
+    _shape("jwt", r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", "eyj"),
+    _shape("bearer-token", r"(?i)(?<=bearer )[A-Za-z0-9._~+/=\-]{16,}", "bearer "),
+    Rule(
+        "basic-credentials",
+        re.compile(r"(?i)(?P<head>\bbasic\s+)(?P<token>[A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])"),
+        ("basic",),
+        replace=_basic_credentials,
+    ),
+    # key: value and key=value where the key names a secret, bare or quoted (also as
+    # escaped JSON inside a string): `db_password=hunter2`, `"token": "abc"`.
+    Rule(
+        "secret-value",
+        re.compile(
+            r"(?i)(?P<key>(?<![\w-])[\w.-]*?(?:" + _SECRET_WORDS + r"))"
+            r"(?P<sep>\\?[\"']?\s*[:=]\s*)"
+            r"(?:(?P<quote>\\?[\"'])" + _NOT_A_MARKER + r"(?P<quoted>[^\r\n]*?)(?P=quote)"
+            r"|" + _NOT_A_MARKER + r"(?P<bare>[^\s\"'\\,;&}\]<>]+))"
+        ),
+        ("pass", "pwd", "secret", "token", "key", "credential", "cookie"),
+        replace=_key_value,
+    ),
+    Rule(
+        "aws-secret-key",
+        re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"),
+        min_length=40,
+        replace=_aws_secret,
+    ),
 ]
-# user:password@ in any URL: only the password is replaced.
-URL_PASSWORD = re.compile(
-    r"(?P<head>[a-z][a-z0-9+.\-]*://[^/\s:@]+:)(?P<password>[^/\s@]+)(?=@)", re.I
+
+# Key names (of a JSON object) whose values are secrets whatever they look like: one of
+# these words as a part of the name, or one of the pairs (`private_key`, `apiKey`).
+_KEY_WORDS = frozenset(
+    {
+        "password",
+        "passwd",
+        "pwd",
+        "pass",
+        "passphrase",
+        "secret",
+        "secrets",
+        "token",
+        "apikey",
+        "credential",
+        "credentials",
+        "authorization",
+        "auth",
+        "cookie",
+    }
 )
-# Keys whose values are secrets whatever they look like.
-SECRET_KEYS = re.compile(
-    r"(?i)^(password|passwd|secret|client_secret|api[_-]?key|access[_-]?token|authorization)$"
+_KEY_PAIRS = frozenset(
+    {"api", "private", "access", "signing", "encryption", "master", "account", "license"}
 )
+_CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])")
+_SEPARATORS = re.compile(r"[^a-z0-9]+")
+
+
+def is_secret_key(key: str) -> bool:
+    """Does a key name say its value is a secret (`db_password`, `aws_secret_access_key`,
+    `X-Api-Key`, `privateKey`)? Counters such as `tokens_in` or `max_tokens` do not."""
+    parts = [p for p in _SEPARATORS.split(_CAMEL.sub("_", key).lower()) if p]
+    if _KEY_WORDS.intersection(parts):
+        return True
+    return any(a in _KEY_PAIRS and b == "key" for a, b in zip(parts, parts[1:], strict=False))
 
 
 class Redactor:
     def __init__(self, *, extra_patterns: Iterable[str] = (), secrets: Iterable[str] = ()) -> None:
-        compiled = [(kind, re.compile(pattern), literals) for kind, pattern, literals in PATTERNS]
+        rules = list(RULES)
         for index, pattern in enumerate(extra_patterns):
             try:
                 # A deployment's own pattern has no known literal: it always runs.
-                compiled.append((f"custom-{index + 1}", re.compile(pattern), ()))
+                rules.append(Rule(f"custom-{index + 1}", re.compile(pattern)))
             except re.error as exc:
                 raise ValueError(
                     f"redaction pattern {pattern!r} is not a valid regex: {exc}"
                 ) from None
-        self._patterns = compiled
-        self._literals = {"://", *(literal for _, _, literals in compiled for literal in literals)}
-        self._always = any(not literals for _, _, literals in compiled)
+        self._rules = rules
         # Longest first, so a secret that contains another is replaced whole.
         self._secrets = sorted({s for s in secrets if s and len(s) >= 8}, key=len, reverse=True)
 
     def text(self, value: str) -> str:
+        return self._scan(value, prefilter=True)
+
+    def _scan(self, value: str, *, prefilter: bool) -> str:
         for secret in self._secrets:
             if secret in value:
-                value = value.replace(secret, MARKER.format(kind="configured-secret"))
+                value = value.replace(secret, marker("configured-secret"))
         lowered = value.lower()
-        present = {literal for literal in self._literals if literal in lowered}
-        if "://" in present:
-            value = URL_PASSWORD.sub(
-                lambda m: m.group("head") + MARKER.format(kind="password"), value
-            )
-        if present or self._always:
-            for kind, pattern, literals in self._patterns:
-                if not literals or not present.isdisjoint(literals):
-                    value = pattern.sub(MARKER.format(kind=kind), value)
+        for rule in self._rules:
+            if prefilter:
+                # `lowered` may be stale after an earlier rule replaced something: a
+                # marker holds none of the literals that matter, so a skip stays safe.
+                if rule.literals and not any(lit in lowered for lit in rule.literals):
+                    continue
+                if len(value) < rule.min_length:
+                    continue
+            value = rule.apply(value)
         return value
 
-    def redact(self, value: Any) -> Any:
-        """A copy of a JSON-like value with every secret-looking string replaced."""
+    def redact(self, value: Any, *, under: str | None = None) -> Any:
+        """A copy of a JSON-like value with every secret-looking string replaced; every
+        string anywhere under a key that names a secret is replaced whole (numbers and
+        booleans stay: `"token": 7` is a counter, not a credential)."""
         if isinstance(value, str):
+            if under is not None and value and not value.startswith("[REDACTED:"):
+                return marker(under)
             return self.text(value)
         if isinstance(value, dict):
             out = {}
             for key, item in value.items():
-                if (
-                    isinstance(key, str)
-                    and SECRET_KEYS.match(key)
-                    and isinstance(item, str)
-                    and item
-                ):
-                    out[key] = MARKER.format(kind=key.lower())
-                else:
-                    out[key] = self.redact(item)
+                inner = under
+                if inner is None and isinstance(key, str) and is_secret_key(key):
+                    inner = key.lower()
+                out[self.text(key) if isinstance(key, str) else key] = self.redact(
+                    item, under=inner
+                )
             return out
         if isinstance(value, list | tuple):
-            return [self.redact(item) for item in value]
+            return [self.redact(item, under=under) for item in value]
         return value
 
 

@@ -109,18 +109,12 @@ def test_the_literal_prefilter_redacts_exactly_what_every_regex_would():
     """Patterns whose literals are absent are skipped; that must never let a secret
     through. Compared with a redactor that runs every regex on every string, on the known
     shapes in odd cases and surroundings, and on text with near misses."""
-    import re
 
     from agent_runtime import redaction
 
     class Unfiltered(Redactor):
         def text(self, value: str) -> str:
-            value = redaction.URL_PASSWORD.sub(
-                lambda m: m.group("head") + redaction.MARKER.format(kind="password"), value
-            )
-            for kind, pattern, _ in self._patterns:
-                value = pattern.sub(redaction.MARKER.format(kind=kind), value)
-            return value
+            return self._scan(value, prefilter=False)
 
     samples = [f"x {fake} y" for fake in FAKES.values()]
     samples += [f"({fake})\n" for fake in FAKES.values()]
@@ -134,14 +128,123 @@ def test_the_literal_prefilter_redacts_exactly_what_every_regex_would():
     ]
     for sample in samples:
         assert Redactor().text(sample) == Unfiltered().text(sample), sample
-    # Every built-in pattern names a literal that each of its matches contains.
-    for kind, pattern, literals in redaction.PATTERNS:
+    # Every built-in rule with literals names one that each of its matches contains.
+    for rule in redaction.RULES:
+        if not rule.literals:
+            continue
         for fake in [
             *FAKES.values(),
             "Bearer abcdefghijklmnop1234",
             "-----BEGIN X PRIVATE KEY-----",
         ]:
-            for match in re.finditer(pattern, fake):
+            for match in rule.pattern.finditer(fake):
                 assert any(
-                    lit in match.group(0).lower() or lit in fake.lower() for lit in literals
-                ), kind
+                    lit in match.group(0).lower() or lit in fake.lower() for lit in rule.literals
+                ), rule.kind
+
+
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+
+
+@pytest.mark.parametrize(
+    "text, secret",
+    [
+        ("postgres://app:p@ss/w0rd@db:5432/x", "p@ss/w0rd"),
+        ("redis://:s3cr3t-pass@cache:6379/0", "s3cr3t-pass"),
+        ("amqp://guest:a/b/c@rabbit/", "a/b/c"),
+        ("see https://bob:hunter2@example.com/path?x=1 now", "hunter2"),
+    ],
+)
+def test_url_passwords_with_at_signs_slashes_or_no_username(text, secret):
+    out = Redactor().text(text)
+    assert secret not in out and "[REDACTED:password]@" in out
+
+
+def test_the_host_and_path_of_a_url_survive():
+    assert (
+        Redactor().text("postgres://app:p@ss/w0rd@db:5432/x")
+        == "postgres://app:[REDACTED:password]@db:5432/x"
+    )
+
+
+def test_aws_secret_access_keys_but_not_hex_digests():
+    r = Redactor()
+    assert AWS_SECRET not in r.text(f"aws_secret_access_key = {AWS_SECRET}")
+    assert AWS_SECRET not in r.text(f"the key {AWS_SECRET} in prose")
+    commit = "3f786850e387550fdab836ed7e6dc881de23001b"  # a git commit: 40 hex characters
+    assert r.text(f"commit {commit}") == f"commit {commit}"
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "db_password",
+        "token",
+        "private_key",
+        "passphrase",
+        "aws_secret_access_key",
+        "X-Api-Key",
+        "apiKey",
+        "clientSecret",
+        "Authorization",
+        "cookie",
+    ],
+)
+def test_values_under_secret_keys_whatever_they_look_like(key):
+    r = Redactor()
+    out = r.redact({"outer": {key: "plain-value-7", "note": "ok"}, "list": [{key: ["a1", "b2"]}]})
+    assert "plain-value-7" not in repr(out) and "a1" not in repr(out)
+    assert out["outer"]["note"] == "ok"
+    # The same keys in text: JSON, escaped JSON inside a string, key=value, headers.
+    for text in [
+        f'{{"{key}": "plain-value-7"}}',
+        f'{{\\"{key}\\": \\"plain-value-7\\"}}',
+        f"{key}=plain-value-7&next=1",
+        f"{key}: plain-value-7",
+    ]:
+        assert "plain-value-7" not in r.text(text), text
+
+
+def test_counters_named_like_secrets_stay():
+    value = {"tokens_in": 5, "max_tokens": 100, "token": 7, "idempotency_key": "s:3"}
+    assert Redactor().redact(value) == value
+    assert Redactor().text("input_tokens: 120, output tokens: 7") == (
+        "input_tokens: 120, output tokens: 7"
+    )
+
+
+def test_authorization_headers_of_every_scheme():
+    r = Redactor()
+    for header in [
+        "Authorization: Basic dXNlcjpodW50ZXIy",
+        "authorization=Token abc123def",
+        "Proxy-Authorization: Digest username=bob, response=6629fae4",
+        "curl -H 'Authorization: Basic dXNlcjpodW50ZXIy' https://x",
+    ]:
+        out = r.text(header)
+        assert "dXNlcjpodW50ZXIy" not in out and "abc123def" not in out, out
+        assert "[REDACTED:authorization]" in out
+    assert "dXNlcjpodW50ZXIy" not in r.text("sent Basic dXNlcjpodW50ZXIy to the proxy")
+    assert r.text("basic instructions follow") == "basic instructions follow"
+
+
+def test_keys_of_objects_are_redacted_too():
+    out = Redactor().redact({FAKES["openai-key"]: 1})
+    assert list(out) == ["[REDACTED:openai-key]"]
+
+
+def test_redacting_twice_changes_nothing():
+    r = Redactor(secrets=["my-very-own-key-123"])
+    samples = [
+        *(f"x {fake} y" for fake in FAKES.values()),
+        "postgres://app:p@ss/w0rd@db:5432/x",
+        f'{{"db_password": "x", "k": "{AWS_SECRET}"}}',
+        "Authorization: Bearer abcdefghijklmnop1234",
+        "token=abc; my-very-own-key-123",
+    ]
+    for sample in samples:
+        once = r.text(sample)
+        assert r.text(once) == once, sample
+    value = {"password": "x", "nested": {"api_key": ["a", "b"]}, "t": samples}
+    once = r.redact(value)
+    assert r.redact(once) == once
