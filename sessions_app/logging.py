@@ -1,17 +1,38 @@
 import logging
+import traceback
+
+from agent_runtime.redaction import NO_REDACTION, Redactor
+
+
+def _redactor() -> Redactor:
+    try:
+        from .runtime import redactor
+
+        return redactor()
+    except Exception:  # no settings in this process (a server's master): built-ins only
+        return NO_REDACTION
 
 
 class RedactingFilter(logging.Filter):
-    """Replaces secret-looking values in a log record's message before it is emitted."""
+    """Replaces secret-looking values in a log record before it is emitted: its message,
+    the traceback of an exception it carries (an exception's text may quote a secret),
+    and its stack."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        from .runtime import redactor
-
+        redact = _redactor().text
         try:
             message = record.getMessage()
         except Exception:  # a malformed record: leave it to the handler
             return True
-        clean = redactor().text(message)
+        clean = redact(message)
         if clean != message:
             record.msg, record.args = clean, None
+        if record.exc_info and not record.exc_text:
+            # The formatter uses exc_text when it is set, so the traceback it prints is
+            # this redacted one.
+            record.exc_text = "".join(traceback.format_exception(*record.exc_info)).rstrip("\n")
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
         return True

@@ -12,6 +12,8 @@ from django.utils import timezone
 
 from agent_runtime.state import SCHEMA_VERSION, CheckpointReason, SessionStatus, StepKind
 
+from .redaction import ScrubbedCharField, ScrubbedJSONField, ScrubbedTextField
+
 
 class Status(models.TextChoices):
     QUEUED = SessionStatus.QUEUED.value, "Queued"
@@ -53,7 +55,7 @@ class Reason(models.TextChoices):
 class AgentSession(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent = models.CharField(max_length=100)
-    title = models.CharField(max_length=300, blank=True)
+    title = ScrubbedCharField(max_length=300, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
     # seq of the current checkpoint (0: none yet); last_seq: the highest seq allocated.
     head = models.PositiveIntegerField(default=0)
@@ -69,12 +71,12 @@ class AgentSession(models.Model):
     # Dispatch bookkeeping for the reconciler: which RQ job should run it, since when.
     job_id = models.CharField(max_length=64, blank=True)
     dispatched_at = models.DateTimeField(null=True, blank=True)
-    last_error = models.TextField(blank=True)
+    last_error = ScrubbedTextField(blank=True)
     step_count = models.PositiveIntegerField(default=0)
     tokens_in = models.BigIntegerField(default=0)
     tokens_out = models.BigIntegerField(default=0)
     cost = models.DecimalField(max_digits=12, decimal_places=6, default=0)
-    final_answer = models.TextField(blank=True)
+    final_answer = ScrubbedTextField(blank=True)
     # Batch work's progress (records done / total), copied from the batch cursor of the
     # head checkpoint's state so lists and the API show it without loading a checkpoint.
     progress_done = models.PositiveIntegerField(null=True, blank=True)
@@ -85,7 +87,7 @@ class AgentSession(models.Model):
     # the reconciler; a successful run, upgrade_state or an operator's resume clears it.
     # The database default lets the previous release keep inserting sessions between
     # `migrate` and the restart, and after a rollback of the code.
-    incompatible_reason = models.TextField(blank=True, default="", db_default="")
+    incompatible_reason = ScrubbedTextField(blank=True, default="", db_default="")
     incompatible_at = models.DateTimeField(null=True, blank=True)
     incompatible_code_schema = models.PositiveSmallIntegerField(null=True, blank=True)
     created_by = models.ForeignKey(
@@ -181,7 +183,7 @@ class Step(models.Model):
     )
     seq = models.PositiveIntegerField()
     kind = models.CharField(max_length=20, choices=Kind.choices)
-    payload = models.JSONField()
+    payload = ScrubbedJSONField()
     schema_version = models.PositiveSmallIntegerField(default=current_schema_version)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -228,7 +230,7 @@ class Checkpoint(models.Model):
         AgentSession, on_delete=models.CASCADE, related_name="checkpoints", db_index=False
     )
     seq = models.PositiveIntegerField()
-    state = models.JSONField()
+    state = ScrubbedJSONField()
     schema_version = models.PositiveSmallIntegerField(default=current_schema_version)
     reason = models.CharField(max_length=20, choices=Reason.choices, default=Reason.AUTO)
     created_at = models.DateTimeField(default=timezone.now)
@@ -266,7 +268,7 @@ class AuditEvent(models.Model):
         db_constraint=False,
         related_name="+",
     )
-    actor_label = models.CharField(max_length=200, help_text="Who acted, kept if the user goes.")
+    actor_label = ScrubbedCharField(max_length=200, help_text="Who acted, kept if the user goes.")
     action = models.CharField(max_length=50)
     session = models.ForeignKey(
         AgentSession,
@@ -276,9 +278,9 @@ class AuditEvent(models.Model):
         db_constraint=False,
         related_name="audit_events",
     )
-    before = models.JSONField(default=dict, blank=True)
-    after = models.JSONField(default=dict, blank=True)
-    request_meta = models.JSONField(default=dict, blank=True)
+    before = ScrubbedJSONField(default=dict, blank=True)
+    after = ScrubbedJSONField(default=dict, blank=True)
+    request_meta = ScrubbedJSONField(default=dict, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
@@ -303,7 +305,7 @@ class SideEffect(models.Model):
     key = models.CharField(max_length=100, unique=True)
     session_id = models.UUIDField(db_index=True)
     tool = models.CharField(max_length=100)
-    payload = models.JSONField(default=dict)
+    payload = ScrubbedJSONField(default=dict)
     attempts = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -319,8 +321,8 @@ class DemoRecord(models.Model):
 
     dataset = models.CharField(max_length=64)
     number = models.PositiveIntegerField()
-    payload = models.JSONField()
-    output = models.JSONField(null=True, blank=True)
+    payload = ScrubbedJSONField()
+    output = ScrubbedJSONField(null=True, blank=True)
     migrated_at = models.DateTimeField(null=True, blank=True)
     migrated_by_key = models.CharField(max_length=100, blank=True)
     migrations = models.PositiveSmallIntegerField(default=0)
@@ -359,7 +361,7 @@ class ApiToken(models.Model):
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
     )
-    name = models.CharField(max_length=100, blank=True)
+    name = ScrubbedCharField(max_length=100, blank=True)
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     key_prefix = models.CharField(
         max_length=12, editable=False, help_text="First characters, to tell tokens apart."
@@ -394,15 +396,20 @@ class ApiToken(models.Model):
 
 
 class LoginFailure(models.Model):
-    """A failed log-in, for throttling by account and by address."""
+    """A failed log-in, for throttling by account and by address (sessions_app/auth.py).
 
-    username = models.CharField(max_length=150)
+    `account` is a keyed hash of the normalised username, never the username itself: what
+    someone typed into the username field (a password, at times) is not stored."""
+
+    account = models.CharField(max_length=64)
     ip = models.GenericIPAddressField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         indexes = [
             # "Failures of this account / from this address in the last window."
-            models.Index(fields=["username", "created_at"], name="loginfail_user"),
+            models.Index(fields=["account", "created_at"], name="loginfail_account"),
             models.Index(fields=["ip", "created_at"], name="loginfail_ip"),
+            # Dropping failures older than the window.
+            models.Index(fields=["created_at"], name="loginfail_created"),
         ]

@@ -33,10 +33,11 @@ def worker_identity() -> str:
 @functools.cache
 def redactor() -> Redactor:
     """Built-in patterns, the deployment's own (RESPAWN_REDACT_PATTERNS), and the
-    configured provider keys matched literally."""
+    configured secrets (provider keys and the rest of RESPAWN_REDACT_SECRETS) matched
+    literally."""
     return Redactor(
         extra_patterns=settings.RESPAWN_REDACT_PATTERNS,
-        secrets=[settings.OPENAI_API_KEY, settings.ANTHROPIC_API_KEY],
+        secrets=settings.RESPAWN_REDACT_SECRETS,
     )
 
 

@@ -60,6 +60,7 @@ from .models import (
     Status,
     Step,
 )
+from .redaction import scrub
 
 SESSION_TABLE = AgentSession._meta.db_table
 STEP_TABLE = Step._meta.db_table
@@ -427,6 +428,8 @@ class DjangoSessionStore:
         does not match, the UPDATE returns no row and the INSERTs select nothing."""
         count = len(steps)
         now = timezone.now()
+        # No ORM field sees these values: scrub them here, as the fields do (the engine has
+        # redacted the steps already; the error, say, came straight from an exception).
         sets = [
             "last_seq = last_seq + %s",
             "step_count = step_count + %s",
@@ -465,7 +468,7 @@ class DjangoSessionStore:
             params.append(count)
             if checkpoint.state.final_answer is not None:
                 sets.append("final_answer = %s")
-                params.append(checkpoint.state.final_answer)
+                params.append(scrub(checkpoint.state.final_answer))
             cursor = checkpoint.state.batch_cursor
             if cursor is not None:
                 sets.append("progress_done = %s")
@@ -476,7 +479,7 @@ class DjangoSessionStore:
             params.append(status.value)
         if error is not None:
             sets.append("last_error = %s")
-            params.append(error)
+            params.append(scrub(error))
         if release:
             sets.append("lease_owner = NULL")
             sets.append("lease_expires_at = NULL")
@@ -491,7 +494,7 @@ class DjangoSessionStore:
             params += [
                 index + 1,
                 step.kind.value,
-                json.dumps(step.payload),
+                json.dumps(scrub(step.payload)),
                 step.started_at,
                 step.finished_at or now,
                 step.tokens_in,
@@ -519,7 +522,7 @@ class DjangoSessionStore:
             )
             params += [
                 lease.session_id,
-                json.dumps(checkpoint.state.to_dict()),
+                json.dumps(scrub(checkpoint.state.to_dict())),
                 SCHEMA_VERSION,
                 checkpoint.reason.value,
                 now,
