@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 
@@ -27,6 +28,18 @@ def env_float(name: str, default: float) -> float:
         return float(value)
     except ValueError:
         raise SystemExit(f"{name} must be a number, got {value!r}") from None
+
+
+def env_secret(name: str) -> str:
+    """A secret from the environment: NAME itself, or the contents of the file that
+    NAME_FILE names (a mounted secret, e.g. /run/secrets/openai_api_key)."""
+    path = os.environ.get(f"{name}_FILE")
+    if path:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"{name}_FILE={path!r} cannot be read: {exc}") from None
+    return os.environ.get(name, "")
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -81,7 +94,8 @@ RESPAWN_CSP = os.environ.get(
 )
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # django.contrib.admin, with Respawn's roles on its site (sessions_app/admin_site.py)
+    "sessions_app.admin_config.RespawnAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -175,7 +189,9 @@ RQ_QUEUES = {
 # when it dies, and the reconciler on a timer beside the job loop (sessions_app/worker.py).
 RQ = {"WORKER_CLASS": "sessions_app.worker.RespawnWorker"}
 RESPAWN_WORKER_SUPERVISE = env_bool("RESPAWN_WORKER_SUPERVISE", True)
-RQ_SHOW_ADMIN_LINK = True
+# The queue dashboard is mounted once, under /admin/rq/, behind Respawn's roles
+# (sessions_app/queues_admin.py); the admin index links to it.
+RQ_SHOW_ADMIN_LINK = False
 
 # --- Respawn runtime --------------------------------------------------------------------
 # Seconds a worker's lease on a session lasts without a heartbeat. A crashed worker's
@@ -206,15 +222,28 @@ RESPAWN_APPROVAL_SLA = env_float("RESPAWN_APPROVAL_SLA", 3600)
 RESPAWN_RECONCILE_BATCH = int(env_float("RESPAWN_RECONCILE_BATCH", 200))
 RESPAWN_MODEL = os.environ.get("RESPAWN_MODEL", "")
 OPENAI_BASE_URL = os.environ.get("OPENAI_BASE_URL", "")
-OPENAI_API_KEY = os.environ.get("OPENAI_API_KEY", "")
+OPENAI_API_KEY = env_secret("OPENAI_API_KEY")
 ANTHROPIC_BASE_URL = os.environ.get("ANTHROPIC_BASE_URL", "")
-ANTHROPIC_API_KEY = os.environ.get("ANTHROPIC_API_KEY", "")
+ANTHROPIC_API_KEY = env_secret("ANTHROPIC_API_KEY")
 # Extra redaction patterns (regular expressions, one per line): matches are replaced with a
 # marker before any step or checkpoint is stored, on top of the built-in key patterns.
 RESPAWN_REDACT_PATTERNS = [
     line.strip()
     for line in os.environ.get("RESPAWN_REDACT_PATTERNS", "").splitlines()
     if line.strip()
+]
+# Secrets matched literally wherever they appear, in every process (a web process stores
+# user input, so it must know the keys the workers use: give it the same settings). The
+# provider keys, this deployment's own credentials, and the environment variables named
+# in RESPAWN_REDACT_ENV (values, or NAME_FILE files, from the deployment's secret store).
+RESPAWN_REDACT_ENV = env_list("RESPAWN_REDACT_ENV", [])
+RESPAWN_REDACT_SECRETS = [
+    OPENAI_API_KEY,
+    ANTHROPIC_API_KEY,
+    SECRET_KEY if SECRET_KEY != DEVELOPMENT_SECRET_KEY else "",
+    DATABASES["default"].get("PASSWORD") or "",
+    urlsplit(REDIS_URL).password or "",
+    *(env_secret(name) for name in RESPAWN_REDACT_ENV),
 ]
 # Seconds one model call may take before it is abandoned and retried.
 RESPAWN_MODEL_TIMEOUT = env_float("RESPAWN_MODEL_TIMEOUT", 60.0)
@@ -225,6 +254,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]
 LOGIN_URL = "login"
+# The throttle first: it refuses every log-in path (dashboard, admin, any other) while an
+# account or an address is locked, before a password is checked (sessions_app/auth.py).
+AUTHENTICATION_BACKENDS = [
+    "sessions_app.auth.LoginThrottleBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
 # Log-in throttling: this many failures per account / per address within the window
 # (seconds) lock further attempts until the window has passed.
 RESPAWN_LOGIN_MAX_PER_ACCOUNT = int(env_float("RESPAWN_LOGIN_MAX_PER_ACCOUNT", 5))
@@ -259,11 +294,22 @@ STORAGES = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "request": {"format": "%(asctime)s %(message)s"},
+    },
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain"},
+        # runserver's request lines (URLs with their query strings)
+        "requests": {"class": "logging.StreamHandler", "formatter": "request"},
+    },
     "loggers": {
         "respawn": {"handlers": ["console"], "level": os.environ.get("RESPAWN_LOG_LEVEL", "INFO")},
         "django": {"handlers": ["console"], "level": "WARNING"},
+        "django.server": {"handlers": ["requests"], "level": "INFO", "propagate": False},
+        # RQ's worker log (job descriptions, failures): through the same filter, and RQ
+        # adds no handler of its own when one is configured.
+        "rq": {"handlers": ["console"], "level": "INFO", "propagate": False},
     },
 }
 

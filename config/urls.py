@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from sessions_app import queues_admin
 from sessions_app import views as session_views
 from sessions_app.api import api
 from sessions_app.auth import ThrottledLoginView
@@ -13,7 +14,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("sessions/", include("sessions_app.urls")),
     path("audit/", session_views.audit_log, name="audit"),
-    path("admin/rq/", include("django_rq.urls")),
+    path("admin/rq/", include((queues_admin.urlpatterns(), queues_admin.APP_NAME))),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
 ]

@@ -25,21 +25,24 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
+from django.contrib.auth import get_user_model
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
 from django.db.models.functions import Cast, Left
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import reverse, reverse_lazy
+from django.urls import path, reverse, reverse_lazy
 from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
+from django_rq.models import Dashboard as RqDashboard
 
 from agent_runtime.state import SCHEMA_VERSION
 
-from . import admin_services, services
+from . import admin_services, queues_admin, services
 from .admin_forms import ApiTokenAddForm, CheckpointAdminForm, SessionAdminForm, StepAdminForm
+from .admin_site import RoleRules
 from .models import (
     RUNNABLE,
     AgentSession,
@@ -49,7 +52,7 @@ from .models import (
     Status,
     Step,
 )
-from .permissions import can_operate
+from .permissions import can_administer, can_operate, can_view
 from .runtime import agent_registry
 from .views import BULK_LIMIT
 
@@ -521,12 +524,15 @@ class AgentSessionAdmin(LargeTableAdmin):
 
     def save_model(self, request, obj, form, change):
         if form.has_changed():
-            admin_services.session_edit_title(
+            session = admin_services.session_edit_title(
                 session_id=obj.pk,
                 title=form.cleaned_data["title"],
                 actor=request.user,
                 request_meta=_meta(request),
             )
+            # What the admin writes next (its history, its message) names the title as
+            # stored: redacted.
+            obj.title = session.title
 
     # Actions: the operator functions the dashboard and the API call, one session at a
     # time, each writing its own audit event.
@@ -892,6 +898,15 @@ class ApiTokenAdmin(admin.ModelAdmin):
             kwargs["form"] = ApiTokenAddForm
         return super().get_form(request, obj, change=change, **kwargs)
 
+    def get_autocomplete_fields(self, request):
+        # Searching accounts is for admins; anyone else issues tokens for themselves.
+        return self.autocomplete_fields if can_administer(request.user) else ()
+
+    def formfield_for_foreignkey(self, db_field, request, **kwargs):
+        if db_field.name == "user" and not can_administer(request.user):
+            kwargs["queryset"] = get_user_model().objects.filter(pk=request.user.pk)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
     def get_fields(self, request, obj=None):
         return ("user", "name") if obj is None else self.fields
 
@@ -902,8 +917,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
         return False
 
     def has_revoke_permission(self, request) -> bool:
-        # Revoking is the one change a token takes: whoever may change tokens may revoke.
-        return request.user.has_perm("sessions_app.change_apitoken")
+        # Revoking is the one change a token takes: whoever may change tokens may revoke
+        # (their own; other users' tokens only admins: admin_services.api_token_revoke).
+        return can_operate(request.user) and request.user.has_perm("sessions_app.change_apitoken")
 
     @admin.display(description="active", boolean=True)
     def active(self, obj: ApiToken) -> bool:
@@ -945,3 +961,39 @@ class ApiTokenAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{prefix}…: revoked", messages.SUCCESS)
             except services.ActionError as exc:
                 self.message_user(request, f"{prefix}…: {exc}", messages.WARNING)
+
+
+# --- The queue dashboard ------------------------------------------------------------------
+
+
+@admin.register(RqDashboard)
+class QueueDashboardAdmin(RoleRules, admin.ModelAdmin):
+    """The admin index's link to django-rq's dashboard, which is mounted once, under
+    /admin/rq/ (sessions_app/queues_admin.py); nothing else of django-rq is served here."""
+
+    def has_module_permission(self, request) -> bool:
+        return can_view(request.user)
+
+    def has_view_permission(self, request, obj=None) -> bool:
+        return can_view(request.user) and obj is None
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def get_urls(self):
+        return [
+            path(
+                "",
+                self.admin_site.admin_view(self.changelist_view),
+                name="django_rq_dashboard_changelist",
+            )
+        ]
+
+    def changelist_view(self, request, extra_context=None):
+        return HttpResponseRedirect(reverse(f"{queues_admin.APP_NAME}:home"))

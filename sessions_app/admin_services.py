@@ -13,8 +13,17 @@ from django.utils import timezone
 
 from .admin_forms import validate_checkpoint_state_json, validate_step_payload_json
 from .models import AgentSession, ApiToken, Checkpoint, Reason, Step
+from .permissions import can_administer
 from .runtime import redactor
-from .services import ActionError, Actor, _actor, _locked, audit, checkpoint_rollback
+from .services import (
+    ActionError,
+    Actor,
+    ActorInfo,
+    _actor,
+    _locked,
+    audit,
+    checkpoint_rollback,
+)
 
 
 def _refuse_if_running(session: AgentSession) -> None:
@@ -49,6 +58,11 @@ def _fence(session: AgentSession) -> tuple[int, int]:
     session.fencing_token += 1
     session.save(update_fields=["fencing_token"])
     return before, session.fencing_token
+
+
+def _refuse_unless_own_or_admin(who: ActorInfo, user: Any, what: str) -> None:
+    if who.user is not None and user.pk != who.user.pk and not can_administer(who.user):
+        raise ActionError(f"only admins {what} for other users", code="forbidden")
 
 
 def _invalid(exc: ValidationError) -> ActionError:
@@ -187,8 +201,10 @@ def api_token_issue(
     *, user: Any, name: str = "", actor: Actor = None, request_meta: dict | None = None
 ) -> tuple[ApiToken, str]:
     """A new API token for `user`; returns it with the raw secret, which is stored nowhere
-    (not in the token row, not in the audit event)."""
+    (not in the token row, not in the audit event). A token acts with its user's role, so
+    only admins issue tokens for someone else."""
     who = _actor(actor)
+    _refuse_unless_own_or_admin(who, user, "issue API tokens")
     with transaction.atomic():
         token, raw = ApiToken.issue(user, name)
         audit(
@@ -215,6 +231,7 @@ def api_token_revoke(
         token = token.first()
         if token is None:
             raise ActionError(f"no API token with id {token_id}", code="not_found")
+        _refuse_unless_own_or_admin(who, token.user, "revoke API tokens")
         if token.revoked_at is not None:
             raise ActionError("the token is already revoked", code="bad_status")
         token.revoked_at = timezone.now()

@@ -570,8 +570,17 @@ def test_staff_without_the_operator_role_get_no_session_actions(client, demo, st
 # --- API tokens -------------------------------------------------------------------------------
 
 
-def test_issuing_a_token_shows_the_secret_once_and_stores_its_hash(client, staff, users):
-    client.force_login(staff)
+@pytest.fixture
+def token_admin(users) -> User:
+    """A staff member of the `admin` group: issues and revokes other users' tokens."""
+    user = User.objects.create_user("ada", password="pw-admin", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="sessions_app"))
+    user.groups.add(Group.objects.get(name="admin"))
+    return User.objects.get(pk=user.pk)
+
+
+def test_issuing_a_token_shows_the_secret_once_and_stores_its_hash(client, token_admin, users):
+    client.force_login(token_admin)
     response = client.post(
         admin_url("apitoken", "add"), {"user": users["operator"].pk, "name": "ci"}
     )
@@ -591,9 +600,9 @@ def test_issuing_a_token_shows_the_secret_once_and_stores_its_hash(client, staff
     assert api.status_code == 200
 
 
-def test_tokens_are_revoked_not_edited(client, staff, users):
+def test_tokens_are_revoked_not_edited(client, token_admin, users):
     token, _ = ApiToken.issue(users["operator"], "ci")
-    client.force_login(staff)
+    client.force_login(token_admin)
     response = client.post(admin_url("apitoken", "change", token.pk), {"name": "renamed"})
     assert response.status_code == 403
     response = client.post(
@@ -606,6 +615,35 @@ def test_tokens_are_revoked_not_edited(client, staff, users):
     assert token.name == "ci" and token.revoked_at is not None
     event = AuditEvent.objects.get(action="admin_revoke_token")
     assert event.before["revoked_at"] is None and event.after["revoked_at"]
+
+
+def test_an_operator_issues_and_revokes_only_their_own_tokens(client, staff, users):
+    """Staff with every model permission and the operator role: a token acts with its
+    user's role, so minting one for someone else is for admins only."""
+    client.force_login(staff)
+    form = client.get(admin_url("apitoken", "add")).content.decode()
+    assert f'value="{staff.pk}"' in form and f'value="{users["operator"].pk}"' not in form
+    response = client.post(
+        admin_url("apitoken", "add"), {"user": users["operator"].pk, "name": "theirs"}
+    )
+    assert response.status_code == 200 and "issued-token" not in response.content.decode()
+    assert not ApiToken.objects.exists()
+    with pytest.raises(ActionError, match="only admins"):
+        admin_services.api_token_issue(user=users["operator"], name="x", actor=staff)
+    assert not ApiToken.objects.exists()
+    response = client.post(admin_url("apitoken", "add"), {"user": staff.pk, "name": "mine"})
+    assert "issued-token" in response.content.decode()
+    assert ApiToken.objects.get().user == staff
+    theirs, _ = ApiToken.issue(users["operator"], "theirs")
+    response = client.post(
+        admin_url("apitoken"),
+        {"action": "revoke_tokens", "_selected_action": [theirs.pk]},
+        follow=True,
+    )
+    assert any("only admins" in m for m in messages_of(response))
+    theirs.refresh_from_db()
+    assert theirs.revoked_at is None
+    assert not AuditEvent.objects.filter(action="admin_revoke_token").exists()
 
 
 # --- At scale: counts, filters and query budgets ----------------------------------------------
@@ -688,9 +726,10 @@ def test_a_changelist_over_many_rows_issues_bounded_queries_and_no_full_count(
     with CaptureQueriesContext(connection) as captured:
         response = client.get(url)
     assert response.status_code == 200
-    # Log-in session, user, its permissions (2) and roles; the count (an estimate and/or a
-    # capped count), the page, a filter's choices or the date hierarchy's MIN/MAX.
-    assert len(captured) <= 10, [q["sql"] for q in captured]
+    # Log-in session, user, its permissions (2) and roles (the admin site's gate); the count
+    # (an estimate and/or a capped count), the page, a filter's choices and the date
+    # hierarchy's MIN/MAX.
+    assert len(captured) <= 11, [q["sql"] for q in captured]
     assert not unbounded_counts(captured.captured_queries)
     assert not [q["sql"] for q in captured if "DISTINCT" in q["sql"] and "date_trunc" in q["sql"]]
     assert len(response.context["cl"].result_list) <= 100
