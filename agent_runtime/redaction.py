@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 MARKER = "[REDACTED:{kind}]"
-_NOT_A_MARKER = r"(?!\[REDACTED:)"
+_NOT_A_MARKER = r"(?!\[REDACTED[:\]])"  # ours, or a provider's "[redacted]"
 
 
 def marker(kind: str) -> str:

@@ -54,6 +54,7 @@ from .models import (
 )
 from .permissions import can_administer, can_operate, can_view
 from .runtime import agent_registry
+from .validation import request_meta
 from .views import BULK_LIMIT
 
 admin.site.site_header = "Respawn admin"
@@ -193,11 +194,7 @@ class LargeTableAdmin(admin.ModelAdmin):
 
 
 def _meta(request: HttpRequest) -> dict[str, Any]:
-    return {
-        "via": "admin",
-        "ip": request.META.get("REMOTE_ADDR"),
-        "user_agent": request.headers.get("User-Agent", "")[:200],
-    }
+    return request_meta(request, "admin")
 
 
 def _pretty_json(value: Any):

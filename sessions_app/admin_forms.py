@@ -14,6 +14,7 @@ from agent_runtime.state import StateError
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_step_payload
 
 from .models import AgentSession, ApiToken, Checkpoint, Step
+from .validation import MAX_JSON_DEPTH, InvalidInput, check_json_value, json_depth
 
 # What a broken blob can raise on its way through the upgraders and the state's from_dict.
 LOAD_ERRORS = (IncompatibleSchemaError, StateError, KeyError, TypeError, ValueError, AttributeError)
@@ -59,9 +60,28 @@ def validate_checkpoint_state_json(state: Any, schema_version: int) -> None:
 
 
 class PrettyJSONField(forms.JSONField):
-    """A JSON textarea, indented so a person can edit it."""
+    """A JSON textarea, indented so a person can edit it. What is typed is checked for depth
+    before it is parsed, and for what storage cannot hold (sessions_app/validation.py)."""
 
     widget = forms.Textarea(attrs={"rows": 24, "cols": 100, "class": "vLargeTextField"})
+
+    def to_python(self, value: Any) -> Any:
+        if isinstance(value, str) and json_depth(value) > MAX_JSON_DEPTH:
+            raise ValidationError(
+                "The JSON nests deeper than %(max)d levels.",
+                code="invalid",
+                params={"max": MAX_JSON_DEPTH},
+            )
+        converted = super().to_python(value)
+        try:
+            return check_json_value(converted, "JSON")
+        except InvalidInput as exc:
+            raise ValidationError(str(exc), code="invalid") from None
+
+    def bound_data(self, data: Any, initial: Any) -> Any:
+        if isinstance(data, str) and json_depth(data) > MAX_JSON_DEPTH:
+            return forms.fields.InvalidJSONInput(data)  # redisplayed as typed
+        return super().bound_data(data, initial)
 
     def prepare_value(self, value: Any) -> Any:
         if isinstance(value, forms.fields.InvalidJSONInput):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 from uuid import UUID
 
 from django.db.models import Q
@@ -20,6 +20,7 @@ from ninja import Field, NinjaAPI, Query, Schema
 from ninja import Status as Reply
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
+from pydantic import WithJsonSchema
 
 from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
@@ -27,6 +28,17 @@ from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 from . import services
 from .models import AgentSession, ApiToken, Status, Step
 from .permissions import can_operate, can_view
+from .validation import (
+    SINGLE_LINE_PATTERN,
+    InvalidInput,
+    JsonValue,
+    MultiLineText,
+    RequiredText,
+    SingleLineText,
+    StrictJSONParser,
+    check_datetime,
+    request_meta,
+)
 
 MAX_PAGE = 200
 
@@ -60,6 +72,8 @@ api = NinjaAPI(
     urls_namespace="api",
     auth=BearerToken(),
     docs_url="/docs",
+    # Bodies are checked for depth before they are parsed, and must be JSON objects.
+    parser=StrictJSONParser(),
 )
 
 
@@ -139,13 +153,13 @@ class StepPage(Schema):
 
 
 class StartIn(Schema):
-    agent: str = Field(min_length=1, max_length=100)
-    input: str = Field(min_length=1, max_length=services.MAX_INPUT_CHARS)
-    title: str = Field("", max_length=300)
+    agent: SingleLineText = Field(min_length=1, max_length=100)
+    input: RequiredText = Field(max_length=services.MAX_INPUT_CHARS)
+    title: SingleLineText = Field("", max_length=300)
 
 
 class MessageIn(Schema):
-    content: str = Field(min_length=1, max_length=services.MAX_INPUT_CHARS)
+    content: RequiredText = Field(max_length=services.MAX_INPUT_CHARS)
 
 
 class CheckpointIn(Schema):
@@ -153,13 +167,17 @@ class CheckpointIn(Schema):
 
 
 class UncertainIn(Schema):
-    resolution: str = Field(description="rerun | record_result | fail")
-    output: Any = Field(None, description="with record_result: what the tool returned")
-    note: str = Field("", max_length=2000)
+    # Checked by the service (400 naming the choices); listed here for clients.
+    resolution: str = Field(
+        description="rerun | record_result | fail",
+        json_schema_extra={"enum": list(services.UNCERTAIN_CHOICES)},
+    )
+    output: JsonValue = Field(None, description="with record_result: what the tool returned")
+    note: MultiLineText = Field("", max_length=2000)
 
 
 class DecisionIn(Schema):
-    reason: str = Field("", max_length=2000)
+    reason: MultiLineText = Field("", max_length=2000)
 
 
 # --- Helpers ----------------------------------------------------------------------------
@@ -172,11 +190,7 @@ STATUS_CODES = {
 
 
 def _meta(request: HttpRequest) -> dict[str, Any]:
-    return {
-        "via": "api",
-        "ip": request.META.get("REMOTE_ADDR"),
-        "user_agent": request.headers.get("User-Agent", "")[:200],
-    }
+    return request_meta(request, "api")
 
 
 def _require_view(request: HttpRequest) -> None:
@@ -273,9 +287,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         stamp, _, raw_id = base64.urlsafe_b64decode(padded.encode()).decode().partition("|")
-        updated = datetime.fromisoformat(stamp)
-        if updated.tzinfo is None:
-            raise ValueError("naive")
+        updated = check_datetime(datetime.fromisoformat(stamp), "cursor")
         return updated, UUID(raw_id)
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise HttpError(400, "cursor is not one this API returned") from None
@@ -293,6 +305,11 @@ def action_error(request: HttpRequest, exc: services.ActionError):
 
 @api.exception_handler(HttpError)
 def http_error(request: HttpRequest, exc: HttpError):
+    if isinstance(exc.__cause__, InvalidInput):
+        # The body parser's refusal (too deep, not an object, not JSON): say which.
+        return api.create_response(
+            request, {"error": "invalid", "detail": str(exc.__cause__)}, status=400
+        )
     codes = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
     return api.create_response(
         request,
@@ -347,9 +364,14 @@ def start(request: HttpRequest, body: StartIn):
 @api.get("/sessions", response={200: SessionPage, **ERRORS}, summary="List sessions")
 def list_sessions(
     request: HttpRequest,
-    status: str | None = Query(None, description="one of " + ", ".join(Status.values)),
-    agent: str | None = Query(None, max_length=100),
-    cursor: str | None = Query(None, max_length=200),
+    # Checked below (400 naming the statuses); listed in the schema for clients.
+    status: Annotated[str, WithJsonSchema({"type": "string", "enum": Status.values})]
+    | None = Query(None, description="one of " + ", ".join(Status.values)),
+    agent: str | None = Query(None, max_length=100, pattern=SINGLE_LINE_PATTERN),
+    cursor: Annotated[
+        str, WithJsonSchema({"type": "string", "maxLength": 200, "pattern": "^[A-Za-z0-9_-]*$"})
+    ]
+    | None = Query(None, max_length=200, description="`next` of the previous page"),
     limit: int = Query(50, ge=1, le=MAX_PAGE),
 ):
     _require_view(request)

@@ -21,6 +21,7 @@ from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 from .models import FINAL, RUNNABLE, AgentSession, Checkpoint, Status, Step
 from .runtime import agent_registry
 from .store import DjangoSessionStore
+from .validation import InvalidInput, check_datetime, parse_date
 
 SORTS = {
     "-updated": ("-updated_at", "-id"),
@@ -64,9 +65,9 @@ class SessionFilters:
             raw = params.get(name) or ""
             if raw:
                 try:
-                    setattr(f, name, date.fromisoformat(raw))
-                except ValueError:
-                    f.errors.append(f"{name.replace('_', ' ')}: not a date (YYYY-MM-DD): {raw!r}")
+                    setattr(f, name, parse_date(raw, name.replace("_", " ")))
+                except InvalidInput as exc:
+                    f.errors.append(str(exc))
         return f
 
     def as_query(self, **override: Any) -> dict[str, str]:
@@ -134,9 +135,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         raw = base64.urlsafe_b64decode((cursor + "=" * (-len(cursor) % 4)).encode()).decode()
         stamp, _, session_id = raw.partition("|")
-        value = datetime.fromisoformat(stamp)
-        if value.tzinfo is None:
-            raise ValueError
+        value = check_datetime(datetime.fromisoformat(stamp), "cursor")
         return value, uuid.UUID(session_id)
     except (ValueError, binascii.Error, UnicodeDecodeError):
         raise BadFilter(

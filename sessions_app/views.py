@@ -4,7 +4,6 @@ reading works without JavaScript; mutations are POST only and go through `servic
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 from typing import Any
 from uuid import UUID
@@ -28,6 +27,7 @@ from . import selectors, services
 from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Checkpoint, Status, Step
 from .permissions import can_operate, can_view
 from .presenters import branch_label, diff_states, present_step
+from .validation import InvalidInput, load_json, parse_int, request_meta
 
 PAGE_SIZE = 50
 TRACE_PAGE = 50
@@ -58,11 +58,7 @@ def _get_session(request: HttpRequest, session_id: UUID) -> AgentSession:
 
 
 def _meta(request: HttpRequest) -> dict[str, Any]:
-    return {
-        "via": "dashboard",
-        "ip": request.META.get("REMOTE_ADDR"),
-        "user_agent": request.headers.get("User-Agent", "")[:200],
-    }
+    return request_meta(request, "dashboard")
 
 
 def _is_live(session: AgentSession) -> bool:
@@ -258,7 +254,10 @@ def _detail_context(
         return context
     show_superseded = request.GET.get("superseded") == "1"
     start = request.GET.get("from")
-    after = max(int(start) - 1, 0) if start and start.isdigit() else 0
+    try:
+        after = max(parse_int(start, "from") - 1, 0) if start else 0
+    except InvalidInput:
+        after = 0  # a broken link to a step: the trace from its start
     steps, more, last = _trace_page(session, after, show_superseded)
     checkpoints = selectors.checkpoints_of(session)
     context.update(
@@ -321,11 +320,12 @@ def session_header(request: HttpRequest, session_id: UUID) -> HttpResponse:
 def session_steps(request: HttpRequest, session_id: UUID) -> HttpResponse:
     """The next page of the trace after `after` (lazy load on scroll, and the live tail)."""
     session = _get_session(request, session_id)
-    raw = request.GET.get("after", "0")
-    if not raw.isdigit():
-        return HttpResponse("after must be a step number", status=400)
+    try:
+        after = parse_int(request.GET.get("after", "0"), "after")
+    except InvalidInput as exc:
+        return HttpResponse(f"{exc} (a step number)", status=400)
     show_superseded = request.GET.get("superseded") == "1"
-    steps, more, last = _trace_page(session, int(raw), show_superseded)
+    steps, more, last = _trace_page(session, after, show_superseded)
     if not steps and not more and not _is_live(session):
         # Caught up with a session that will not change: nothing to add, stop asking.
         return HttpResponseStopPolling()
@@ -465,15 +465,16 @@ def action_preview(request: HttpRequest, session_id: UUID, action: str) -> HttpR
     if action == "resume":
         preview = selectors.preview_resume(session)
     elif action == "rollback":
-        raw = request.GET.get("seq", "")
-        if not raw.isdigit():
+        try:
+            seq = parse_int(request.GET.get("seq", ""), "seq")
+        except InvalidInput:
             return render(
                 request,
                 "sessions/preview.html",
                 {"session": session, "error": "choose a checkpoint"},
                 status=400,
             )
-        preview = selectors.preview_rollback(session, int(raw))
+        preview = selectors.preview_rollback(session, seq)
     else:
         raise Http404("no preview for that action")
     return render(request, "sessions/preview.html", {"session": session, "preview": preview})
@@ -549,12 +550,7 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
             resolution = post.get("resolution", "")
             output = None
             if resolution == "record_result":
-                try:
-                    output = json.loads(post.get("output", ""))
-                except json.JSONDecodeError as exc:
-                    raise services.ActionError(
-                        f"the recorded result is not valid JSON: {exc}", code="invalid"
-                    ) from None
+                output = _json(post.get("output", ""), "the recorded result")
             services.session_resolve_uncertain(
                 session_id=session.id,
                 resolution=resolution,
@@ -580,12 +576,7 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
             text = "Instruction added as an operator step; the session is queued."
         elif action == "correct":
             seq = _int(post.get("result_seq"), "tool result")
-            try:
-                output = json.loads(post.get("output", ""))
-            except json.JSONDecodeError as exc:
-                raise services.ActionError(
-                    f"the corrected output is not valid JSON: {exc}", code="invalid"
-                ) from None
+            output = _json(post.get("output", ""), "the corrected output")
             services.session_correct_result(
                 session_id=session.id,
                 result_seq=seq,
@@ -605,9 +596,17 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
 
 
 def _int(raw: str | None, what: str) -> int:
-    if raw is None or not raw.strip().isdigit():
-        raise services.ActionError(f"choose a {what} (a step number)", code="invalid")
-    return int(raw)
+    try:
+        return parse_int(raw if raw is not None else "", what)
+    except InvalidInput:
+        raise services.ActionError(f"choose a {what} (a step number)", code="invalid") from None
+
+
+def _json(raw: str, what: str) -> Any:
+    try:
+        return load_json(raw, what)
+    except InvalidInput as exc:
+        raise services.ActionError(str(exc), code="invalid") from None
 
 
 # --- Audit log and attention ------------------------------------------------------------
@@ -632,8 +631,11 @@ def audit_log(request: HttpRequest) -> HttpResponse:
         except ValueError:
             error = f"not a session id: {session_q!r}"
     before = request.GET.get("before", "")
-    if before.isdigit():
-        events = events.filter(id__lt=int(before))
+    if before:
+        try:
+            events = events.filter(id__lt=parse_int(before, "before", maximum=2**63 - 1))
+        except InvalidInput as exc:
+            error = str(exc)
     page = list(events[: PAGE_SIZE + 1])
     more = len(page) > PAGE_SIZE
     page = page[:PAGE_SIZE]
