@@ -4,7 +4,7 @@
   role (`RespawnAdminSite.has_permission`); anyone else is sent to the admin's log-in.
 - Every page that changes a queue (empty it, delete, requeue, enqueue or stop jobs), and
   every non-GET request, needs the admin role (`can_administer`): 403 otherwise.
-- What django-rq answers with a 500 for a missing queue or job answers 404 here; its
+- What django-rq answers with a 500 for a missing queue, job or worker answers 404 here; its
   bulk actions redirect only within this site (their target comes from the request).
 - Not mounted: the rq-scheduler pages (that package is not installed: every one of them
   fails), the Prometheus endpoint, and the statistics JSON's token variants (a token scheme
@@ -72,9 +72,10 @@ def _guard(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
             raise PermissionDenied("only admins act on the job queues")
         try:
             response = view(request, *args, **kwargs)
-        except (IndexError, NoSuchJobError):
-            # get_queue_by_index(n) past the configured queues, Job.fetch of a gone job
-            raise Http404("no such queue or job") from None
+        except (IndexError, NoSuchJobError, ValueError):
+            # get_queue_by_index(n) past the configured queues, Job.fetch of a gone job,
+            # Worker.find_by_key of a name that is no worker key: all from the URL.
+            raise Http404("no such queue, job or worker") from None
         if isinstance(response, HttpResponseRedirect) and not url_has_allowed_host_and_scheme(
             response.url, allowed_hosts={request.get_host()}, require_https=request.is_secure()
         ):

@@ -5,10 +5,11 @@ new view that nobody classified here fails this test instead of shipping uncheck
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
-from django.contrib.auth.models import User
+from django.contrib.auth.models import Group, Permission, User
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from agent_runtime.loop import run_session
@@ -19,7 +20,8 @@ from sessions_app.store import DjangoEffects, DjangoSessionStore
 
 pytestmark = pytest.mark.django_db
 
-ROLES = ["anonymous", "viewer", "operator", "staff", "superuser"]
+ROLES = ["anonymous", "viewer", "operator", "staff", "staff_all_permissions", "superuser"]
+NO_ROLE = ("staff", "staff_all_permissions")  # staff status (and model permissions), no role
 DASHBOARD_ACTIONS = [
     "resume",
     "cancel",
@@ -41,6 +43,15 @@ def walk(patterns, prefix=""):
             yield prefix + str(p.pattern), p
 
 
+def staff_with_every_permission(username: str, group: str | None = None) -> User:
+    """Staff status and every model permission there is; a Respawn role only if given."""
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    user.user_permissions.set(Permission.objects.all())
+    if group:
+        user.groups.add(Group.objects.get(name=group))
+    return User.objects.get(pk=user.pk)
+
+
 @pytest.fixture
 def world(users):
     staff = User.objects.create_user("stan", password="pw", is_staff=True)
@@ -59,6 +70,11 @@ def world(users):
             "operator": users["operator"],
             "staff": staff,
             "superuser": superuser,
+            # Model permissions and staff status without a Respawn role open nothing.
+            "staff_all_permissions": staff_with_every_permission("stacy"),
+            "staff_viewer": staff_with_every_permission("vera", "viewer"),
+            "staff_operator": staff_with_every_permission("otto", "operator"),
+            "staff_admin": staff_with_every_permission("ada", "admin"),
         },
         "session": session,
     }
@@ -84,7 +100,7 @@ def expected_dashboard(url: str, role: str) -> set[int]:
     mutating = "/actions/" in url or url.endswith("/bulk/") or "/preview/" in url
     if role == "anonymous":
         return {302}  # to the login page
-    if role in ("staff",):  # staff without a dashboard role
+    if role in NO_ROLE:
         return {403}
     if mutating and role == "viewer":
         return {403}
@@ -124,7 +140,7 @@ def test_every_dashboard_url_for_every_role(client, world):
                     assert response.status_code == 403
                 seen += 1
     assert seen > 100
-    assert not AuditEvent.objects.filter(actor__username__in=["victor", "stan"]).exists()
+    assert not AuditEvent.objects.filter(actor__username__in=["victor", "stan", "stacy"]).exists()
 
 
 def admin_urls(world) -> list[str]:
@@ -157,13 +173,13 @@ def admin_urls(world) -> list[str]:
     return urls
 
 
-def test_admin_refuses_everyone_but_staff(client, world):
+def test_admin_refuses_everyone_but_staff_with_a_role(client, world):
     urls = admin_urls(world)
     assert "/admin/" in urls and any(u.startswith("/admin/rq/") for u in urls)
     for url in urls:
         if "logout" in url or url.endswith("login/"):
             continue
-        for role in ("anonymous", "viewer", "operator"):
+        for role in ("anonymous", "viewer", "operator", "staff", "staff_all_permissions"):
             client.logout()
             if role != "anonymous":
                 client.force_login(world["users"][role])
@@ -174,15 +190,12 @@ def test_admin_refuses_everyone_but_staff(client, world):
                 assert "/login/" in response["Location"], (url, role)
         client.force_login(world["users"]["superuser"])
         # Refused even to a superuser by design: autocomplete without its query parameters,
-        # add/change of django-rq's placeholder "dashboard" model, and adding or deleting
-        # a session's history, audit events or API tokens (sessions_app/admin.py).
-        by_design = (
-            url.endswith("/autocomplete/")
-            or url.startswith("/admin/django_rq/dashboard/")
-            or re.fullmatch(
-                r"/admin/sessions_app/(agentsession|step|checkpoint|auditevent)/add/", url
-            )
-            or re.fullmatch(r"/admin/sessions_app/\w+/[^/]+/delete/", url)
+        # and adding or deleting a session's history, audit events or API tokens
+        # (sessions_app/admin.py).
+        by_design = url.endswith("/autocomplete/") or re.fullmatch(
+            r"/admin/sessions_app/(agentsession|step|checkpoint|auditevent|apitoken)/"
+            r"(add|[^/]+/delete)/",
+            url,
         )
         allowed = (200, 302, 404, 403) if by_design else (200, 302, 404)
         assert client.get(url).status_code in allowed, url
@@ -222,7 +235,7 @@ def test_every_api_operation_for_every_role(client, world):
             code = response.status_code
             if role == "anonymous":
                 assert code == 401, (method, url, role, code)
-            elif role == "staff":
+            elif role in NO_ROLE:
                 assert code == 403, (method, url, role, code)
             elif role == "viewer":
                 assert code == (200 if method == "GET" else 403), (method, url, role, code)
@@ -231,3 +244,94 @@ def test_every_api_operation_for_every_role(client, world):
     # A logged-in browser session is not an API credential.
     client.force_login(world["users"]["superuser"])
     assert client.get("/api/sessions").status_code == 401
+
+
+def _queue_index(name: str) -> int:
+    from django_rq.settings import get_queues_list
+
+    return [q["name"] for q in get_queues_list()].index(name)
+
+
+def test_only_admins_act_on_the_queues(client, world, rq_queue):
+    """Reading the queue dashboard takes staff status and a role; emptying a queue,
+    deleting, requeueing or stopping jobs takes the admin role (or a superuser)."""
+    from rq import Queue
+
+    queue = Queue(rq_queue.name, connection=rq_queue.connection)
+    job = queue.enqueue("sessions_app.jobs.run_session_job", str(world["session"].id))
+    index = _queue_index(rq_queue.name)
+    reads = ["/admin/rq/", f"/admin/rq/queues/{index}/", f"/admin/rq/queues/{index}/{job.id}/"]
+    acts = [
+        f"/admin/rq/queues/{index}/empty/",
+        f"/admin/rq/queues/{index}/{job.id}/delete/",
+        f"/admin/rq/queues/{index}/{job.id}/requeue/",
+        f"/admin/rq/queues/{index}/requeue-all/",
+        f"/admin/rq/queues/{index}/failed/clear/",
+        f"/admin/rq/queues/actions/{index}/",
+    ]
+    for role in ("staff", "staff_all_permissions", "staff_viewer", "staff_operator"):
+        client.force_login(world["users"][role])
+        for url in reads:
+            code = client.get(url).status_code
+            assert code == (200 if role in ("staff_viewer", "staff_operator") else 302), (url, role)
+        for url in acts:
+            get, post = client.get(url), client.post(url, {"action": "delete", "job_ids": [job.id]})
+            allowed = (403,) if role in ("staff_viewer", "staff_operator") else (302,)
+            assert get.status_code in allowed and post.status_code in allowed, (url, role)
+        assert queue.count == 1 and queue.fetch_job(job.id) is not None, role
+    client.force_login(world["users"]["staff_admin"])
+    assert client.get(acts[0]).status_code == 200  # the confirmation page
+    assert client.post(acts[0]).status_code == 302
+    assert queue.count == 0
+
+
+def test_queue_pages_answer_404_not_500_for_what_does_not_exist(client, world, rq_queue):
+    client.force_login(world["users"]["superuser"])
+    index = _queue_index(rq_queue.name)
+    for url in [
+        "/admin/rq/queues/99/",
+        "/admin/rq/queues/99/failed/",
+        f"/admin/rq/queues/{index}/no-such-job/",
+        f"/admin/rq/queues/{index}/no-such-job/delete/",
+        f"/admin/rq/queues/{index}/no-such-job/requeue/",
+        f"/admin/rq/queues/{index}/no-such-job/enqueue/",
+        f"/admin/rq/queues/{index}/no-such-job/results/r1/",
+        "/admin/rq/workers/99/",
+        f"/admin/rq/workers/{index}/no-such-worker/",
+        "/admin/rq/cron-schedulers/99/s/",
+    ]:
+        assert client.get(url).status_code == 404, url
+    response = client.post(
+        f"/admin/rq/queues/actions/{index}/",
+        {"action": "delete", "job_ids": ["no-such-job"], "next_url": "https://elsewhere.example/"},
+    )
+    assert response.status_code in (302, 404)
+    if response.status_code == 302:
+        assert response["Location"].startswith("/admin/rq/")
+    # The index links to the one mounted dashboard.
+    assert client.get("/admin/django_rq/dashboard/")["Location"] == "/admin/rq/"
+
+
+def test_the_admin_with_a_role_reads_and_only_operators_change(client, world):
+    """Staff with every model permission: a viewer's role reads the admin's records and
+    changes none of them; an operator's edits history; accounts and groups are for
+    admins."""
+    session = world["session"]
+    step = Step.objects.filter(session=session, kind="tool_result").first()
+    change = f"/admin/sessions_app/step/{step.pk}/change/"
+    client.force_login(world["users"]["staff_viewer"])
+    assert client.get(change).status_code == 200
+    response = client.post(change, {"payload": json.dumps({**step.payload, "output": 1})})
+    assert response.status_code == 403
+    title_change = f"/admin/sessions_app/agentsession/{session.pk}/change/"
+    assert client.post(title_change, {"title": "renamed"}).status_code == 403
+    assert client.get("/admin/sessions_app/apitoken/add/").status_code == 403
+    for url in ("/admin/auth/user/", "/admin/auth/group/", "/admin/auth/user/add/"):
+        assert client.get(url).status_code == 403, url
+    step.refresh_from_db()
+    assert step.payload.get("output") != 1
+    client.force_login(world["users"]["staff_operator"])
+    for url in ("/admin/auth/user/", "/admin/auth/group/"):
+        assert client.get(url).status_code == 403, url
+    client.force_login(world["users"]["staff_admin"])
+    assert client.get("/admin/auth/user/").status_code == 200

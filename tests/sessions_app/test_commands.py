@@ -1,5 +1,7 @@
+import re
 import uuid
 from io import StringIO
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -80,3 +82,52 @@ def test_seed_demo_creates_users_and_every_status():
     count = AgentSession.objects.count()
     call_command("seed_demo", stdout=StringIO())
     assert AgentSession.objects.count() == count
+
+
+def test_seed_demo_refuses_in_production_mode_unless_forced(settings):
+    from django.contrib.auth.models import User
+
+    settings.PRODUCTION = True
+    with pytest.raises(CommandError, match="refusing to create demo accounts in production"):
+        call_command("seed_demo", stdout=StringIO())
+    assert not User.objects.exists() and not AgentSession.objects.exists()
+    out = StringIO()
+    call_command("seed_demo", "--force", stdout=out)
+    text = out.getvalue()
+    assert "changepassword" in text
+    for username in ("admin", "operator", "viewer"):
+        password = re.search(rf"{username}\s+password (\S+)", text)[1]
+        user = User.objects.get(username=username)
+        assert password != username and len(password) >= 16
+        assert user.check_password(password) and not user.check_password(username)
+    assert AgentSession.objects.exists()
+
+
+def test_seed_demo_prints_the_demo_passwords_outside_production():
+    out = StringIO()
+    call_command("seed_demo", stdout=out)
+    assert re.search(r"viewer\s+password viewer\s", out.getvalue())
+    out = StringIO()
+    call_command("seed_demo", stdout=out)
+    assert "viewer    exists already, password unchanged" in out.getvalue()
+
+
+def test_seed_demo_refuses_in_a_production_deployment():
+    """As a deployment runs it: DATABASE_URL set, DEBUG off, a real SECRET_KEY."""
+    import os
+    import secrets
+    import subprocess
+    import sys
+
+    dropped = ("DEBUG", "RESPAWN_PRODUCTION", "SECRET_KEY")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(dropped)}
+    env.update(DJANGO_SETTINGS_MODULE="config.settings", SECRET_KEY=secrets.token_urlsafe(64))
+    out = subprocess.run(
+        [sys.executable, "manage.py", "seed_demo"],
+        cwd=Path(__file__).resolve().parents[2],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 1
+    assert "refusing to create demo accounts in production mode" in out.stderr

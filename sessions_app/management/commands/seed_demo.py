@@ -1,9 +1,15 @@
-"""Demo users and a handful of real sessions in every status, run through the engine."""
+"""Demo users and a handful of real sessions in every status, run through the engine.
 
+Outside production the demo accounts get the passwords the README lists (admin/admin,
+operator/operator, viewer/viewer). In production mode the command refuses unless forced,
+and then sets generated passwords; either way it prints what it set."""
+
+import secrets
 from datetime import timedelta
 
+from django.conf import settings
 from django.contrib.auth.models import Group, User
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
 from agent_runtime.loop import run_session
@@ -15,10 +21,10 @@ from sessions_app.services import checkpoint_rollback, session_cancel, session_s
 from sessions_app.store import DjangoEffects, DjangoSessionStore
 
 DEMO_USERS = [
-    # username, password, group, superuser
-    ("admin", "admin", None, True),
-    ("operator", "operator", "operator", False),
-    ("viewer", "viewer", "viewer", False),
+    # username, password (outside production), group, superuser, what it may do
+    ("admin", "admin", None, True, "everything, and /admin/"),
+    ("operator", "operator", "operator", False, "read and act on sessions"),
+    ("viewer", "viewer", "viewer", False, "read only"),
 ]
 
 
@@ -28,13 +34,28 @@ class _RevokedKeyProvider:
 
 
 class Command(BaseCommand):
-    help = "Create the demo users and sessions in every status (skipped if sessions exist)."
+    help = (
+        "Create the demo users and sessions in every status (skipped if sessions exist). "
+        "Refuses in production mode unless --force."
+    )
 
     def add_arguments(self, parser):
-        parser.add_argument("--force", action="store_true", help="add the sessions again")
+        parser.add_argument(
+            "--force",
+            action="store_true",
+            help="run in production mode too (the accounts get generated passwords), and add "
+            "the sessions again when some exist",
+        )
 
     def handle(self, *args, **options):
-        self.seed_users()
+        if settings.PRODUCTION and not options["force"]:
+            raise CommandError(
+                "refusing to create demo accounts in production mode: anyone who has read "
+                "the README knows their passwords. Run with --force to create them with "
+                "generated passwords (printed once), or create real accounts with "
+                "`manage.py createsuperuser`."
+            )
+        self.seed_users(generated=settings.PRODUCTION)
         if AgentSession.objects.exists() and not options["force"]:
             self.stdout.write("sessions exist already; users checked (use --force to add more)")
             return
@@ -83,16 +104,27 @@ class Command(BaseCommand):
             f"paused {paused.id}, cancelled {cancelled.id}, stuck {stuck.id}, queued {queued.id}"
         )
 
-    def seed_users(self):
-        for username, password, group, superuser in DEMO_USERS:
+    def seed_users(self, *, generated: bool) -> None:
+        lines = []
+        for username, password, group, superuser, can in DEMO_USERS:
             user, created = User.objects.get_or_create(
                 username=username, defaults={"is_staff": superuser, "is_superuser": superuser}
             )
             if created:
+                if generated:
+                    password = secrets.token_urlsafe(12)
                 user.set_password(password)
                 user.save()
+                lines.append(f"  {username:<9} password {password:<18} {can}")
+            else:
+                lines.append(f"  {username:<9} exists already, password unchanged ({can})")
             if group:
                 user.groups.add(Group.objects.get(name=group))
+        self.stdout.write("demo accounts:\n" + "\n".join(lines))
+        self.stdout.write(
+            "change a password with: python manage.py changepassword USERNAME "
+            "(or in the admin site, /admin/auth/user/)"
+        )
 
     def crash_mid_call(self, store, session):
         """Leave a session as a SIGKILLed worker would: tool call recorded, no result, an
