@@ -25,7 +25,9 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
 from django.contrib.admin.views.main import ChangeList
+from django.contrib.admin.widgets import AutocompleteSelect
 from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
 from django.db import connections
 from django.db.models import Exists, OuterRef, Q, QuerySet, TextField
@@ -54,7 +56,7 @@ from .models import (
 )
 from .permissions import can_administer, can_operate, can_view
 from .runtime import agent_registry
-from .validation import request_meta
+from .validation import MAX_DATE, MIN_DATE, InvalidInput, parse_int, request_meta
 from .views import BULK_LIMIT
 
 admin.site.site_header = "Respawn admin"
@@ -132,7 +134,24 @@ class LargeTablePaginator(Paginator):
         return f"{count:,}"
 
 
-class PreviewChangeList(ChangeList):
+class CheckedChangeList(ChangeList):
+    """The date hierarchy's year, month and day are checked before Django builds dates from
+    them (a year past 9999 or a day past 2**31 is an OverflowError there, not a bad
+    parameter)."""
+
+    def get_filters(self, request):
+        if self.date_hierarchy:
+            ranges = {"year": (MIN_DATE.year, MAX_DATE.year), "month": (1, 12), "day": (1, 31)}
+            for part, (low, high) in ranges.items():
+                for raw in request.GET.getlist(f"{self.date_hierarchy}__{part}"):
+                    try:
+                        parse_int(raw, part, minimum=low, maximum=high)
+                    except InvalidInput as exc:
+                        raise IncorrectLookupParameters(str(exc)) from None
+        return super().get_filters(request)
+
+
+class PreviewChangeList(CheckedChangeList):
     """Lists read the first characters of a large JSON column, not the whole blob."""
 
     def get_queryset(self, request, exclude_parameters=None):
@@ -284,9 +303,10 @@ VERSION_CHOICES = [(str(v), f"v{v}") for v in range(1, SCHEMA_VERSION + 1)] + [
 def _version_q(value: str, field: str = "schema_version") -> Q:
     if value == "newer":
         return Q(**{f"{field}__gt": SCHEMA_VERSION})
-    if value.isdigit():
-        return Q(**{field: int(value)})
-    raise IncorrectLookupParameters(f"not a schema version: {value!r}")
+    try:
+        return Q(**{field: parse_int(value, "schema version", maximum=32767)})
+    except InvalidInput:
+        raise IncorrectLookupParameters(f"not a schema version: {value!r}") from None
 
 
 class SchemaVersionFilter(admin.SimpleListFilter):
@@ -872,6 +892,22 @@ class AuditEventAdmin(LargeTableAdmin):
 # --- API tokens ----------------------------------------------------------------------------
 
 
+class CheckedAutocompleteSelect(AutocompleteSelect):
+    """Redisplays a submitted value that is no id as nothing chosen; Django's own looks it
+    up as an id and fails the page (a 500) on `user=abc`."""
+
+    def optgroups(self, name, value, attr=None):
+        target = self.field.target_field
+        ids = []
+        for item in value:
+            try:
+                target.to_python(item)
+            except ValidationError:
+                continue
+            ids.append(item)
+        return super().optgroups(name, ids, attr)
+
+
 @admin.register(ApiToken)
 class ApiTokenAdmin(admin.ModelAdmin):
     """Issue (the secret is shown once, on the page that answers the add), list, revoke.
@@ -895,6 +931,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
             kwargs["form"] = ApiTokenAddForm
         return super().get_form(request, obj, change=change, **kwargs)
 
+    def get_changelist(self, request, **kwargs):
+        return CheckedChangeList
+
     def get_autocomplete_fields(self, request):
         # Searching accounts is for admins; anyone else issues tokens for themselves.
         return self.autocomplete_fields if can_administer(request.user) else ()
@@ -902,6 +941,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def formfield_for_foreignkey(self, db_field, request, **kwargs):
         if db_field.name == "user" and not can_administer(request.user):
             kwargs["queryset"] = get_user_model().objects.filter(pk=request.user.pk)
+        elif db_field.name in self.get_autocomplete_fields(request):
+            kwargs["widget"] = CheckedAutocompleteSelect(db_field, self.admin_site)
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def get_fields(self, request, obj=None):

@@ -419,8 +419,9 @@ def checkpoint_diff(request: HttpRequest, session_id: UUID) -> HttpResponse:
                 else default
             )
         try:
-            return Checkpoint.objects.get(session=session, pk=int(raw))
-        except (ValueError, Checkpoint.DoesNotExist):
+            pk = parse_int(raw, "checkpoint", maximum=2**63 - 1)
+            return Checkpoint.objects.get(session=session, pk=pk)
+        except (InvalidInput, Checkpoint.DoesNotExist):
             return None
 
     first = checkpoints[0] if checkpoints else None
