@@ -20,7 +20,7 @@ from ninja import Field, NinjaAPI, Query, Schema
 from ninja import Status as Reply
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
-from pydantic import WithJsonSchema
+from pydantic import AfterValidator, WithJsonSchema
 
 from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
@@ -37,6 +37,7 @@ from .validation import (
     SingleLineText,
     StrictJSONParser,
     check_datetime,
+    one_line,
     request_meta,
 )
 
@@ -152,8 +153,20 @@ class StepPage(Schema):
     next: int | None = Field(description="pass as `after` for the next page; null when done")
 
 
+def _known_agents(schema: dict[str, Any]) -> None:
+    # When the document is generated, not at import: the registry comes from settings.
+    from .runtime import agent_registry
+
+    schema["enum"] = sorted(agent_registry().names())
+
+
+# An unknown name is the service's to refuse (400, naming the known ones); the document
+# lists the known ones.
+AgentName = Annotated[str, AfterValidator(one_line), Field(json_schema_extra=_known_agents)]
+
+
 class StartIn(Schema):
-    agent: SingleLineText = Field(min_length=1, max_length=100)
+    agent: AgentName = Field(min_length=1, max_length=100)
     input: RequiredText = Field(max_length=services.MAX_INPUT_CHARS)
     title: SingleLineText = Field("", max_length=300)
 
@@ -178,6 +191,10 @@ class UncertainIn(Schema):
 
 class DecisionIn(Schema):
     reason: MultiLineText = Field("", max_length=2000)
+
+
+# The body may be left out (no reason given); when sent it is an object, never null.
+NO_REASON = DecisionIn()
 
 
 # --- Helpers ----------------------------------------------------------------------------
@@ -495,24 +512,24 @@ def fork(request: HttpRequest, session_id: UUID, body: CheckpointIn):
 
 
 @api.post("/sessions/{session_id}/approve", response={202: SessionOut, **ERRORS}, summary="Approve")
-def approve(request: HttpRequest, session_id: UUID, body: DecisionIn | None = None):
+def approve(request: HttpRequest, session_id: UUID, body: DecisionIn = NO_REASON):
     _require_operate(request)
     session = services.session_approve(
         session_id=session_id,
         actor=request.auth,
-        reason=(body.reason if body else ""),
+        reason=body.reason,
         request_meta=_meta(request),
     )
     return Reply(202, _detail(session))
 
 
 @api.post("/sessions/{session_id}/reject", response={202: SessionOut, **ERRORS}, summary="Reject")
-def reject(request: HttpRequest, session_id: UUID, body: DecisionIn | None = None):
+def reject(request: HttpRequest, session_id: UUID, body: DecisionIn = NO_REASON):
     _require_operate(request)
     session = services.session_reject(
         session_id=session_id,
         actor=request.auth,
-        reason=(body.reason if body else ""),
+        reason=body.reason,
         request_meta=_meta(request),
     )
     return Reply(202, _detail(session))

@@ -156,9 +156,11 @@ def check_json_value(value: Any, field: str) -> Any:
     return value
 
 
-def load_json(raw: str | bytes, field: str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Parse JSON from a request: depth checked first, then parsed, then checked for what
-    storage cannot hold."""
+def load_json(
+    raw: str | bytes, field: str, *, max_depth: int = MAX_JSON_DEPTH, storable: bool = True
+) -> Any:
+    """Parse JSON from a request: depth checked first, then parsed, then (unless the
+    fields it holds are checked one by one later) checked for what storage cannot hold."""
     if isinstance(raw, bytes):
         try:
             raw = raw.decode("utf-8")
@@ -171,7 +173,7 @@ def load_json(raw: str | bytes, field: str, *, max_depth: int = MAX_JSON_DEPTH) 
         value = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
     except (ValueError, RecursionError) as exc:
         raise InvalidInput(field, f"not valid JSON: {exc}") from None
-    return check_json_value(value, field)
+    return check_json_value(value, field) if storable else value
 
 
 # --- The API's types ---------------------------------------------------------------------------
@@ -184,7 +186,7 @@ def _no_control(value: str) -> str:
     return value
 
 
-def _one_line(value: str) -> str:
+def one_line(value: str) -> str:
     found = _CONTROL_OR_BREAK.search(value)
     if found:
         raise ValueError(f"contains {_describe(found.group())} (one line only)")
@@ -194,7 +196,7 @@ def _one_line(value: str) -> str:
 # The validators give the messages; the patterns tell the OpenAPI document's readers (and
 # a client generating requests from it) what is accepted.
 SingleLineText = Annotated[
-    str, AfterValidator(_one_line), Field(json_schema_extra={"pattern": SINGLE_LINE_PATTERN})
+    str, AfterValidator(one_line), Field(json_schema_extra={"pattern": SINGLE_LINE_PATTERN})
 ]
 MultiLineText = Annotated[
     str, AfterValidator(_no_control), Field(json_schema_extra={"pattern": MULTILINE_PATTERN})
@@ -241,7 +243,8 @@ class StrictJSONParser(Parser):
     django-ninja turns a failure into a 400 whose cause the API's handler reports."""
 
     def parse_body(self, request: HttpRequest) -> dict[str, Any]:
-        value = load_json(request.body, "body")
+        # The schemas check each field they keep (what they ignore is never stored).
+        value = load_json(request.body, "body", storable=False)
         if not isinstance(value, dict):
             raise InvalidInput("body", f"must be a JSON object, not {_json_kind(value)}")
         return value
@@ -258,7 +261,8 @@ def _json_kind(value: Any) -> str:
 
 
 def request_problem(request: HttpRequest) -> InvalidInput | None:
-    """The first query or form parameter (name or value) with a control character."""
+    """The first query or form parameter that has no name, or a control character in its
+    name or value."""
     sources = [("query parameter", request.GET)]
     if request.method == "POST" and request.content_type in (
         "application/x-www-form-urlencoded",
@@ -267,6 +271,8 @@ def request_problem(request: HttpRequest) -> InvalidInput | None:
         sources.append(("form field", request.POST))
     for kind, params in sources:
         for name, values in params.lists():
+            if not name:
+                return InvalidInput(kind, "one has no name (`?=value`)")
             try:
                 check_text(name, f"{kind} name {name[:40]!r}", multiline=False)
                 for value in values:
