@@ -8,7 +8,11 @@ import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-_redact = {"redact": {"()": "sessions_app.logging.RedactingFilter"}}
+_redact = {
+    "redact": {"()": "sessions_app.logging.RedactingFilter"},
+    # Request lines carry percent-encoded query strings: decoded, then redacted.
+    "redact_urls": {"()": "sessions_app.logging.RedactingFilter", "decode_urls": True},
+}
 
 logconfig_dict = {
     "version": 1,
@@ -28,7 +32,7 @@ logconfig_dict = {
         "access_console": {
             "class": "logging.StreamHandler",
             "formatter": "access",
-            "filters": ["redact"],
+            "filters": ["redact_urls"],
             "stream": "ext://sys.stdout",
         },
     },

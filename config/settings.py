@@ -315,7 +315,10 @@ LOGGING = {
     },
 }
 
-# Log lines go through the same redaction as stored steps.
-LOGGING["filters"] = {"redact": {"()": "sessions_app.logging.RedactingFilter"}}
-for _handler in LOGGING["handlers"].values():
-    _handler["filters"] = ["redact"]
+# Log lines go through the same redaction as stored steps (request lines decoded first).
+LOGGING["filters"] = {
+    "redact": {"()": "sessions_app.logging.RedactingFilter"},
+    "redact_urls": {"()": "sessions_app.logging.RedactingFilter", "decode_urls": True},
+}
+for _name, _handler in LOGGING["handlers"].items():
+    _handler["filters"] = ["redact_urls" if _name == "requests" else "redact"]

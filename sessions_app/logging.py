@@ -1,5 +1,6 @@
 import logging
 import traceback
+from urllib.parse import unquote_plus
 
 from agent_runtime.redaction import NO_REDACTION, Redactor
 
@@ -16,7 +17,15 @@ def _redactor() -> Redactor:
 class RedactingFilter(logging.Filter):
     """Replaces secret-looking values in a log record before it is emitted: its message,
     the traceback of an exception it carries (an exception's text may quote a secret),
-    and its stack."""
+    and its stack.
+
+    `decode_urls`: for request lines, whose query strings are percent-encoded (a password
+    in `?dsn=postgres%3A%2F%2Fapp%3Apw%40db` has none of the shapes the patterns know):
+    the line is decoded, then redacted."""
+
+    def __init__(self, name: str = "", decode_urls: bool = False) -> None:
+        super().__init__(name)
+        self.decode_urls = decode_urls
 
     def filter(self, record: logging.LogRecord) -> bool:
         redact = _redactor().text
@@ -24,7 +33,7 @@ class RedactingFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a malformed record: leave it to the handler
             return True
-        clean = redact(message)
+        clean = redact(unquote_plus(message) if self.decode_urls else message)
         if clean != message:
             record.msg, record.args = clean, None
         if record.exc_info and not record.exc_text:

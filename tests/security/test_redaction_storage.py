@@ -78,7 +78,8 @@ def test_log_lines_are_redacted_by_the_configured_handlers(settings):
 
     from sessions_app.logging import RedactingFilter
 
-    assert all("redact" in h.get("filters", []) for h in settings.LOGGING["handlers"].values())
+    redacting = {"redact", "redact_urls"}
+    assert all(redacting & set(h.get("filters", [])) for h in settings.LOGGING["handlers"].values())
     stream = io.StringIO()
     handler = logging.StreamHandler(stream)
     handler.addFilter(RedactingFilter())
