@@ -1,8 +1,15 @@
 import logging
+import re
 import traceback
 from urllib.parse import unquote_plus
 
 from agent_runtime.redaction import NO_REDACTION, Redactor
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _escaped(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
 
 
 def _redactor() -> Redactor:
@@ -33,7 +40,11 @@ class RedactingFilter(logging.Filter):
             message = record.getMessage()
         except Exception:  # a malformed record: leave it to the handler
             return True
-        clean = redact(unquote_plus(message) if self.decode_urls else message)
+        if self.decode_urls:
+            # Decoded, a %0A would start a forged log line: control characters stay escaped.
+            clean = _CONTROL.sub(_escaped, redact(unquote_plus(message)))
+        else:
+            clean = redact(message)
         if clean != message:
             record.msg, record.args = clean, None
         if record.exc_info and not record.exc_text:

@@ -94,3 +94,42 @@ def test_log_lines_are_redacted_by_the_configured_handlers(settings):
     line = stream.getvalue()
     assert SECRET not in line and "pw12345" not in line
     assert "[REDACTED:openai-key]" in line and "[REDACTED:password]" in line
+
+
+def test_request_lines_are_decoded_redacted_and_cannot_forge_lines():
+    from sessions_app.logging import RedactingFilter
+
+    record = logging.LogRecord(
+        "gunicorn.access",
+        logging.INFO,
+        __file__,
+        1,
+        'GET /sessions/?q=postgres%3A%2F%2Fapp%3Ap%40ss%2Fw0rd%40db%2Fx%0A127.0.0.1 "GET /forged"',
+        None,
+        None,
+    )
+    RedactingFilter(decode_urls=True).filter(record)
+    line = record.getMessage()
+    assert "p@ss/w0rd" not in line and "[REDACTED:password]@db/x" in line
+    assert "\n" not in line and "\\x0a127.0.0.1" in line
+
+
+def test_a_logged_traceback_is_redacted(caplog):
+    import io
+
+    from sessions_app.logging import RedactingFilter
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.addFilter(RedactingFilter())
+    logger = logging.getLogger("respawn.test-traceback")
+    logger.addHandler(handler)
+    try:
+        try:
+            raise RuntimeError(f"upstream refused {SECRET}")
+        except RuntimeError:
+            logger.exception("a call failed")
+    finally:
+        logger.removeHandler(handler)
+    text = stream.getvalue()
+    assert "RuntimeError: upstream refused [REDACTED:openai-key]" in text and SECRET not in text
