@@ -39,6 +39,8 @@ class Rule:
     literals: tuple[str, ...] = ()
     min_length: int = 0
     replace: Callable[[re.Match[str]], str] | None = None
+    # A cheaper test than the regex that a rule without literals must pass first.
+    gate: Callable[[str], bool] | None = None
 
     def apply(self, value: str) -> str:
         return self.pattern.sub(self.replace or (lambda _m: marker(self.kind)), value)
@@ -77,13 +79,21 @@ def _basic_credentials(match: re.Match[str]) -> str:
 
 
 def _aws_secret(match: re.Match[str]) -> str:
-    """A 40-character AWS secret access key mixes upper case, lower case and digits; a
-    40-digit hex string (a git commit, a SHA-1) does not, and is left alone."""
+    """A run of exactly 40 base64 characters (no padding) that mixes upper case, lower case
+    and digits: an AWS secret access key. A 40-digit hex string (a git commit, a SHA-1)
+    is left alone, and so are longer runs (base64 data)."""
     run = match.group(0)
+    if len(run) != 40 or "=" in run:
+        return run
     if any(c.isupper() for c in run) and any(c.islower() for c in run):
         if any(c.isdigit() for c in run):
             return marker("aws-secret-key")
     return run
+
+
+def _has_a_long_word(value: str) -> bool:
+    # Prose has no 40-character words: splitting is far cheaper than a regex scan of it.
+    return max(map(len, value.split()), default=0) >= 40
 
 
 # In order: a later rule sees the markers of the earlier ones and leaves them alone.
@@ -157,9 +167,11 @@ RULES: list[Rule] = [
     ),
     Rule(
         "aws-secret-key",
-        re.compile(r"(?<![A-Za-z0-9/+=])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+=])"),
+        # Whole runs, measured in _aws_secret: cheaper than lookarounds at every position.
+        re.compile(r"[A-Za-z0-9/+=]{40,}"),
         min_length=40,
         replace=_aws_secret,
+        gate=_has_a_long_word,
     ),
 ]
 
@@ -199,6 +211,10 @@ def is_secret_key(key: str) -> bool:
     return any(a in _KEY_PAIRS and b == "key" for a, b in zip(parts, parts[1:], strict=False))
 
 
+CACHED_TEXT_CHARS = 2048
+CACHED_TEXTS = 8192
+
+
 class Redactor:
     def __init__(self, *, extra_patterns: Iterable[str] = (), secrets: Iterable[str] = ()) -> None:
         rules = list(RULES)
@@ -211,27 +227,67 @@ class Redactor:
                     f"redaction pattern {pattern!r} is not a valid regex: {exc}"
                 ) from None
         self._rules = rules
+        # Which literals a string holds is a few substring searches; a rule runs only when
+        # one of its own is there (a regex scan per rule costs microseconds per string).
+        self._literals = tuple(sorted({lit for rule in rules for lit in rule.literals}))
+        # Rules without literals run on strings at least this long.
+        self._unfiltered = [rule for rule in rules if not rule.literals]
+        self._shortest_unfiltered = min(
+            (rule.min_length for rule in self._unfiltered), default=None
+        )
         # Longest first, so a secret that contains another is replaced whole.
         self._secrets = sorted({s for s in secrets if s and len(s) >= 8}, key=len, reverse=True)
+        # Object keys repeat ("type", "text", "tool_calls"): what each becomes is kept.
+        self._keys: dict[str, tuple[str, str | None]] = {}
+        # So do values, and a value is often redacted twice: by the loop, then by the store
+        # that writes it (storage's own choke point). What a short string becomes is kept,
+        # up to a bound; a string caches its hash, so a second look costs nanoseconds.
+        self._texts: dict[str, str] = {}
 
     def text(self, value: str) -> str:
-        return self._scan(value, prefilter=True)
+        if len(value) > CACHED_TEXT_CHARS:
+            return self._scan(value, prefilter=True)
+        clean = self._texts.get(value)
+        if clean is None:
+            clean = self._scan(value, prefilter=True)
+            if len(self._texts) >= CACHED_TEXTS:
+                self._texts.clear()
+            self._texts[value] = clean
+            self._texts[clean] = clean  # redacting the result changes nothing
+        return clean
 
     def _scan(self, value: str, *, prefilter: bool) -> str:
         for secret in self._secrets:
             if secret in value:
                 value = value.replace(secret, marker("configured-secret"))
+        if not prefilter:
+            for rule in self._rules:
+                value = rule.apply(value)
+            return value
         lowered = value.lower()
-        for rule in self._rules:
-            if prefilter:
-                # `lowered` may be stale after an earlier rule replaced something: a
-                # marker holds none of the literals that matter, so a skip stays safe.
-                if rule.literals and not any(lit in lowered for lit in rule.literals):
-                    continue
-                if len(value) < rule.min_length:
-                    continue
+        present = {lit for lit in self._literals if lit in lowered}
+        if present:
+            # `present` may be stale after an earlier rule replaced something: a marker
+            # holds none of the literals that matter, so a skip stays safe.
+            rules = [r for r in self._rules if not r.literals or not present.isdisjoint(r.literals)]
+        elif self._shortest_unfiltered is None or len(value) < self._shortest_unfiltered:
+            return value
+        else:
+            rules = self._unfiltered
+        for rule in rules:
+            if len(value) < rule.min_length or (rule.gate and not rule.gate(value)):
+                continue
             value = rule.apply(value)
         return value
+
+    def _key(self, key: str) -> tuple[str, str | None]:
+        """A key as stored, and the marker kind for what is under it (None: not secret)."""
+        known = self._keys.get(key)
+        if known is None:
+            known = (self.text(key), key.lower() if is_secret_key(key) else None)
+            if len(self._keys) < 10_000 and len(key) <= 100:
+                self._keys[key] = known
+        return known
 
     def redact(self, value: Any, *, under: str | None = None) -> Any:
         """A copy of a JSON-like value with every secret-looking string replaced; every
@@ -244,12 +300,11 @@ class Redactor:
         if isinstance(value, dict):
             out = {}
             for key, item in value.items():
-                inner = under
-                if inner is None and isinstance(key, str) and is_secret_key(key):
-                    inner = key.lower()
-                out[self.text(key) if isinstance(key, str) else key] = self.redact(
-                    item, under=inner
-                )
+                if isinstance(key, str):
+                    key, secret = self._key(key)
+                    out[key] = self.redact(item, under=under or secret)
+                else:
+                    out[key] = self.redact(item, under=under)
             return out
         if isinstance(value, list | tuple):
             return [self.redact(item, under=under) for item in value]

@@ -17,6 +17,7 @@ migrations (and the historical models of data migrations) see the plain ones.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -46,6 +47,18 @@ def scrub(value: Any) -> Any:
     from .runtime import redactor  # settings decide the patterns: not at import time
 
     return storable(redactor().redact(value))
+
+
+def scrubbed_json(value: Any) -> str:
+    """`scrub`, then JSON text for a jsonb parameter (the store's SQL path): the walk that
+    makes text storable runs only when the JSON shows a NUL or a surrogate escape."""
+    from .runtime import redactor
+
+    clean = redactor().redact(value)
+    text = json.dumps(clean)
+    if "\\u0000" in text or "\\ud" in text:
+        text = json.dumps(storable(clean))
+    return text
 
 
 class _Scrubbed:

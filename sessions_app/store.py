@@ -60,7 +60,7 @@ from .models import (
     Status,
     Step,
 )
-from .redaction import scrub
+from .redaction import scrub, scrubbed_json
 
 SESSION_TABLE = AgentSession._meta.db_table
 STEP_TABLE = Step._meta.db_table
@@ -494,7 +494,7 @@ class DjangoSessionStore:
             params += [
                 index + 1,
                 step.kind.value,
-                json.dumps(scrub(step.payload)),
+                scrubbed_json(step.payload),
                 step.started_at,
                 step.finished_at or now,
                 step.tokens_in,
@@ -522,7 +522,7 @@ class DjangoSessionStore:
             )
             params += [
                 lease.session_id,
-                json.dumps(scrub(checkpoint.state.to_dict())),
+                scrubbed_json(checkpoint.state.to_dict()),
                 SCHEMA_VERSION,
                 checkpoint.reason.value,
                 now,
