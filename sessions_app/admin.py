@@ -403,6 +403,7 @@ SESSION_HISTORY_FIELDS = (
     "incompatible_reason",
     "incompatible_at",
     "incompatible_code_schema",
+    "incompatible_agent_version",
     "created_by",
     "parent",
     "fork_seq",
@@ -469,7 +470,14 @@ class AgentSessionAdmin(LargeTableAdmin):
         ),
         (
             "Compatibility",
-            {"fields": ("incompatible_reason", "incompatible_at", "incompatible_code_schema")},
+            {
+                "fields": (
+                    "incompatible_reason",
+                    "incompatible_at",
+                    "incompatible_code_schema",
+                    "incompatible_agent_version",
+                )
+            },
         ),
         ("Origin", {"fields": ("created_by", "parent", "fork_seq", "created_at", "updated_at")}),
     )

@@ -126,7 +126,8 @@ def worker_env(transactional_db) -> dict[str, str]:
         RESPAWN_LEASE_TTL=str(settings.RESPAWN_LEASE_TTL),
         RESPAWN_RECONCILE_INTERVAL=str(settings.RESPAWN_RECONCILE_INTERVAL),
         RESPAWN_DISPATCH_GRACE=str(settings.RESPAWN_DISPATCH_GRACE),
-        RESPAWN_SLOW_DELAY=str(settings.RESPAWN_SLOW_DELAY),
+        # The demo agents' own knob (config.settings_test sets it in the environment).
+        RESPAWN_SLOW_DELAY=os.environ["RESPAWN_SLOW_DELAY"],
         RESPAWN_MODEL_BACKOFF=str(settings.RESPAWN_MODEL_BACKOFF),
         PYTHONUNBUFFERED="1",
     )
