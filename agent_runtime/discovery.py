@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import traceback
+from pathlib import Path
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +26,7 @@ from .agents import Agent, AgentConfigError, AgentRegistry
 from .providers import split_model_name
 
 ENTRY_POINT_GROUP = "respawn.agents"
+_ENGINE_DIR = str(Path(__file__).resolve().parent)
 
 
 @dataclass(frozen=True)
@@ -111,9 +113,13 @@ def _import(path: str) -> Any:
 
 def _import_failure(module_name: str, exc: BaseException) -> str:
     # The user's own code failed while importing (a bad @tool, a typo): its last frame
-    # says where.
+    # outside the engine and importlib says where.
     frames = traceback.extract_tb(exc.__traceback__)
-    own = [f for f in frames if "importlib" not in f.filename]
+    own = [
+        f
+        for f in frames
+        if "importlib" not in f.filename and not f.filename.startswith(_ENGINE_DIR)
+    ]
     at = f" (at {own[-1].filename}:{own[-1].lineno})" if own else ""
     return f"importing {module_name!r} failed: {type(exc).__name__}: {exc}{at}"
 

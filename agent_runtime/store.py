@@ -246,6 +246,18 @@ class InMemoryStore:
             session.lease_owner = None
             return session.last_seq
 
+    def add_user_message(self, session_id: str, text: str) -> int:
+        """A new user message to a session (queued for a run), as sessions_app's
+        send-message does."""
+        with self._lock:
+            session = self._get(session_id)
+            session.last_seq += 1
+            session.steps.append(
+                StepRecord(seq=session.last_seq, kind="user", payload=user_payload(text))
+            )
+            session.status = SessionStatus.QUEUED
+            return session.last_seq
+
     def request_cancel(self, session_id: str) -> None:
         with self._lock:
             self._get(session_id).cancel_requested = True

@@ -783,9 +783,12 @@ def session_resolve_uncertain(
 def session_check_compat(
     *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
 ) -> str:
-    """Load the session as a worker would, with this code: mark it incompatible (with the
-    reason) if it cannot be loaded, clear an old mark if it can. Returns the problem, or
-    "" when it loads. Changes no step or checkpoint."""
+    """Load the session as a worker would, with this code, and check it against this
+    code's agents (as the deploy gate does): mark it incompatible (with the reason) if a
+    worker would refuse it, clear an old mark if not. Returns the problems, or "" when
+    there are none. Changes no step or checkpoint."""
+    from agent_runtime.compat import REFUSALS, session_problems
+
     from .store import DjangoSessionStore
 
     who = _actor(actor)
@@ -793,13 +796,22 @@ def session_check_compat(
     if session is None:
         raise ActionError(f"no session with id {session_id}", code="not_found")
     try:
-        DjangoSessionStore().load_head(str(session.id))
+        head = DjangoSessionStore().load_head(str(session.id))
     except IncompatibleSchemaError as exc:
         problem = str(exc)
         session_mark_incompatible(session_id=session.id, reason=problem)
     else:
-        problem = ""
-        session_clear_incompatible(session_id=session.id)
+        problems = session_problems(head, agent_registry())
+        problem = "; ".join(f"{p.where}: {p.error}" for p in problems)
+        refusals = [p for p in problems if p.where in REFUSALS]
+        if refusals:
+            # What a worker would refuse; a call to a tool that is gone is only a failed
+            # call for the model to see, not a reason to hold the session back.
+            session_mark_incompatible(
+                session_id=session.id, reason="; ".join(p.error for p in refusals)
+            )
+        else:
+            session_clear_incompatible(session_id=session.id)
     audit(
         actor=who,
         action="compat_check",

@@ -9,6 +9,7 @@ urlpatterns = [
     path("counts/", views.status_counts, name="counts"),
     path("bulk/", views.bulk_action, name="bulk"),
     path("attention/", views.attention, name="attention"),
+    path("agents/", views.agents, name="agents"),
     path("<uuid:session_id>/", views.session_detail, name="detail"),
     path("<uuid:session_id>/panel/", views.session_header, name="panel"),
     path("<uuid:session_id>/row/", views.session_row, name="row"),

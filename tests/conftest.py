@@ -15,6 +15,10 @@ from django.contrib.auth.models import Group, User
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+# Packages of agents that are not Respawn's (a team's own, and mistakes teams make): the
+# tests import them as a deployment would, from a path of their own.
+PACKAGES = ROOT / "tests" / "packages"
+sys.path.insert(0, str(PACKAGES))
 
 
 def wait_for(
@@ -129,6 +133,8 @@ def worker_env(transactional_db) -> dict[str, str]:
         # The demo agents' own knob (config.settings_test sets it in the environment).
         RESPAWN_SLOW_DELAY=os.environ["RESPAWN_SLOW_DELAY"],
         RESPAWN_MODEL_BACKOFF=str(settings.RESPAWN_MODEL_BACKOFF),
+        RESPAWN_AGENTS=",".join(settings.RESPAWN_AGENTS),
+        PYTHONPATH=os.pathsep.join([str(PACKAGES), *filter(None, [os.environ.get("PYTHONPATH")])]),
         PYTHONUNBUFFERED="1",
     )
     return env

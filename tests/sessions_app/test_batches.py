@@ -76,13 +76,13 @@ def test_progress_in_the_api_and_on_the_session_page(client, users):
     )
     raw = ApiToken.issue(users["viewer"])[1]
     body = client.get(f"/api/sessions/{session.id}", HTTP_AUTHORIZATION=f"Bearer {raw}").json()
-    assert body["progress"] == {"done": 30, "total": 30}
+    assert body["progress"] == {"done": 30, "total": 30, "note": None}
     other = session_start(agent="echo", input="hi")
     body = client.get(f"/api/sessions/{other.id}", HTTP_AUTHORIZATION=f"Bearer {raw}").json()
     assert body["progress"] is None
     client.force_login(users["viewer"])
     page = client.get(reverse("sessions:detail", args=[session.id])).content.decode()
-    assert "30 / 30 records (100%)" in page
+    assert "30 / 30 (100%)" in page
 
 
 def test_rollback_takes_progress_back_to_the_checkpoint(users):
