@@ -17,9 +17,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import traceback
-from pathlib import Path
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from .agents import Agent, AgentConfigError, AgentRegistry
