@@ -25,6 +25,7 @@ import functools
 import inspect
 import json
 import os
+import sys
 import threading
 import time
 import typing
@@ -353,6 +354,12 @@ def tool(
     timeout: seconds one attempt may take. retries: further attempts after a
     `ToolError(retryable=True)`."""
 
+    # The decorating code's local names: a tool defined inside a function (with postponed
+    # annotations) names types imported there, as pydantic models may.
+    caller = sys._getframe(1)
+    local_names = dict(caller.f_locals) if caller.f_code.co_name != "<module>" else None
+    del caller
+
     def build(fn: Callable[..., Any]) -> Tool:
         label = getattr(fn, "__qualname__", repr(fn))
         if not callable(fn):
@@ -364,7 +371,7 @@ def tool(
         params = list(inspect.signature(fn).parameters.values())
         takes_context = bool(params) and _takes_context(params[0])
         fields: dict[str, Any] = {}
-        hints = _type_hints(fn, label)
+        hints = _type_hints(fn, label, local_names)
         for param in params[1:] if takes_context else params:
             if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
                 raise TypeError(
@@ -405,9 +412,12 @@ def tool(
     return build(function) if function is not None else build
 
 
-def _type_hints(fn: Callable[..., Any], label: str) -> dict[str, Any]:
+def _type_hints(
+    fn: Callable[..., Any], label: str, local_names: dict[str, Any] | None
+) -> dict[str, Any]:
     try:
-        return typing.get_type_hints(fn)
+        # include_extras keeps Annotated[int, Field(gt=0)] constraints for the schema.
+        return typing.get_type_hints(fn, localns=local_names, include_extras=True)
     except Exception as exc:  # a forward reference that does not resolve
         raise TypeError(f"tool {label}: its type hints cannot be read: {exc}") from None
 

@@ -394,3 +394,23 @@ def test_a_tool_reports_progress_on_the_session_under_its_lease():
     session_id = new_session(store, "acme", "work 1")
     run(store, session_id, agents=acme())
     assert store.session(session_id).progress == (1, 1, "step 1 done")
+
+
+def test_annotated_constraints_reach_the_schema_and_the_validation():
+    from typing import Annotated, Literal
+
+    from pydantic import Field
+
+    @tool
+    def refund(
+        ctx: ToolContext,
+        amount_cents: Annotated[int, Field(gt=0, le=500)],
+        speed: Literal["slow", "fast"] = "slow",
+    ) -> int:
+        return amount_cents
+
+    props = refund.spec.parameters["properties"]
+    assert props["amount_cents"] == {"type": "integer", "exclusiveMinimum": 0, "maximum": 500}
+    assert props["speed"]["enum"] == ["slow", "fast"]
+    outcome = refund.run(lambda a: ToolContext("s", "c", 1, "k", a, None), {"amount_cents": 0})
+    assert not outcome.ok and "amount_cents: Input should be greater than 0" in outcome.error
