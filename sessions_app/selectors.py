@@ -221,7 +221,6 @@ class AgentView:
     tools: list[ToolView]
     live: list[tuple[str, int]]  # (version started on, live sessions), newest first
     live_total: int
-    total: int
 
 
 @dataclass(frozen=True)
@@ -265,8 +264,9 @@ def _tool_view(tool: Any) -> ToolView:
 def agents_overview() -> AgentsOverview:
     """Every agent this deployment runs (RESPAWN_AGENTS and installed packages), with its
     tools and how many live sessions started on each of its versions; and the agents of
-    live sessions that it no longer has. Two queries, whatever the number of agents:
-    live sessions by (agent, version) on the status index, and all sessions by agent."""
+    live sessions that it no longer has. One query, whatever the number of agents: live
+    sessions by (agent, version), on the status index (finished sessions, the bulk of a
+    large table, are not counted)."""
     from .runtime import discovered
 
     found = discovered()
@@ -279,7 +279,6 @@ def agents_overview() -> AgentsOverview:
     live: dict[str, list[tuple[str, int]]] = {}
     for agent, version, n in live_rows:
         live.setdefault(agent, []).append((version, n))
-    totals = dict(AgentSession.objects.values_list("agent").annotate(n=Count("id")).order_by())
     views = []
     for agent in agent_registry():
         instructions = agent.instructions
@@ -305,7 +304,6 @@ def agents_overview() -> AgentsOverview:
                 tools=[_tool_view(t) for t in agent.tools],
                 live=versions,
                 live_total=sum(n for _, n in versions),
-                total=totals.get(agent.name, 0),
             )
         )
     names = set(agent_registry().names())

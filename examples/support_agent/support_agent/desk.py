@@ -1,7 +1,7 @@
 """The support desk's own data: its documents (shipped in docs/) and a tickets table.
 
 The tickets table is a SQLite file of its own (`SUPPORT_DESK_DB`, default
-`support-desk.sqlite3` in the working directory), standing for whatever system a team's
+`var/support-desk.sqlite3` under the working directory), standing for whatever system a team's
 tools really write to. Writes carry the tool call's idempotency key in a UNIQUE column, so
 a call run again after a crash finds its row instead of writing a second one.
 """
@@ -47,7 +47,9 @@ def search(query: str, limit: int = 3) -> list[tuple[Doc, int]]:
 
 
 def _connect() -> sqlite3.Connection:
-    db = sqlite3.connect(os.environ.get("SUPPORT_DESK_DB", "support-desk.sqlite3"), timeout=30)
+    path = Path(os.environ.get("SUPPORT_DESK_DB") or Path.cwd() / "var" / "support-desk.sqlite3")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, timeout=30)
     db.execute(
         "CREATE TABLE IF NOT EXISTS tickets (id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL,"
         " session TEXT NOT NULL, subject TEXT NOT NULL, body TEXT NOT NULL,"
