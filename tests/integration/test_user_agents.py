@@ -136,7 +136,8 @@ def test_an_installed_packages_entry_point_brings_its_agents(
     monkeypatch.setattr(sys, "path", [str(site), *sys.path])
     importlib.invalidate_caches()
     settings.RESPAWN_AGENTS = []  # nothing named: only what installed packages declare
-    start_worker(RESPAWN_AGENTS="", PYTHONPATH=f"{site}:{PACKAGES}")
+    settings.RESPAWN_AGENT_ENTRY_POINTS = True
+    start_worker(RESPAWN_AGENTS="", RESPAWN_AGENT_ENTRY_POINTS="1", PYTHONPATH=f"{site}:{PACKAGES}")
     session = session_start(agent="acme-ep", input="work 1")
     wait_status(session, Status.COMPLETED)
     assert session.final_answer == "Worked 1 steps."
