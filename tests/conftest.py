@@ -187,6 +187,25 @@ def _close_connection_pools(django_db_setup, django_db_blocker):
                 close_pool()
 
 
+def run_inline(session):
+    """Run a stored session in the test process, as a worker's job would (the lease, the
+    engine, the Django store and this process's agents); returns the session refreshed."""
+    from agent_runtime.loop import run_session
+    from sessions_app.runtime import agent_registry, run_config
+    from sessions_app.store import DjangoEffects, DjangoRecords, DjangoSessionStore
+
+    run_session(
+        str(session.id),
+        store=DjangoSessionStore(),
+        agents=agent_registry(),
+        effects=DjangoEffects(),
+        config=run_config(),
+        records=DjangoRecords(),
+    )
+    session.refresh_from_db()
+    return session
+
+
 def without_ids(value, session_id: str):
     """A JSON value with the session id replaced, so traces of two sessions compare."""
     if isinstance(value, dict):

@@ -83,7 +83,8 @@ def step_down_to_v1(kind: str, payload: dict) -> dict:
     return payload
 
 
-def v1_records(fixture: dict) -> list[StepRecord]:
+def fixture_records(fixture: dict) -> list[StepRecord]:
+    """The live steps of a frozen session, loaded (upgraded) as a worker would."""
     return [
         StepRecord(
             seq=s["seq"],
@@ -114,7 +115,7 @@ def test_v1_fixture_upgrades_and_reads_to_the_model_as_v1_did(name):
     fixture = read_fixture(name)
     assert {s["schema_version"] for s in fixture["steps"]} == {1}
     agent = demo_agents().get(fixture["session"]["agent"])
-    messages = build_messages(agent.instructions, v1_records(fixture))
+    messages = build_messages(agent.instructions, fixture_records(fixture))
     assert as_dicts(messages) == fixture["v1_messages"]
 
 
@@ -156,25 +157,12 @@ def test_v1_fixture_steps_round_trip_exactly(name):
         assert step_down_to_v1(step["kind"], upgraded) == step["payload"]
 
 
-def v2_records(fixture: dict) -> list[StepRecord]:
-    return [
-        StepRecord(
-            seq=s["seq"],
-            kind=StepKind(s["kind"]),
-            payload=load_step_payload(s["kind"], s["payload"], s["schema_version"]).value,
-            schema_version=s["schema_version"],
-        )
-        for s in fixture["steps"]
-        if s["superseded_at"] is None
-    ]
-
-
 @pytest.mark.parametrize("name", V2_SESSIONS)
 def test_v2_fixture_upgrades_and_reads_to_the_model_as_v2_did(name):
     fixture = read_fixture(name, 2)
     assert {s["schema_version"] for s in fixture["steps"]} == {2}
     agent = demo_agents().get(fixture["session"]["agent"])
-    messages = build_messages(agent.instructions, v2_records(fixture))
+    messages = build_messages(agent.instructions, fixture_records(fixture))
     assert as_dicts(messages) == fixture["v2_messages"]
 
 

@@ -61,25 +61,24 @@ def test_no_agents_at_all_is_a_warning(settings):
     assert warning.id == "respawn.W001" and not warning.is_serious()
 
 
-def _env(**extra: str) -> dict[str, str]:
+def _python(*args: str, agents: str) -> subprocess.CompletedProcess:
+    """A process of its own (as a deployment starts one) with RESPAWN_AGENTS=agents."""
     import os
 
-    return {
+    env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "config.settings_test",
         "PYTHONPATH": str(PACKAGES),
-        **extra,
+        "RESPAWN_AGENTS": agents,
     }
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_rqworker_refuses_to_start_with_an_agent_that_cannot_load():
-    done = subprocess.run(
-        [sys.executable, "manage.py", "rqworker", "respawn-never-served"],
-        cwd=ROOT,
-        env=_env(RESPAWN_AGENTS="acme_broken.untyped_tool:agents"),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    done = _python(
+        "manage.py", "rqworker", "respawn-never-served", agents="acme_broken.untyped_tool:agents"
     )
     assert done.returncode != 0
     assert "respawn.E002" in done.stderr
@@ -87,22 +86,8 @@ def test_rqworker_refuses_to_start_with_an_agent_that_cannot_load():
 
 
 def test_the_wsgi_application_refuses_to_start_with_an_agent_that_cannot_load():
-    done = subprocess.run(
-        [sys.executable, "-c", "import config.wsgi"],
-        cwd=ROOT,
-        env=_env(RESPAWN_AGENTS="acme_agents:nope"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = _python("-c", "import config.wsgi", agents="acme_agents:nope")
     assert done.returncode != 0
     assert "ImproperlyConfigured: Respawn cannot start: respawn.E003" in done.stderr
-    ok = subprocess.run(
-        [sys.executable, "-c", "import config.wsgi"],
-        cwd=ROOT,
-        env=_env(RESPAWN_AGENTS="acme_agents:agents_v1"),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    ok = _python("-c", "import config.wsgi", agents="acme_agents:agents_v1")
     assert ok.returncode == 0, ok.stderr

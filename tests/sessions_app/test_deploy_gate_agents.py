@@ -10,11 +10,10 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
-from agent_runtime.loop import run_session
-from sessions_app.models import AgentSession, Status, Step
-from sessions_app.runtime import agent_registry, run_config
+from sessions_app.models import Status, Step
 from sessions_app.services import session_check_compat, session_send_message, session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+
+from ..conftest import run_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -22,18 +21,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def _job_keeps_the_test_connection(monkeypatch):
     monkeypatch.setattr("sessions_app.jobs.close_old_connections", lambda: None)
-
-
-def run_inline(session: AgentSession) -> AgentSession:
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-    )
-    session.refresh_from_db()
-    return session
 
 
 def gate(*args: str) -> tuple[str, CommandError | None]:
