@@ -118,6 +118,7 @@ class SessionOut(Schema):
     parent: UUID | None = None
     fork_seq: int | None = None
     stuck: bool
+    legal_hold: bool = Field(description="retention policies never delete anything of it")
     created_at: datetime
     updated_at: datetime
 
@@ -202,6 +203,11 @@ class UncertainIn(Schema):
     note: str = Field("", max_length=2000)
 
 
+class HoldIn(Schema):
+    hold: bool
+    note: str = Field("", max_length=300, description="why (a case or ticket); required to hold")
+
+
 class DecisionIn(Schema):
     reason: str = Field("", max_length=2000)
 
@@ -265,6 +271,7 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
         "parent": session.parent_id,
         "fork_seq": session.fork_seq,
         "stuck": session.is_stuck(),
+        "legal_hold": session.legal_hold,
         "created_at": session.created_at,
         "updated_at": session.updated_at,
     }
@@ -612,6 +619,20 @@ def resolve_uncertain(request: HttpRequest, session_id: UUID, body: UncertainIn)
         request_meta=_meta(request),
     )
     return Reply(202, _detail(session))
+
+
+@api.post("/sessions/{session_id}/hold", response={200: SessionOut, **ERRORS}, summary="Legal hold")
+def legal_hold(request: HttpRequest, session_id: UUID, body: HoldIn):
+    """Put the session on legal hold (retention never touches it) or release it."""
+    _require_operate(request)
+    session = services.session_set_legal_hold(
+        session_id=session_id,
+        hold=body.hold,
+        note=body.note,
+        actor=request.auth,
+        request_meta=_meta(request),
+    )
+    return _detail(session)
 
 
 # --- Export and import ------------------------------------------------------------------

@@ -595,6 +595,19 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
                 request_meta=meta,
             )
             text = f"Result of step {seq} corrected (an operator step); the session is queued."
+        elif action in ("hold", "release"):
+            services.session_set_legal_hold(
+                session_id=session.id,
+                hold=action == "hold",
+                note=post.get("note", ""),
+                actor=who,
+                request_meta=meta,
+            )
+            text = (
+                "On legal hold: no retention policy deletes anything of it."
+                if action == "hold"
+                else "Legal hold released: retention policies apply to it again."
+            )
         else:
             raise Http404("no such action")
     except services.ActionError as exc:

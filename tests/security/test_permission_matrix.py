@@ -21,6 +21,8 @@ pytestmark = pytest.mark.django_db
 
 ROLES = ["anonymous", "viewer", "operator", "staff", "superuser"]
 DASHBOARD_ACTIONS = [
+    "hold",
+    "release",
     "resume",
     "cancel",
     "rollback",
