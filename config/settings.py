@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -208,12 +209,41 @@ RESPAWN_RECONCILE_INTERVAL = env_float("RESPAWN_RECONCILE_INTERVAL", 15.0)
 RESPAWN_DISPATCH_GRACE = env_float("RESPAWN_DISPATCH_GRACE", 30.0)
 RESPAWN_MODEL_RETRIES = int(env_float("RESPAWN_MODEL_RETRIES", 3))
 RESPAWN_MODEL_BACKOFF = env_float("RESPAWN_MODEL_BACKOFF", 0.5)
-RESPAWN_SLOW_DELAY = env_float("RESPAWN_SLOW_DELAY", 0.5)
-# Seconds each batch of the migrate demo agent waits before migrating (a slow source).
-RESPAWN_BATCH_DELAY = env_float("RESPAWN_BATCH_DELAY", 0.0)
-# The research demo agent: seconds each lookup takes, and lookups of a turn run at once.
-RESPAWN_RESEARCH_DELAY = env_float("RESPAWN_RESEARCH_DELAY", 0.2)
-RESPAWN_RESEARCH_PARALLEL = int(env_float("RESPAWN_RESEARCH_PARALLEL", 8))
+# The agents this deployment runs: `module:attribute` paths, comma-separated, each naming
+# an Agent, a list of agents or a function returning them (agent_runtime.discovery).
+# Installed packages add theirs through the `respawn.agents` entry-point group. The demo
+# agents (their own knobs: RESPAWN_SLOW_DELAY, RESPAWN_BATCH_DELAY,
+# RESPAWN_RESEARCH_DELAY, RESPAWN_RESEARCH_PARALLEL, read by demo_agents) are the default
+# and are not loaded when RESPAWN_AGENTS is set without them.
+RESPAWN_AGENTS = [
+    path.strip()
+    for path in os.environ.get("RESPAWN_AGENTS", "demo_agents:agents").split(",")
+    if path.strip()
+]
+RESPAWN_AGENT_ENTRY_POINTS = env_bool("RESPAWN_AGENT_ENTRY_POINTS", True)
+
+
+def _retention_policy() -> tuple[object, str]:
+    """RESPAWN_RETENTION (JSON) or the JSON file RESPAWN_RETENTION_FILE names, and what is
+    wrong with reading it; the policy itself is checked by a system check
+    (sessions_app.checks) and applied by `manage.py apply_retention`."""
+    raw = os.environ.get("RESPAWN_RETENTION", "")
+    path = os.environ.get("RESPAWN_RETENTION_FILE", "")
+    if path:
+        try:
+            raw = Path(path).read_text()
+        except OSError as exc:
+            return {}, f"RESPAWN_RETENTION_FILE={path}: {exc.strerror}"
+    if not raw.strip():
+        return {}, ""
+    try:
+        return json.loads(raw), ""
+    except ValueError as exc:
+        return {}, f"the retention policy is not JSON: {exc}"
+
+
+# Retention policies (sessions_app/retention.py; the README's "Retention"): off by default.
+RESPAWN_RETENTION, RESPAWN_RETENTION_PROBLEM = _retention_policy()
 # A session whose worker dies this many times in a row at the same step is failed (a
 # poison session) instead of taking workers down forever.
 RESPAWN_MAX_CRASHES = int(env_float("RESPAWN_MAX_CRASHES", 5))

@@ -28,6 +28,7 @@ from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 from . import services
 from .models import AgentSession, ApiToken, Status, Step
 from .permissions import can_operate, can_view
+from .runtime import agent_registry
 from .validation import (
     SINGLE_LINE_PATTERN,
     InvalidInput,
@@ -103,11 +104,15 @@ class PendingApprovalOut(Schema):
 class ProgressOut(Schema):
     done: int
     total: int
+    note: str | None = Field(None, description="what a running tool last reported")
 
 
 class SessionOut(Schema):
     id: UUID
     agent: str
+    agent_version: str = Field(
+        description="the agent version the session started on ('' when it was not recorded)"
+    )
     title: str
     status: str
     head: int
@@ -122,11 +127,51 @@ class SessionOut(Schema):
         None, description="batch work: records done / total, as of the head checkpoint"
     )
     last_error: str | None = None
+    incompatible: str | None = Field(
+        None, description="why no worker with the current code can run it, if none can"
+    )
     parent: UUID | None = None
     fork_seq: int | None = None
     stuck: bool
+    legal_hold: bool = Field(description="retention policies never delete anything of it")
     created_at: datetime
     updated_at: datetime
+
+
+class ToolOut(Schema):
+    name: str
+    description: str
+    parameters: dict[str, Any] = Field(description="the JSON schema of its arguments")
+    idempotent: bool
+    needs_approval: bool
+    timeout: float
+    retries: int
+
+
+class LimitsOut(Schema):
+    max_steps: int
+    max_tokens: int | None
+    max_cost: float | None
+    max_parallel_tools: int
+
+
+class LiveVersionOut(Schema):
+    version: str = Field(description="the version sessions started on ('' when unrecorded)")
+    sessions: int
+
+
+class AgentOut(Schema):
+    name: str
+    version: str
+    description: str
+    model: str
+    limits: LimitsOut
+    state_version: int | None = Field(description="its own state's version; null: none")
+    compatible_since: str | None
+    tools: list[ToolOut]
+    live_sessions: list[LiveVersionOut] = Field(
+        description="sessions not completed, failed or cancelled, by version started on"
+    )
 
 
 class SessionPage(Schema):
@@ -155,8 +200,6 @@ class StepPage(Schema):
 
 def _known_agents(schema: dict[str, Any]) -> None:
     # When the document is generated, not at import: the registry comes from settings.
-    from .runtime import agent_registry
-
     schema["enum"] = sorted(agent_registry().names())
 
 
@@ -189,6 +232,13 @@ class UncertainIn(Schema):
     note: MultiLineText = Field("", max_length=2000)
 
 
+class HoldIn(Schema):
+    hold: bool
+    note: MultiLineText = Field(
+        "", max_length=300, description="why (a case or ticket); required to hold"
+    )
+
+
 class DecisionIn(Schema):
     reason: MultiLineText = Field("", max_length=2000)
 
@@ -203,6 +253,7 @@ STATUS_CODES = {
     "not_found": 404,
     "bad_status": 409,
     "already_running": 409,
+    "exists": 409,
 }
 
 
@@ -224,6 +275,7 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
     return {
         "id": session.id,
         "agent": session.agent,
+        "agent_version": session.agent_version,
         "title": session.title,
         "status": session.status,
         "head": session.head,
@@ -237,14 +289,20 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
         "pending_approval": pending,
         "final_answer": session.final_answer or None,
         "progress": (
-            {"done": session.progress_done, "total": session.progress_total}
+            {
+                "done": session.progress_done or 0,
+                "total": session.progress_total,
+                "note": session.progress_note or None,
+            }
             if session.progress_total is not None
             else None
         ),
         "last_error": session.last_error or None,
+        "incompatible": session.incompatible_reason or None,
         "parent": session.parent_id,
         "fork_seq": session.fork_seq,
         "stuck": session.is_stuck(),
+        "legal_hold": session.legal_hold,
         "created_at": session.created_at,
         "updated_at": session.updated_at,
     }
@@ -385,6 +443,12 @@ def list_sessions(
     status: Annotated[str, WithJsonSchema({"type": "string", "enum": Status.values})]
     | None = Query(None, description="one of " + ", ".join(Status.values)),
     agent: str | None = Query(None, max_length=100, pattern=SINGLE_LINE_PATTERN),
+    agent_version: str | None = Query(
+        None,
+        max_length=50,
+        pattern=SINGLE_LINE_PATTERN,
+        description="the agent version sessions started on",
+    ),
     cursor: Annotated[
         str, WithJsonSchema({"type": "string", "maxLength": 200, "pattern": "^[A-Za-z0-9_-]*$"})
     ]
@@ -399,6 +463,8 @@ def list_sessions(
         sessions = sessions.filter(status=status)
     if agent:
         sessions = sessions.filter(agent=agent)
+    if agent_version is not None:
+        sessions = sessions.filter(agent_version=agent_version)
     if cursor:
         updated, last_id = _decode_cursor(cursor)
         sessions = sessions.filter(
@@ -411,6 +477,48 @@ def list_sessions(
         "items": [_session_out(s, None) for s in page],
         "next": _encode_cursor(page[-1]) if more and page else None,
     }
+
+
+@api.get("/agents", response={200: list[AgentOut], **ERRORS}, summary="The agents")
+def list_agents(request: HttpRequest):
+    """The agents this deployment runs (RESPAWN_AGENTS and installed packages)."""
+    from .selectors import agents_overview
+
+    _require_view(request)
+    registry = agent_registry()
+    out = []
+    for view in agents_overview().agents:
+        agent = registry.get(view.name)
+        out.append(
+            {
+                "name": view.name,
+                "version": view.version,
+                "description": view.description,
+                "model": view.model,
+                "limits": {
+                    "max_steps": agent.limits.max_steps,
+                    "max_tokens": agent.limits.max_tokens,
+                    "max_cost": agent.limits.max_cost,
+                    "max_parallel_tools": agent.limits.max_parallel_tools,
+                },
+                "state_version": view.state_version,
+                "compatible_since": view.compatible_since,
+                "tools": [
+                    {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.spec.parameters,
+                        "idempotent": t.idempotent,
+                        "needs_approval": t.needs_approval,
+                        "timeout": t.timeout,
+                        "retries": t.retries,
+                    }
+                    for t in agent.tools
+                ],
+                "live_sessions": [{"version": v, "sessions": n} for v, n in view.live],
+            }
+        )
+    return out
 
 
 @api.get("/sessions/{session_id}", response={200: SessionOut, **ERRORS}, summary="A session")
@@ -553,3 +661,73 @@ def resolve_uncertain(request: HttpRequest, session_id: UUID, body: UncertainIn)
         request_meta=_meta(request),
     )
     return Reply(202, _detail(session))
+
+
+@api.post("/sessions/{session_id}/hold", response={200: SessionOut, **ERRORS}, summary="Legal hold")
+def legal_hold(request: HttpRequest, session_id: UUID, body: HoldIn):
+    """Put the session on legal hold (retention never touches it) or release it."""
+    _require_operate(request)
+    session = services.session_set_legal_hold(
+        session_id=session_id,
+        hold=body.hold,
+        note=body.note,
+        actor=request.auth,
+        request_meta=_meta(request),
+    )
+    return _detail(session)
+
+
+# --- Export and import ------------------------------------------------------------------
+
+_GZIP_BODY = {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}
+
+
+@api.get(
+    "/sessions/{session_id}/export",
+    response=ERRORS,
+    summary="Export a session",
+    openapi_extra={"responses": {200: {"description": "the export file", "content": _GZIP_BODY}}},
+)
+def export(request: HttpRequest, session_id: UUID):
+    """The session as a file: gzip-compressed JSON lines with every step (superseded ones
+    included), checkpoint and audit record, and their schema versions."""
+    from django.http import HttpResponse
+
+    from .transfer import export_bytes
+
+    _require_view(request)
+    session = _get(session_id)
+    data = export_bytes(session, actor=request.auth, request_meta=_meta(request))
+    response = HttpResponse(data, content_type="application/gzip")
+    response["Content-Disposition"] = f'attachment; filename="session-{session.id}.jsonl.gz"'
+    return response
+
+
+@api.post(
+    "/imports",
+    response={201: SessionOut, **ERRORS},
+    summary="Import a session",
+    # Any content type: the body is the file's bytes (application/gzip from a browser or
+    # curl --data-binary; described as a binary stream).
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
+)
+def import_(
+    request: HttpRequest,
+    new_ids: bool = Query(False, description="give it a new id (keep both if it exists)"),
+):
+    """Import an export (the request body is the file). Checked whole, then written in one
+    transaction, or nothing is: 400 `bad_export` names the problem."""
+    from .transfer import import_session
+
+    _require_operate(request)
+    result = import_session(
+        request.body, new_ids=new_ids, actor=request.auth, request_meta=_meta(request)
+    )
+    return Reply(201, _session_out(result.session))

@@ -9,7 +9,10 @@ class SessionsAppConfig(AppConfig):
     def ready(self) -> None:
         from django.contrib.auth.signals import user_logged_in, user_login_failed
 
-        from . import auth
+        from . import (
+            auth,
+            checks,  # noqa: F401 - registers the agent check
+        )
         from .redaction import scrub_admin_history
 
         # The log-in throttle (sessions_app/auth.py) counts failures and forgives them.

@@ -23,6 +23,8 @@ import orjson
 import psycopg
 from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import Case, F, Value, When
+from django.db.models.signals import post_migrate, pre_migrate
+from django.dispatch import receiver
 from django.utils import timezone
 from psycopg.types.json import set_json_loads
 
@@ -102,6 +104,31 @@ def step_record(step: Step) -> StepRecord:
         idempotency_key=step.idempotency_key,
         superseded=step.superseded_at is not None,
     )
+
+
+# Per database (alias and name): the session table's columns, once it has every column
+# this code knows. The deploy gate (check_state_compat) loads sessions with the next
+# release's code before that release's migrations ran, when the newest ones (agent_version,
+# compacted_steps) do not exist yet. Forgotten whenever migrations run.
+_SESSION_COLUMNS: dict[tuple[str, str], set[str]] = {}
+
+
+@receiver(pre_migrate)
+@receiver(post_migrate)
+def _schema_may_have_changed(**kwargs: Any) -> None:
+    _SESSION_COLUMNS.clear()
+
+
+def _session_has(column: str) -> bool:
+    key = (connection.alias, str(connection.settings_dict.get("NAME")))
+    columns = _SESSION_COLUMNS.get(key)
+    if columns is None:
+        with connection.cursor() as cursor:
+            description = connection.introspection.get_table_description(cursor, SESSION_TABLE)
+        columns = {c.name for c in description}
+        if {f.column for f in AgentSession._meta.concrete_fields} <= columns:
+            _SESSION_COLUMNS[key] = columns
+    return column in columns
 
 
 def _json(value: Any) -> Any:
@@ -252,8 +279,11 @@ class DjangoSessionStore:
         and whether any live step is stored at another schema version than this code's,
         and only the steps from `tail_start` on are read. Another version falls back to
         the whole load, which upgrades every step or names the one it cannot load."""
+        version_column = "s.agent_version" if _session_has("agent_version") else "''"
+        compacted_column = "s.compacted_steps" if _session_has("compacted_steps") else "0"
         row = _execute_prepared(
-            f"SELECT s.agent, s.status, s.head, s.last_seq, c.seq, c.state, c.reason"
+            f"SELECT s.agent, s.status, s.head, s.last_seq, c.seq, c.state, c.reason,"
+            f" {version_column}, {compacted_column}"
             f" FROM {SESSION_TABLE} s LEFT JOIN LATERAL (SELECT seq, state, reason"
             f"  FROM {CHECKPOINT_TABLE} WHERE session_id = s.id AND seq = s.head"
             "  ORDER BY id DESC LIMIT 1) c ON s.head > 0"
@@ -262,7 +292,9 @@ class DjangoSessionStore:
         )
         if row is None:
             raise SessionNotFound(session_id)
-        agent, status, _head, last_seq, checkpoint_seq, state, reason = row
+        agent, status, _head, last_seq, checkpoint_seq, state, reason, agent_version, compacted = (
+            row
+        )
         checkpoint = None
         applied: tuple[str, ...] = ()
         if checkpoint_seq is not None:
@@ -298,8 +330,9 @@ class DjangoSessionStore:
             start = tail_start_at(last_model, head_seq)
         history, versions = self._live_steps(session_id, start)
         if tail:
-            # Seqs run from 1 to last_seq without a gap: the live ones are the rest.
-            live = last_seq - superseded
+            # Seqs run from 1 to last_seq without a gap, but for superseded steps that
+            # retention compacted away: the live ones are the rest.
+            live = last_seq - superseded - compacted
             versions = {SCHEMA_VERSION: live} if live else {}
         return SessionHead(
             session_id=str(session_id),
@@ -312,6 +345,7 @@ class DjangoSessionStore:
             upgraders_applied=applied,
             step_versions=versions,
             history_from=start,
+            agent_version=agent_version,
         )
 
     def _live_steps(self, session_id: str, start: int) -> tuple[list[StepRecord], dict[int, int]]:
@@ -348,10 +382,11 @@ class DjangoSessionStore:
     def _load_head_portable(self, session_id: str) -> SessionHead:
         # Only the columns a load needs: `check_state_compat` runs this with the next
         # release's code before that release's migrations, when newer columns don't exist.
+        columns = ["id", "agent", "status", "head", "last_seq"]
+        if _session_has("agent_version"):
+            columns.append("agent_version")
         try:
-            session = AgentSession.objects.only("id", "agent", "status", "head", "last_seq").get(
-                id=session_id
-            )
+            session = AgentSession.objects.only(*columns).get(id=session_id)
         except AgentSession.DoesNotExist:
             raise SessionNotFound(session_id) from None
         checkpoint = None
@@ -394,6 +429,7 @@ class DjangoSessionStore:
             history=history,
             upgraders_applied=applied,
             step_versions=versions,
+            agent_version=session.agent_version if _session_has("agent_version") else "",
         )
 
     def append(
@@ -441,6 +477,7 @@ class DjangoSessionStore:
             "incompatible_reason = ''",
             "incompatible_at = NULL",
             "incompatible_code_schema = NULL",
+            "incompatible_agent_version = ''",
         ]
         params: list[Any] = [
             count,
@@ -566,6 +603,7 @@ class DjangoSessionStore:
             "incompatible_reason": "",
             "incompatible_at": None,
             "incompatible_code_schema": None,
+            "incompatible_agent_version": "",
         }
         cost = sum(float((s.payload.get("usage") or {}).get("cost") or 0) for s in steps)
         if cost:
@@ -675,6 +713,17 @@ class DjangoSessionStore:
             AgentSession.objects.filter(
                 id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
             ).update(lease_owner=None, lease_expires_at=None)
+        )
+
+    def report_progress(self, lease: Lease, *, done: int, total: int | None, message: str) -> bool:
+        return bool(
+            AgentSession.objects.filter(
+                id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
+            ).update(
+                progress_done=max(0, done),
+                progress_total=None if total is None else max(0, total),
+                progress_note=message[:200],
+            )
         )
 
     def thread_cleanup(self) -> None:

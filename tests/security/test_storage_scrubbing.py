@@ -23,7 +23,14 @@ MARKER = "[REDACTED:github-token]"
 
 # Columns that hold no free text: identifiers, enumerations, hashes, names chosen by code.
 NOT_FREE_TEXT = {
-    "sessions_app.AgentSession": {"agent", "status", "lease_owner", "job_id"},
+    "sessions_app.AgentSession": {
+        "agent",
+        "agent_version",
+        "status",
+        "lease_owner",
+        "job_id",
+        "incompatible_agent_version",
+    },
     "sessions_app.Step": {"kind", "idempotency_key"},
     "sessions_app.Checkpoint": {"reason"},
     "sessions_app.AuditEvent": {"action"},
