@@ -227,6 +227,8 @@ def test_every_api_operation_for_every_role(client, world):
                         "agent": "echo",
                         "input": "hi",
                         "resolution": "rerun",
+                        "hold": True,
+                        "note": "case 1",
                     },
                     content_type="application/json",
                     **headers,
