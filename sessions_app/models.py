@@ -421,3 +421,7 @@ class LoginFailure(models.Model):
             models.Index(fields=["username", "created_at"], name="loginfail_user"),
             models.Index(fields=["ip", "created_at"], name="loginfail_ip"),
         ]
+
+
+# LangGraph threads (sessions_app.langgraph) keep their graph-specific rows beside these.
+from .graph_models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite  # noqa: E402,F401
