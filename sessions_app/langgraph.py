@@ -181,6 +181,20 @@ def _json_safe(value: Any) -> Any:
 # --- the saver ---------------------------------------------------------------------------
 
 
+def _on_saver_thread(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a saver method on the saver's own thread: LangGraph calls a checkpointer from
+    its task threads, and Django keeps a connection per thread; one thread keeps it to one
+    connection (closed by `close()`) and one writer."""
+
+    @functools.wraps(method)
+    def wrapper(self: RespawnSaver, *args: Any, **kwargs: Any) -> Any:
+        if threading.get_ident() == self._thread_ident:
+            return method(self, *args, **kwargs)
+        return self._pool().submit(method, self, *args, **kwargs).result()
+
+    return wrapper
+
+
 class RespawnSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer on Respawn's tables. Sync methods for `graph.invoke`,
     async ones (run on a thread of the saver's own) for `await graph.ainvoke`.
@@ -223,6 +237,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         # The last list stored per channel, to store the next version as what was added.
         self._lists: dict[tuple[uuid.UUID, str, str], tuple[str, list[Any]]] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._thread_ident: int | None = None
         self.cancel_requested = False  # a bound saver's put saw the session's cancel
 
     # -- construction, as the official savers have -------------------------------------
@@ -236,6 +251,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         finally:
             saver.close()
 
+    @_on_saver_thread
     def setup(self) -> None:
         """Create or upgrade Respawn's tables (Django's migrate, idempotent)."""
         from django.core.management import call_command
@@ -243,13 +259,26 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         call_command("migrate", database=self._db, interactive=False, verbosity=0)
 
     def close(self) -> None:
-        """Close the database connection of the saver's async thread, if it has one."""
-        if self._executor is not None:
+        """Close the saver's database connection and stop its thread."""
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
             from django.db import connections
 
-            self._executor.submit(connections.close_all).result()
-            self._executor.shutdown(wait=True)
-            self._executor = None
+            executor.submit(connections.close_all).result()
+            executor.shutdown(wait=True)
+            self._thread_ident = None
+
+    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="respawn-saver", initializer=self._mark
+                )
+            return self._executor
+
+    def _mark(self) -> None:
+        self._thread_ident = threading.get_ident()
 
     # -- versions: zero-padded, so they sort as strings ------------------------------------
     def get_next_version(self, current: str | None, channel: None = None) -> str:
@@ -290,7 +319,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         from django.db import transaction
         from django.utils import timezone
 
-        from .models import AgentSession, GraphThread, Status
+        from .models import AgentSession, GraphThread
 
         now = timezone.now()
         expires = now + timedelta(seconds=self._ttl)
@@ -302,52 +331,60 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 .first()
             )
             if session is None:
+                session = self._create_thread(session_id, thread_id, now)
+            if not GraphThread.objects.using(self._db).filter(session=session).exists():
+                raise ValueError(
+                    f"thread_id {thread_id!r} names session {session_id}, which is not a "
+                    "LangGraph thread (its agent is not a graph)"
+                )
+            owner = session.lease_owner or ""
+            if session.lease_is_live(now) and not owner.startswith(STANDALONE_OWNER):
+                raise ThreadLeaseLost(
+                    f"thread {thread_id!r} is being run by worker {owner} (lease until "
+                    f"{session.lease_expires_at:%H:%M:%S}); a second writer cannot write it"
+                )
+            read = self._read_latest.get((session_id, ns))
+            if parent_id is not None and read == parent_id:
+                latest = self._latest(session_id, ns)
+                if latest is not None and latest.checkpoint_id != parent_id:
+                    raise ThreadLeaseLost(
+                        f"thread {thread_id!r} moved on from checkpoint {parent_id} to "
+                        f"{latest.checkpoint_id} since this writer read it: another writer "
+                        "wrote it; nothing was written (read the thread again)"
+                    )
+            session.fencing_token += 1
+            session.lease_owner = self._owner
+            session.lease_expires_at = expires
+            session.save(
+                using=self._db,
+                update_fields=["fencing_token", "lease_owner", "lease_expires_at"],
+            )
+            lease = Lease(str(session_id), self._owner, session.fencing_token)
+        with self._lock:
+            self._leases[session_id] = lease
+        return lease
+
+    def _create_thread(self, session_id: uuid.UUID, thread_id: str, now: Any) -> Any:
+        """The thread's session, created unless another writer just did; locked."""
+        from django.db import IntegrityError, transaction
+
+        from .models import AgentSession, GraphThread, Status
+
+        try:
+            with transaction.atomic(using=self._db):
                 session = AgentSession.objects.using(self._db).create(
                     id=session_id,
                     agent=self._agent,
                     title=_short(f"LangGraph thread {thread_id}"),
                     # Between the application's calls the thread waits for its next input.
                     status=Status.WAITING_INPUT,
-                    fencing_token=1,
-                    lease_owner=self._owner,
-                    lease_expires_at=expires,
                     created_at=now,
                     updated_at=now,
                 )
                 GraphThread.objects.using(self._db).create(session=session, thread_id=thread_id)
-                lease = Lease(str(session_id), self._owner, 1)
-            else:
-                if not GraphThread.objects.using(self._db).filter(session=session).exists():
-                    raise ValueError(
-                        f"thread_id {thread_id!r} names session {session_id}, which is not a "
-                        "LangGraph thread (its agent is not a graph)"
-                    )
-                owner = session.lease_owner or ""
-                if session.lease_is_live(now) and not owner.startswith(STANDALONE_OWNER):
-                    raise ThreadLeaseLost(
-                        f"thread {thread_id!r} is being run by worker {owner} (lease until "
-                        f"{session.lease_expires_at:%H:%M:%S}); a second writer cannot write it"
-                    )
-                read = self._read_latest.get((session_id, ns))
-                if parent_id is not None and read == parent_id:
-                    latest = self._latest(session_id, ns)
-                    if latest is not None and latest.checkpoint_id != parent_id:
-                        raise ThreadLeaseLost(
-                            f"thread {thread_id!r} moved on from checkpoint {parent_id} to "
-                            f"{latest.checkpoint_id} since this writer read it: another writer "
-                            "wrote it; nothing was written (read the thread again)"
-                        )
-                session.fencing_token += 1
-                session.lease_owner = self._owner
-                session.lease_expires_at = expires
-                session.save(
-                    using=self._db,
-                    update_fields=["fencing_token", "lease_owner", "lease_expires_at"],
-                )
-                lease = Lease(str(session_id), self._owner, session.fencing_token)
-        with self._lock:
-            self._leases[session_id] = lease
-        return lease
+        except IntegrityError:
+            pass  # another process created it first
+        return AgentSession.objects.using(self._db).select_for_update().get(id=session_id)
 
     def _fenced(self, lease: Lease, *, head: bool, write: Callable[[Any, int], None]):
         """One transaction: advance the session's seq on (token, owner), then `write`."""
@@ -408,19 +445,23 @@ class RespawnSaver(BaseCheckpointSaver[str]):
     ) -> tuple[Lease, int]:
         session_id = session_id_for(thread_id)
         lease, continuing = self._lease_for(session_id, ns, parent_id)
-        if lease is None:
-            lease = self._claim(session_id, thread_id, ns, parent_id)
-            continuing = True
-        try:
-            return lease, self._fenced(lease, head=head, write=write)
-        except ThreadLeaseLost:
-            if continuing:
-                raise
-            # A new run of this saver on a thread another writer took since: take it back.
+        if lease is not None:
+            try:
+                return lease, self._fenced(lease, head=head, write=write)
+            except ThreadLeaseLost:
+                if continuing:
+                    raise
+                # A new run of this saver on a thread another writer took since: take it back.
+        # The claim and the write in one transaction: the session row stays locked until
+        # the write commits, so a writer racing this one sees the thread moved on.
+        from django.db import transaction
+
+        with transaction.atomic(using=self._db):
             lease = self._claim(session_id, thread_id, ns, parent_id)
             return lease, self._fenced(lease, head=head, write=write)
 
     # -- writing -------------------------------------------------------------------------
+    @_on_saver_thread
     def put(
         self,
         config: RunnableConfig,
@@ -580,6 +621,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             blobs.append((channel, version, kind, data, base))
         return inline, blobs, lists
 
+    @_on_saver_thread
     def put_writes(
         self,
         config: RunnableConfig,
@@ -669,6 +711,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             qs = qs.exclude(Exists(superseded))
         return qs
 
+    @_on_saver_thread
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         from .models import GraphCheckpoint
 
@@ -754,6 +797,17 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
+        yield from self._list(config, filter=filter, before=before, limit=limit)
+
+    @_on_saver_thread
+    def _list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> list[CheckpointTuple]:
         from .models import GraphCheckpoint
 
         qs = GraphCheckpoint.objects.using(self._db).select_related("session__graph_thread")
@@ -776,17 +830,16 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         if limit is not None and python_filter is None:
             qs = qs[:limit]
         values = _Values(self)
-        count = 0
-        for row in list(qs):
+        out: list[CheckpointTuple] = []
+        for row in qs:
             if python_filter is not None and any(
                 row.metadata.get(k) != v for k, v in python_filter.items()
             ):
                 continue
-            thread = row.session.graph_thread.thread_id
-            yield self._tuple(thread, row, values)
-            count += 1
-            if limit is not None and count >= limit:
-                return
+            out.append(self._tuple(row.session.graph_thread.thread_id, row, values))
+            if limit is not None and len(out) >= limit:
+                break
+        return out
 
     def _vendor(self) -> str:
         from django.db import connections
@@ -794,6 +847,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         return connections[self._db].vendor
 
     # -- deleting and copying ------------------------------------------------------------
+    @_on_saver_thread
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's session and everything in it; an audit record stays."""
         from django.db import transaction
@@ -821,6 +875,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 for key in [k for k in cache if k[0] == session_id]:
                     del cache[key]
 
+    @_on_saver_thread
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) that the given runs wrote."""
         from django.db import transaction
@@ -863,6 +918,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 head=latest.seq if latest is not None else 0
             )
 
+    @_on_saver_thread
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """A new thread (session) with the source's steps, checkpoints, values and writes,
         linked to the source as a fork at its last step."""
@@ -921,6 +977,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 after={"thread_id": target_thread_id},
             )
 
+    @_on_saver_thread
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """keep_latest: keep each namespace's latest checkpoint (and, for a graph with
         delta channels, its ancestors), with the values and writes it needs; delete:
@@ -980,14 +1037,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
     # -- async: the same work on the saver's own thread ------------------------------------
     async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        if self._executor is None:
-            with self._lock:
-                if self._executor is None:
-                    self._executor = concurrent.futures.ThreadPoolExecutor(
-                        max_workers=1, thread_name_prefix="respawn-saver"
-                    )
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, functools.partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(self._pool(), functools.partial(fn, *args, **kwargs))
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         return await self._run(self.get_tuple, config)
@@ -1000,9 +1051,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        items = await self._run(
-            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
-        )
+        items = await self._run(self._list, config, filter=filter, before=before, limit=limit)
         for item in items:
             yield item
 
@@ -1215,9 +1264,20 @@ class GraphRunner:
         return graph.copy(update={"checkpointer": saver})
 
     def run(self, context: RunContext) -> RunnerResult:
+        saver = RespawnSaver(lease=context.lease, agent=context.agent.name)
+        try:
+            return self._run(context, saver)
+        finally:
+            saver.close()
+
+    def _run(self, context: RunContext, saver: RespawnSaver) -> RunnerResult:
         from langgraph.types import Command
 
-        saver = RespawnSaver(lease=context.lease, agent=context.agent.name)
+        from .models import GraphThread
+
+        GraphThread.objects.get_or_create(
+            session_id=context.session_id, defaults={"thread_id": context.session_id}
+        )
         app = self.compiled(saver)
         thread = {"thread_id": context.session_id, "checkpoint_ns": ""}
         latest = saver.get_tuple({"configurable": thread})
@@ -1241,7 +1301,9 @@ class GraphRunner:
             input_seq = inputs[-1].seq
         else:
             graph_input = None
-            if latest is not None and not app.get_state({"configurable": thread}).next:
+            # A task's writes committed before a crash finish its step: run on from them.
+            done = not app.get_state({"configurable": thread}).next
+            if latest is not None and done and not latest.pending_writes:
                 return RunnerResult.completed(_final_answer(latest.checkpoint))
         config = {
             "configurable": {
