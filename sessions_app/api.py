@@ -216,6 +216,7 @@ STATUS_CODES = {
     "not_found": 404,
     "bad_status": 409,
     "already_running": 409,
+    "exists": 409,
 }
 
 
@@ -631,3 +632,59 @@ def resolve_uncertain(request: HttpRequest, session_id: UUID, body: UncertainIn)
         request_meta=_meta(request),
     )
     return Reply(202, _detail(session))
+
+
+# --- Export and import ------------------------------------------------------------------
+
+_GZIP_BODY = {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}
+
+
+@api.get(
+    "/sessions/{session_id}/export",
+    response=ERRORS,
+    summary="Export a session",
+    openapi_extra={"responses": {200: {"description": "the export file", "content": _GZIP_BODY}}},
+)
+def export(request: HttpRequest, session_id: UUID):
+    """The session as a file: gzip-compressed JSON lines with every step (superseded ones
+    included), checkpoint and audit record, and their schema versions."""
+    from django.http import HttpResponse
+
+    from .transfer import export_bytes
+
+    _require_view(request)
+    session = _get(session_id)
+    data = export_bytes(session, actor=request.auth, request_meta=_meta(request))
+    response = HttpResponse(data, content_type="application/gzip")
+    response["Content-Disposition"] = f'attachment; filename="session-{session.id}.jsonl.gz"'
+    return response
+
+
+@api.post(
+    "/imports",
+    response={201: SessionOut, **ERRORS},
+    summary="Import a session",
+    # Any content type: the body is the file's bytes (application/gzip from a browser or
+    # curl --data-binary; described as a binary stream).
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
+)
+def import_(
+    request: HttpRequest,
+    new_ids: bool = Query(False, description="give it a new id (keep both if it exists)"),
+):
+    """Import an export (the request body is the file). Checked whole, then written in one
+    transaction, or nothing is: 400 `bad_export` names the problem."""
+    from .transfer import import_session
+
+    _require_operate(request)
+    result = import_session(
+        request.body, new_ids=new_ids, actor=request.auth, request_meta=_meta(request)
+    )
+    return Reply(201, _session_out(result.session))
