@@ -247,6 +247,10 @@ class DecisionIn(Schema):
 NO_REASON = DecisionIn()
 
 
+class AnswerIn(Schema):
+    value: JsonValue = Field(description="what the graph's interrupt() returns when it resumes")
+
+
 # --- Helpers ----------------------------------------------------------------------------
 
 STATUS_CODES = {
@@ -627,6 +631,22 @@ def approve(request: HttpRequest, session_id: UUID, body: DecisionIn = NO_REASON
         actor=request.auth,
         reason=body.reason,
         request_meta=_meta(request),
+    )
+    return Reply(202, _detail(session))
+
+
+@api.post(
+    "/sessions/{session_id}/answer",
+    response={202: SessionOut, **ERRORS},
+    summary="Answer a LangGraph interrupt",
+)
+def answer(request: HttpRequest, session_id: UUID, body: AnswerIn):
+    """Resume a LangGraph session waiting in `interrupt()` with `value`."""
+    from .graph_services import session_answer_interrupt
+
+    _require_operate(request)
+    session = session_answer_interrupt(
+        session_id=session_id, value=body.value, actor=request.auth, request_meta=_meta(request)
     )
     return Reply(202, _detail(session))
 

@@ -194,6 +194,13 @@ class AgentSession(models.Model):
     def can_cancel(self) -> bool:
         return self.status not in FINAL
 
+    def graph_thread_or_none(self):
+        """The LangGraph thread this session is (sessions_app.langgraph), or None."""
+        try:
+            return self.graph_thread
+        except models.ObjectDoesNotExist:
+            return None
+
 
 class Step(models.Model):
     # No index of its own: step_session_seq_unique starts with session_id and serves every
@@ -433,3 +440,7 @@ class LoginFailure(models.Model):
             # Dropping failures older than the window.
             models.Index(fields=["created_at"], name="loginfail_created"),
         ]
+
+
+# LangGraph threads (sessions_app.langgraph) keep their graph-specific rows beside these.
+from .graph_models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite  # noqa: E402,F401

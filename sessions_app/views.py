@@ -222,6 +222,14 @@ def _trace_page(session: AgentSession, after: int, show_superseded: bool, limit:
     return views, more, (seqs[-1] if seqs else after)
 
 
+def _graph_interrupts(session: AgentSession) -> list[dict[str, Any]]:
+    if session.status != Status.WAITING_INPUT:
+        return []
+    from .graph_services import pending_interrupts
+
+    return pending_interrupts(session)
+
+
 def _detail_context(
     request: HttpRequest, session: AgentSession, part: str = "page"
 ) -> dict[str, Any]:
@@ -243,6 +251,8 @@ def _detail_context(
         if session.status == Status.WAITING_INPUT
         else None,
         "uncertain": selectors.uncertain_call(session, state),
+        # A LangGraph session stopped in interrupt(): what the graph asked.
+        "interrupts": _graph_interrupts(session),
     }
     if part in ("page", "panel", "actions") and operate:
         context["tool_results"] = list(
@@ -547,6 +557,14 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
                 session_id=session.id, actor=who, reason=post.get("reason", ""), request_meta=meta
             )
             text = "Rejected: the model is told, and the session goes on."
+        elif action == "answer":
+            from .graph_services import session_answer_interrupt
+
+            value = _json(post.get("value", ""), "the answer", text_allowed=True)
+            session_answer_interrupt(
+                session_id=session.id, value=value, actor=who, request_meta=meta
+            )
+            text = "Answered: the graph resumes with it."
         elif action == "uncertain":
             resolution = post.get("resolution", "")
             output = None
@@ -616,10 +634,14 @@ def _int(raw: str | None, what: str) -> int:
         raise services.ActionError(f"choose a {what} (a step number)", code="invalid") from None
 
 
-def _json(raw: str, what: str) -> Any:
+def _json(raw: str, what: str, *, text_allowed: bool = False) -> Any:
+    """JSON from a form field (depth-checked first); with `text_allowed`, what does not
+    parse as JSON is taken as plain text."""
     try:
         return load_json(raw, what)
     except InvalidInput as exc:
+        if text_allowed and exc.problem.startswith("not valid JSON"):
+            return raw
         raise services.ActionError(str(exc), code="invalid") from None
 
 

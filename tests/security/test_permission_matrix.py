@@ -242,6 +242,7 @@ def test_every_api_operation_for_every_role(client, world):
                         "resolution": "rerun",
                         "hold": True,
                         "note": "case 1",
+                        "value": "yes",
                     },
                     content_type="application/json",
                     **headers,

@@ -40,6 +40,14 @@ NOT_FREE_TEXT = {
     "sessions_app.ApiToken": {"key_hash", "key_prefix"},
     "sessions_app.LoginFailure": {"account"},  # a keyed hash
     "admin.LogEntry": {"object_id"},  # the primary key of what was edited
+    # LangGraph's own tables: names and versions of threads, checkpoints and channels; and
+    # the graph's checkpoint body and metadata, kept as the graph wrote them (it resumes
+    # from them; README, Security). The steps and checkpoints Respawn records for a graph
+    # are scrubbed like any other.
+    "sessions_app.GraphThread": {"thread_id"},
+    "sessions_app.GraphCheckpoint": {"ns", "checkpoint_id", "parent_id", "body", "metadata"},
+    "sessions_app.GraphBlob": {"ns", "channel", "version", "type", "base_version"},
+    "sessions_app.GraphWrite": {"ns", "checkpoint_id", "task_id", "task_path", "channel", "type"},
 }
 
 
