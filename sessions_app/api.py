@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
+import re
 from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
@@ -20,7 +22,7 @@ from ninja import Field, NinjaAPI, Query, Schema
 from ninja import Status as Reply
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
-from pydantic import AfterValidator, WithJsonSchema
+from pydantic import AfterValidator, ConfigDict, WithJsonSchema
 
 from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
@@ -30,6 +32,7 @@ from .models import AgentSession, ApiToken, Status, Step
 from .permissions import can_operate, can_view
 from .runtime import agent_registry
 from .validation import (
+    NOT_BLANK_PATTERN,
     SINGLE_LINE_PATTERN,
     InvalidInput,
     JsonValue,
@@ -77,6 +80,33 @@ api = NinjaAPI(
     # Bodies are checked for depth before they are parsed, and must be JSON objects.
     parser=StrictJSONParser(),
 )
+
+
+@functools.cache
+def _declared_query_parameters() -> list[tuple[re.Pattern[str], str, frozenset[str]]]:
+    """(path, method, the query parameters it declares) for every operation, from the
+    OpenAPI document: the one list of what each operation takes."""
+    spec = api.get_openapi_schema()
+    declared = []
+    for path, item in spec["paths"].items():
+        pattern = re.compile("^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(path)) + "$")
+        for method, operation in item.items():
+            names = {p["name"] for p in operation.get("parameters", []) if p["in"] == "query"}
+            declared.append((pattern, method.upper(), frozenset(names)))
+    return declared
+
+
+def undeclared_query_parameter(request: HttpRequest) -> str | None:
+    """The first query parameter the requested API operation does not take (such a
+    parameter is refused, not ignored: a misspelt filter must not list everything)."""
+    given = set(request.GET)
+    if not given:
+        return None
+    for pattern, method, names in _declared_query_parameters():
+        if method == request.method and pattern.match(request.path):
+            unknown = sorted(given - names)
+            return unknown[0] if unknown else None
+    return None
 
 
 # --- Schemas ----------------------------------------------------------------------------
@@ -233,6 +263,14 @@ class UncertainIn(Schema):
 
 
 class HoldIn(Schema):
+    # Holding without a note is the service's to refuse (400); the schema says so too.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "if": {"properties": {"hold": {"const": True}}},
+            "then": {"required": ["note"], "properties": {"note": {"pattern": NOT_BLANK_PATTERN}}},
+        }
+    )
+
     hold: bool
     note: MultiLineText = Field(
         "", max_length=300, description="why (a case or ticket); required to hold"
@@ -461,7 +499,7 @@ def list_sessions(
 ):
     _require_view(request)
     sessions = AgentSession.objects.order_by("-updated_at", "-id")
-    if status:
+    if status is not None:
         if status not in Status.values:
             raise HttpError(400, f"unknown status {status!r} (one of {', '.join(Status.values)})")
         sessions = sessions.filter(status=status)

@@ -282,6 +282,22 @@ def request_problem(request: HttpRequest) -> InvalidInput | None:
     return None
 
 
+def api_query_problem(request: HttpRequest) -> InvalidInput | None:
+    """The API's query parameters: each one the operation declares, once. `?status=a&status=b`
+    is refused rather than read as one of them, `?stauts=a` rather than ignored."""
+    from .api import undeclared_query_parameter
+
+    for name, values in request.GET.lists():
+        if len(values) > 1:
+            return InvalidInput(f"query parameter {name!r}", f"given {len(values)} times (once)")
+    unknown = undeclared_query_parameter(request)
+    if unknown is not None:
+        return InvalidInput(
+            f"query parameter {unknown!r}", "this operation takes no such parameter"
+        )
+    return None
+
+
 class InputGuardMiddleware:
     """Refuses a request whose query or form parameters hold control characters, before
     any view (the log-in form, a search, an admin filter) passes them to a query."""
@@ -290,10 +306,11 @@ class InputGuardMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        problem = request_problem(request)
+        api = request.path.startswith("/api/")
+        problem = request_problem(request) or (api_query_problem(request) if api else None)
         if problem is None:
             return self.get_response(request)
-        if request.path.startswith("/api/"):
+        if api:
             return JsonResponse({"error": "invalid", "detail": str(problem)}, status=400)
         return HttpResponse(
             f"Bad request: {problem}.\n", status=400, content_type="text/plain; charset=utf-8"

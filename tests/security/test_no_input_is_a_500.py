@@ -336,3 +336,15 @@ def test_a_json_body_that_is_not_an_object_changes_nothing(client, world, users)
             assert "must be a JSON object" in response.json()["detail"]
     waiting.refresh_from_db()
     assert waiting.status == Status.WAITING_INPUT
+
+
+def test_api_query_parameters_are_declared_and_single(client, users):
+    token = ApiToken.issue(users["viewer"])[1]
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    response = client.get("/api/sessions?stauts=failed", **auth)
+    assert response.status_code == 400 and "'stauts'" in response.json()["detail"]
+    response = client.get("/api/sessions?status=failed&status=queued", **auth)
+    assert response.status_code == 400 and "given 2 times" in response.json()["detail"]
+    response = client.get("/api/sessions?=failed", **auth)
+    assert response.status_code == 400 and "no name" in response.json()["detail"]
+    assert client.get("/api/sessions?status=failed&limit=5", **auth).status_code == 200

@@ -12,6 +12,7 @@ from schemathesis.checks import CHECKS, load_all_checks
 from schemathesis.generation.modes import GenerationMode
 
 from sessions_app.models import AgentSession, ApiToken, Step
+from sessions_app.transfer import export_bytes
 
 schema = schemathesis.openapi.from_wsgi("/api/openapi.json", get_wsgi_application())
 load_all_checks()
@@ -20,14 +21,29 @@ ALL_CHECKS = list(CHECKS.get_all())
 
 @schema.hook
 def map_case(context, case):
-    """A list cursor is opaque: only one this API returned is valid (others are a 400,
-    which a generator that follows the schema's pattern cannot know). Schema-valid cases
-    page from the start; schema-invalid ones keep their junk."""
+    """Values only this API makes: a list cursor is one it returned, an import is a file it
+    exported (any other is a 400, which a generator that follows the schema cannot know).
+    Schema-valid cases page from the start and import a real export; schema-invalid ones
+    keep their junk."""
     meta = case.meta
     positive = meta is not None and meta.generation.mode == GenerationMode.POSITIVE
     if positive and case.query and "cursor" in case.query:
         case.query = {k: v for k, v in case.query.items() if k != "cursor"}
+    if positive and case.operation.label == "POST /api/imports" and EXPORT:
+        case.body = EXPORT[0]
     return case
+
+
+EXPORT: list[bytes] = []  # a real export file, once a test has a database to make it from
+
+
+@schema.hook
+def filter_case(context, case):
+    """Cases made before a test has a database (when the tests are collected) cannot hold
+    a real export: no schema-valid import is sent with a made-up file."""
+    meta = case.meta
+    positive = meta is not None and meta.generation.mode == GenerationMode.POSITIVE
+    return not (positive and case.operation.label == "POST /api/imports" and not EXPORT)
 
 
 @pytest.fixture
@@ -40,6 +56,7 @@ def some_sessions(db):
     """Real rows so that generated ids sometimes hit and lists are not empty."""
     session = AgentSession.objects.create(agent="demo", title="existing", last_seq=1, step_count=1)
     Step.objects.create(session=session, seq=1, kind="user", payload={"text": "hi"})
+    EXPORT[:] = [export_bytes(session)]
     return session
 
 
