@@ -23,7 +23,7 @@ from django_htmx.http import (
     trigger_client_event,
 )
 
-from . import selectors, services
+from . import search, selectors, services
 from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Checkpoint, Status, Step
 from .permissions import can_operate, can_view
 from .presenters import branch_label, diff_states, present_step
@@ -97,6 +97,8 @@ def session_list(request: HttpRequest) -> HttpResponse:
         "can_operate": can_operate(request.user),
         "now": now,
         "live_statuses": [s.value for s in RUNNABLE],
+        # Step ids the search index has not reached yet (steps are indexed off the append).
+        "search_lag": search.lag() if filters.q else 0,
     }
     template = (
         "sessions/list.html#results"
