@@ -211,6 +211,14 @@ class Step(models.Model):
             # Steps at a rare schema version (old, or newer than the code); nearly every
             # row has the same value, which B-tree deduplication stores in little space.
             models.Index(fields=["schema_version"], name="step_version"),
+            # The failed steps of a session (errors, failed tool results): the trace's
+            # "first error" and "failed" filter, the header's failure count. Partial: only
+            # failed steps are in it, so appending a step that worked costs nothing here.
+            models.Index(
+                fields=["session", "seq"],
+                name="step_failed",
+                condition=Q(kind="error") | Q(kind="tool_result", payload__status="error"),
+            ),
         ]
         ordering = ["session", "seq"]
 

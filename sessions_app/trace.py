@@ -1,0 +1,641 @@
+"""Reads behind a session's page: the trace a page at a time (with its run and turn
+boundaries), the failures in it, the timeline on an axis of active time, and tokens and
+cost per turn. Each is a handful of queries whatever the session's length: pages are
+keyset ranges of the (session, seq) index, failures come from the step_failed partial
+index, and the timeline of a long session is aggregated in one pass."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.db.models import (
+    BooleanField,
+    Case,
+    Count,
+    F,
+    FloatField,
+    Max,
+    Min,
+    Q,
+    QuerySet,
+    Sum,
+    Value,
+    When,
+)
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
+
+from .models import AgentSession, AuditEvent, Checkpoint, Step
+from .presenters import (
+    KIND_LABEL,
+    ActiveAxis,
+    Gap,
+    Scale,
+    StepView,
+    TraceContext,
+    build_trace_items,
+    ends_a_run,
+    format_cost,
+    format_count,
+    format_duration,
+    format_ms,
+    nice_ticks,
+    present_step,
+    run_reason,
+)
+
+TRACE_PAGE = 50
+
+# A step that failed: an error step, or a tool result with an error. Served by the
+# step_failed partial index (migration 0101_dashboard_step_failed), whose condition is this
+# same expression.
+FAILED = Q(kind="error") | Q(kind="tool_result", payload__status="error")
+
+KIND_FILTERS = {
+    "user": ("user",),
+    "model": ("model",),
+    "tool": ("tool_call", "tool_result"),
+    "error": ("error",),
+    "operator": ("operator",),
+    "system": ("system",),
+}
+STATUS_FILTERS = {
+    "failed": FAILED,
+    "retried": Q(kind="tool_result", payload__attempts__gt=1),
+}
+
+
+@dataclass
+class TraceFilters:
+    """What the trace shows: superseded steps or not, one kind, one status."""
+
+    superseded: bool = False
+    kind: str = ""
+    status: str = ""
+    errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_query(cls, params: Any) -> TraceFilters:
+        f = cls(
+            superseded=params.get("superseded") == "1",
+            kind=params.get("kind") or "",
+            status=params.get("status") or "",
+        )
+        if f.kind and f.kind not in KIND_FILTERS:
+            f.errors.append(
+                f"unknown step kind {f.kind!r} (one of: {', '.join(sorted(KIND_FILTERS))})"
+            )
+            f.kind = ""
+        if f.status and f.status not in STATUS_FILTERS:
+            f.errors.append(
+                f"unknown step status {f.status!r} (one of: {', '.join(sorted(STATUS_FILTERS))})"
+            )
+            f.status = ""
+        return f
+
+    @property
+    def grouped(self) -> bool:
+        """Runs and turns are drawn only around the whole sequence of steps."""
+        return not (self.kind or self.status)
+
+    def query(self, **extra: Any) -> dict[str, str]:
+        values = {
+            "superseded": "1" if self.superseded else "",
+            "kind": self.kind,
+            "status": self.status,
+        }
+        values.update({k: str(v) for k, v in extra.items() if v not in (None, "")})
+        return {k: v for k, v in values.items() if v}
+
+    def apply(self, steps: QuerySet[Step]) -> QuerySet[Step]:
+        if not self.superseded:
+            steps = steps.filter(superseded_at__isnull=True)
+        if self.kind:
+            steps = steps.filter(kind__in=KIND_FILTERS[self.kind])
+        if self.status:
+            steps = steps.filter(STATUS_FILTERS[self.status])
+        return steps
+
+
+@dataclass
+class TracePage:
+    items: list[Any]
+    views: list[StepView]
+    more: bool
+    last_seq: int  # the last seq shown (or `after` when nothing was)
+    context: TraceContext  # for the page after this one
+
+
+def trace_context(session: AgentSession, after: int, filters: TraceFilters) -> TraceContext:
+    """Turns and runs before step `after` (one aggregate over the kind index)."""
+    if after <= 0 or not filters.grouped:
+        return TraceContext()
+    visible = Q() if filters.superseded else Q(superseded_at__isnull=True)
+    run_started = Q(kind="system", payload__event="run_started")
+    counts = Step.objects.filter(
+        session=session, seq__lte=after, kind__in=("model", "system")
+    ).aggregate(
+        turns=Count("id", filter=Q(kind="model") & visible),
+        runs=Count("id", filter=run_started & visible),
+        last_run=Max("seq", filter=run_started & visible),
+    )
+    worker = ""
+    if counts["last_run"]:
+        worker = str(
+            Step.objects.filter(session=session, seq=counts["last_run"])
+            .values_list(KT("payload__worker"), flat=True)
+            .first()
+            or ""
+        )
+    return TraceContext(counts["turns"], counts["runs"], worker)
+
+
+def trace_page(
+    session: AgentSession,
+    *,
+    after: int,
+    filters: TraceFilters,
+    context: TraceContext | None = None,
+    limit: int = TRACE_PAGE,
+) -> TracePage:
+    """The steps after `after`, presented, with their run and turn boundaries.
+
+    `context` (turns and runs before, and the worker of the current run) comes from the
+    page before when it is known (lazy loading, the live tail); otherwise it is counted."""
+    steps = filters.apply(Step.objects.filter(session=session, seq__gte=max(after, 1)))
+    rows = list(steps.order_by("seq")[: limit + 2])
+    previous = None
+    if rows and rows[0].seq == after:
+        previous = rows.pop(0)  # context only: the page starts after it
+    page, following = rows[:limit], (rows[limit] if len(rows) > limit else None)
+    if context is None:
+        context = trace_context(session, after, filters)
+    context.previous = previous
+    reasons: dict[int, list[str]] = {}
+    if page:
+        for seq, reason in Checkpoint.objects.filter(
+            session=session, seq__gte=page[0].seq, seq__lte=page[-1].seq
+        ).values_list("seq", "reason"):
+            reasons.setdefault(seq, []).append(reason)
+    views = [present_step(s, reasons.get(s.seq)) for s in page]
+    starts = [v for v in views if v.kind == "system" and v.event == "run_started"]
+    known = {s.seq: s for s in page}
+    if previous is not None:
+        known[previous.seq] = previous
+    previous_steps: dict[int, Step] = {}
+    resumes: list[tuple[datetime, str]] = []
+    if filters.grouped and starts:
+        wanted = [v.seq - 1 for v in starts if v.seq > 1]
+        missing = [seq for seq in wanted if seq not in known]
+        if missing:
+            known.update({s.seq: s for s in Step.objects.filter(session=session, seq__in=missing)})
+        previous_steps = {seq: known[seq] for seq in wanted if seq in known}
+        later = [s for s in previous_steps.values() if s.seq > 1]
+        if later:
+            # Who resumed the session before a run (a resume writes no step, only this).
+            first = min(s.created_at for s in later)
+            resumes = list(
+                AuditEvent.objects.filter(session=session, action="resume", created_at__gte=first)
+                .order_by("created_at")
+                .values_list("created_at", "actor_label")[:500]
+            )
+    stuck_worker = None
+    if following is None and session.is_stuck():
+        stuck_worker = session.lease_owner or "its worker"
+    items, after_context = build_trace_items(
+        views,
+        context,
+        previous_steps=previous_steps,
+        resumes=resumes,
+        next_step=following,
+        stuck_worker=stuck_worker,
+        grouped=filters.grouped,
+    )
+    return TracePage(
+        items=items,
+        views=views,
+        more=following is not None,
+        last_seq=page[-1].seq if page else after,
+        context=after_context,
+    )
+
+
+@dataclass(frozen=True)
+class Failures:
+    first: int | None
+    last: int | None
+    count: int
+
+
+def failures(session: AgentSession) -> Failures:
+    """The first and last failed step of the live trace, and how many failed."""
+    row = (
+        Step.objects.filter(session=session, superseded_at__isnull=True)
+        .filter(FAILED)
+        .aggregate(first=Min("seq"), last=Max("seq"), count=Count("id"))
+    )
+    return Failures(row["first"], row["last"], row["count"])
+
+
+def current_plan(session: AgentSession, state: dict[str, Any]) -> list[dict[str, Any]]:
+    """The plan as it stands now: the head checkpoint's, or a newer one a tool returned in a
+    step after the head (a running session is ahead of its last checkpoint)."""
+    if session.last_seq <= session.head:
+        return _plan_items(state.get("plan") or [])
+    update = (
+        Step.objects.filter(
+            session=session,
+            seq__gt=session.head,
+            kind="tool_result",
+            superseded_at__isnull=True,
+            payload__has_key="plan_update",
+        )
+        .order_by("-seq")
+        .values_list("payload__plan_update", flat=True)
+        .first()
+    )
+    return _plan_items(update if isinstance(update, list) else state.get("plan") or [])
+
+
+def _plan_items(plan: list[Any]) -> list[dict[str, Any]]:
+    return [
+        {**p, "label": str(p.get("status") or "pending").replace("_", " ")}
+        for p in plan
+        if isinstance(p, dict)
+    ]
+
+
+# --- Timeline ---------------------------------------------------------------------------
+
+TIMELINE_WINDOW = 150  # steps drawn one row each; a longer session gets an overview too
+PLOT_LEFT, PLOT_WIDTH, LABEL_WIDTH = 200, 780, 196
+OVERVIEW_BUCKETS = 195
+
+
+@dataclass
+class TimelineRow:
+    seq: int
+    kind: str
+    start: datetime
+    end: datetime
+    failed: bool
+    event: str
+    name: str = ""
+    branch: str = ""
+
+
+def _timeline_rows(
+    session: AgentSession, filters: TraceFilters, *, named: bool, seqs: tuple[int, int] | None
+) -> list[TimelineRow]:
+    steps = Step.objects.filter(session=session)
+    if not filters.superseded:
+        steps = steps.filter(superseded_at__isnull=True)
+    if seqs:
+        steps = steps.filter(seq__gte=seqs[0], seq__lte=seqs[1])
+    steps = steps.annotate(
+        t0=Coalesce("started_at", "created_at"),
+        t1=Coalesce("finished_at", "started_at", "created_at"),
+        failed=Case(
+            When(FAILED, then=Value(True)), default=Value(False), output_field=BooleanField()
+        ),
+        event=KT("payload__event"),
+    )
+    columns = ["seq", "kind", "t0", "t1", "failed", "event"]
+    if named:
+        steps = steps.annotate(
+            tool=KT("payload__name"),
+            model=KT("payload__model"),
+            where=KT("payload__where"),
+            action=KT("payload__action"),
+            branch_index=KT("payload__branch__index"),
+            branch_of=KT("payload__branch__of"),
+        )
+        columns += ["tool", "model", "where", "action", "branch_index", "branch_of"]
+    rows = []
+    for values in steps.order_by("seq").values_list(*columns):
+        seq, kind, t0, t1, failed, event = values[:6]
+        row = TimelineRow(seq, kind, t0, max(t1, t0), bool(failed), event or "")
+        if named:
+            tool, model, where, action, b_index, b_of = values[6:]
+            row.name = str(event or tool or model or where or action or "")
+            if b_index and kind in ("tool_call", "tool_result"):
+                row.branch = f"{b_index}/{b_of}"
+        rows.append(row)
+    return rows
+
+
+def _gap_reason(before: TimelineRow | None, after: TimelineRow | None, prev: Step | None) -> str:
+    """What a session waited for in an idle gap, from the steps on each side of it."""
+    if after is None:
+        return "idle"
+    if after.kind == "operator":
+        return "waiting for a person"
+    if after.kind == "user":
+        return "until a new message"
+    if before is not None and before.event in ("waiting_for_approval", "uncertain_call"):
+        return "waiting for a person"
+    if after.event == "run_started":
+        if prev is not None and not ends_a_run(prev, prev.payload or {}):
+            return "until another worker took over (crash)"
+        if prev is not None and prev.kind == "error":
+            return "failed, until resumed"
+        if prev is not None and prev.kind == "operator":
+            return (
+                "paused, until resumed"
+                if (prev.payload or {}).get("action") == "rollback"
+                else "waiting for a worker"
+            )
+        return "waiting for a worker"
+    return "idle"
+
+
+@dataclass
+class Timeline:
+    empty: bool = True
+    width: int = PLOT_LEFT + PLOT_WIDTH + 20
+    height: int = 0
+    overview: dict[str, Any] | None = None
+    bars: list[dict[str, Any]] = field(default_factory=list)
+    gaps: list[dict[str, Any]] = field(default_factory=list)
+    ticks: list[dict[str, Any]] = field(default_factory=list)
+    runs: list[dict[str, Any]] = field(default_factory=list)
+    window: tuple[int, int] | None = None  # the seqs drawn one row each
+    total_steps: int = 0
+    active: str = ""
+    waited: str = ""
+    wall: str = ""
+
+
+def _axis_for(rows: list[TimelineRow], previous_of: dict[int, Step]) -> ActiveAxis:
+    by_start = sorted(rows, key=lambda r: (r.start, r.seq))
+    starts = [r.start for r in by_start]
+    by_seq = {r.seq: r for r in rows}
+
+    def reasons(gap_start: datetime, gap_end: datetime) -> str:
+        import bisect
+
+        index = bisect.bisect_left(starts, gap_end)
+        after = by_start[index] if index < len(by_start) else None
+        before = by_seq.get(after.seq - 1) if after else None
+        prev = previous_of.get(after.seq) if after else None
+        return _gap_reason(before, after, prev)
+
+    return ActiveAxis([(r.start, r.end) for r in rows], reasons)
+
+
+def timeline(
+    session: AgentSession,
+    filters: TraceFilters,
+    *,
+    window: tuple[int, int] | None = None,
+) -> Timeline:
+    """The session's steps on an axis of active time: one row per step for a window of up
+    to TIMELINE_WINDOW steps (the latest, or the seqs asked for), and for a longer session
+    an overview of all of it in buckets, each a link to its steps."""
+    out = Timeline()
+    overall = _timeline_rows(session, filters, named=False, seqs=None)
+    out.total_steps = len(overall)
+    if not overall:
+        return out
+    out.empty = False
+    run_seqs = [r.seq for r in overall if r.event == "run_started"]
+    # The step before each run and each gap's far side, for why the session waited.
+    wanted = {seq - 1 for seq in run_seqs if seq > 1}
+    previous_of: dict[int, Step] = {}
+    if wanted:
+        before = {
+            s.seq: s
+            for s in Step.objects.filter(session=session, seq__in=sorted(wanted)[:2000]).only(
+                "seq", "kind", "payload"
+            )
+        }
+        previous_of = {seq + 1: step for seq, step in before.items()}
+    axis = _axis_for(overall, previous_of)
+    wall = (max(r.end for r in overall) - min(r.start for r in overall)).total_seconds()
+    out.active = format_duration(axis.active_seconds)
+    out.wall = format_duration(wall)
+    out.waited = format_duration(sum(g.seconds for g in axis.gaps)) if axis.gaps else ""
+    if len(overall) > TIMELINE_WINDOW:
+        out.overview = _overview(overall, axis, run_seqs, previous_of)
+    if window is None:
+        tail = overall[-TIMELINE_WINDOW:]
+        window = (tail[0].seq, tail[-1].seq)
+    else:
+        lo = max(window[0], 1)
+        window = (lo, max(min(window[1], lo + TIMELINE_WINDOW - 1), lo))
+    out.window = window
+    rows = _timeline_rows(session, filters, named=True, seqs=window)[:TIMELINE_WINDOW]
+    if not rows:
+        return out
+    window_axis = _axis_for(rows, previous_of)
+    scale = Scale.fit(window_axis, PLOT_LEFT, PLOT_WIDTH)
+    top, row_h = 26, 14
+    for index, row in enumerate(rows):
+        x0, x1 = scale.x(row.start), scale.x(row.end)
+        duration_ms = (row.end - row.start).total_seconds() * 1000
+        label = f"#{row.seq} {KIND_LABEL.get(row.kind, row.kind)} {row.name}".strip()
+        out.bars.append(
+            {
+                "seq": row.seq,
+                "y": top + index * row_h,
+                "x": x0,
+                "w": max(x1 - x0, 2.0),
+                "kind": row.kind,
+                "failed": row.failed,
+                "branch": row.branch,
+                "label": label[:34],
+                "title": f"{label}: {format_ms(duration_ms)}"
+                + (" — failed" if row.failed else "")
+                + (f" (branch {row.branch})" if row.branch else ""),
+            }
+        )
+        if row.event == "run_started":
+            out.runs.append({"x": x0, "y": top + index * row_h, "seq": row.seq})
+    for index, gap in enumerate(window_axis.gaps):
+        out.gaps.append(_gap_view(gap, scale.gap_x(index), scale.break_px))
+    usable = PLOT_LEFT + PLOT_WIDTH
+    out.ticks = [
+        {"x": scale.x_active(t), "label": format_duration(t) if t else "0"}
+        for t in nice_ticks(window_axis.active_seconds)
+        if scale.x_active(t) <= usable + 0.5
+    ]
+    out.height = top + len(rows) * row_h + 8
+    return out
+
+
+def _gap_view(gap: Gap, x: float, width: float) -> dict[str, Any]:
+    return {"x": x, "w": width, "label": gap.label, "short": format_duration(gap.seconds)}
+
+
+def _overview(
+    rows: list[TimelineRow],
+    axis: ActiveAxis,
+    run_seqs: list[int],
+    previous_of: dict[int, Step],
+) -> dict[str, Any]:
+    """The whole session in OVERVIEW_BUCKETS columns: steps per column by kind, failures
+    marked, run starts (crashes marked) as lines; each column links to its first step."""
+    scale = Scale.fit(axis, PLOT_LEFT, PLOT_WIDTH)
+    column_w = PLOT_WIDTH / OVERVIEW_BUCKETS
+    buckets: list[dict[str, Any]] = [
+        {"steps": 0, "model": 0, "tool": 0, "other": 0, "failed": 0, "first": None, "last": None}
+        for _ in range(OVERVIEW_BUCKETS)
+    ]
+    first_failed: dict[int, int] = {}
+    for row in rows:
+        index = min(int((scale.x(row.start) - PLOT_LEFT) / column_w), OVERVIEW_BUCKETS - 1)
+        bucket = buckets[max(index, 0)]
+        bucket["steps"] += 1
+        group = (
+            "model" if row.kind == "model" else "tool" if row.kind.startswith("tool") else "other"
+        )
+        bucket[group] += 1
+        if row.failed:
+            bucket["failed"] += 1
+            first_failed.setdefault(max(index, 0), row.seq)
+        bucket["first"] = row.seq if bucket["first"] is None else bucket["first"]
+        bucket["last"] = row.seq
+    peak = max(b["steps"] for b in buckets) or 1
+    height, top = 60, 18
+    columns = []
+    for index, b in enumerate(buckets):
+        if not b["steps"]:
+            continue
+        x = PLOT_LEFT + index * column_w
+        h_model = height * b["model"] / peak
+        h_tool = height * b["tool"] / peak
+        h_other = height * b["other"] / peak
+        base = top + height
+        columns.append(
+            {
+                "x": x,
+                "w": max(column_w - 0.6, 1.0),
+                "first": b["first"],
+                "last": b["last"],
+                "failed": b["failed"],
+                "first_failed": first_failed.get(index),
+                "segments": [
+                    {"cls": "model", "y": base - h_model, "h": h_model},
+                    {"cls": "tool", "y": base - h_model - h_tool, "h": h_tool},
+                    {"cls": "other", "y": base - h_model - h_tool - h_other, "h": h_other},
+                ],
+                "title": (
+                    f"steps #{b['first']}–#{b['last']}: {format_count(b['steps'])} steps "
+                    f"({format_count(b['model'])} model, {format_count(b['tool'])} tool)"
+                    + (f", {format_count(b['failed'])} failed" if b["failed"] else "")
+                ),
+            }
+        )
+    by_seq = {r.seq: r for r in rows}
+    runs = []
+    for number, seq in enumerate(run_seqs[:500], start=1):
+        start = run_reason(number, previous_of.get(seq), None, None)
+        runs.append(
+            {
+                "x": scale.x(by_seq[seq].start),
+                "seq": seq,
+                "crash": start.reason == "crash",
+                "title": f"run {number} (#{seq}): {start.text}",
+            }
+        )
+    gaps = [_gap_view(g, scale.gap_x(i), scale.break_px) for i, g in enumerate(axis.gaps)]
+    # Label only the longest gaps: a session of many short waits would be unreadable.
+    for gap in sorted(gaps, key=lambda g: -axis.gaps[gaps.index(g)].seconds)[5:]:
+        gap["short"] = ""
+    return {
+        "columns": columns,
+        "runs": runs,
+        "gaps": gaps,
+        "top": top,
+        "height": top + height + 16,
+        "base": top + height,
+        "peak": peak,
+    }
+
+
+# --- Tokens and cost per turn -----------------------------------------------------------
+
+USAGE_BARS = 120
+
+
+def usage_per_turn(session: AgentSession, filters: TraceFilters) -> dict[str, Any]:
+    """Tokens (in and out) and cost of each model turn; more turns than USAGE_BARS are
+    summed in groups of consecutive turns (by step number)."""
+    models = Step.objects.filter(session=session, kind="model")
+    if not filters.superseded:
+        models = models.filter(superseded_at__isnull=True)
+    span = models.aggregate(first=Min("seq"), last=Max("seq"), turns=Count("id"))
+    if not span["turns"]:
+        return {"empty": True}
+    per_bar = max(-(-span["turns"] // USAGE_BARS), 1)
+    # Consecutive turns per bar, by step number: turns are spread evenly enough over a
+    # session's steps, and a GROUP BY over seq ranges needs no window function.
+    seq_span = span["last"] - span["first"] + 1
+    width_seqs = max(-(-seq_span * per_bar // span["turns"]), 1) if per_bar > 1 else 1
+    cost = Cast(KT("payload__usage__cost"), FloatField())
+    if per_bar == 1:
+        rows = list(
+            models.order_by("seq").values_list(
+                "seq", "seq", "tokens_in", "tokens_out", Coalesce(cost, Value(0.0)), Value(1)
+            )
+        )
+    else:
+        rows = list(
+            models.annotate(bar=(F("seq") - span["first"]) / width_seqs)
+            .values("bar")
+            .annotate(
+                a=Min("seq"),
+                b=Max("seq"),
+                tin=Sum("tokens_in"),
+                tout=Sum("tokens_out"),
+                c=Sum(Coalesce(cost, Value(0.0))),
+                n=Count("id"),
+            )
+            .order_by("bar")
+            .values_list("a", "b", "tin", "tout", "c", "n")
+        )
+    peak = max((r[2] or 0) + (r[3] or 0) for r in rows) or 1
+    peak_cost = max(float(r[4] or 0) for r in rows)
+    left, width, height, top = 60, 900, 120, 14
+    bar_w = min(width / max(len(rows), 1), 36.0)
+    bars = []
+    turn = 0
+    cost_points = []
+    for index, (first, _last, tin, tout, c, n) in enumerate(rows):
+        tin, tout, c = tin or 0, tout or 0, float(c or 0)
+        turn += n
+        x = left + index * bar_w
+        h_in = height * tin / peak
+        h_out = height * tout / peak
+        label = f"turn {turn}" if n == 1 else f"turns {turn - n + 1}–{turn}"
+        bars.append(
+            {
+                "x": x,
+                "w": max(bar_w - 1, 1),
+                "first": first,
+                "y_in": top + height - h_in,
+                "h_in": h_in,
+                "y_out": top + height - h_in - h_out,
+                "h_out": h_out,
+                "title": f"{label} (#{first}): {format_count(tin)} tokens in, "
+                f"{format_count(tout)} out" + (f", cost {format_cost(c)}" if c else ""),
+            }
+        )
+        if peak_cost:
+            cost_points.append(f"{x + bar_w / 2:.1f},{top + height - height * c / peak_cost:.1f}")
+    return {
+        "empty": False,
+        "bars": bars,
+        "turns": span["turns"],
+        "per_bar": per_bar,
+        "peak": format_count(peak),
+        "peak_cost": format_cost(peak_cost),
+        "cost_line": " ".join(cost_points),
+        "left": left,
+        "width": left + width + 10,
+        "height": top + height + 18,
+        "base": top + height,
+        "top": top,
+    }
