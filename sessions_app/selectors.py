@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
@@ -269,12 +270,8 @@ def status_totals(f: SessionFilters | None = None, *, fresh: bool = False) -> St
     from django.core.cache import cache
 
     f = f or SessionFilters()
-    key = (
-        "respawn:status-totals:"
-        + base64.urlsafe_b64encode(
-            repr(sorted(f.as_query(status="", sort="").items())).encode()
-        ).decode()
-    )
+    filters = repr(sorted(f.as_query(status="", sort="").items())).encode()
+    key = "respawn:status-totals:" + hashlib.sha256(filters).hexdigest()[:32]
     cached = None if fresh else cache.get(key)
     if cached is not None:
         return cached
