@@ -561,6 +561,11 @@ class Preview:
     superseded_count: int = 0
     reruns: list[RerunCall] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    last_seq: int = 0  # the last step a rollback supersedes
+
+    @property
+    def non_idempotent(self) -> int:
+        return sum(1 for call in self.reruns if call.idempotent is False)
 
 
 def _tool_flags(agent: str, name: str) -> tuple[bool | None, bool]:
@@ -630,6 +635,7 @@ def preview_rollback(session: AgentSession, checkpoint_seq: int) -> Preview:
     later = Step.objects.filter(session=session, seq__gt=checkpoint_seq, superseded_at__isnull=True)
     preview.superseded_count = later.count()
     preview.superseded = list(later.order_by("seq")[:50])
+    preview.last_seq = session.last_seq
     done_calls = [s for s in later.filter(kind="tool_call").order_by("seq")[:200]]
     for step in done_calls:
         idempotent, approval = _tool_flags(session.agent, step.payload.get("name", ""))
@@ -654,6 +660,17 @@ def preview_rollback(session: AgentSession, checkpoint_seq: int) -> Preview:
 
 def checkpoints_of(session: AgentSession) -> list[Checkpoint]:
     return list(Checkpoint.objects.filter(session=session).order_by("seq", "id").defer("state"))
+
+
+def latest_checkpoints(session: AgentSession, limit: int = 20) -> tuple[list[Checkpoint], bool]:
+    """The latest `limit` checkpoints (oldest first), and whether there are older ones: a
+    long session checkpoints every turn, and its page lists only the recent ones."""
+    rows = list(
+        Checkpoint.objects.filter(session=session)
+        .order_by("-seq", "-id")
+        .defer("state")[: limit + 1]
+    )
+    return rows[:limit][::-1], len(rows) > limit
 
 
 def first_error_seq(session: AgentSession) -> int | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import quote
 from uuid import UUID
 
 from django.conf import settings
@@ -92,7 +93,10 @@ def _error(request: HttpRequest, text: str, status: int) -> HttpResponse:
     """An error an htmx request shows next to what the operator clicked (static/js reads
     the `data-error` text); a full page for anything else."""
     if request.htmx:
-        return render(request, "sessions/error.html#fragment", {"text": text}, status=status)
+        response = render(request, "sessions/error.html#fragment", {"text": text}, status=status)
+        # Read by static/js from the header, so no page is ever parsed to find it.
+        response["X-Respawn-Error"] = quote(text[:500])
+        return response
     return render(request, "sessions/error.html", {"text": text, "status": status}, status=status)
 
 
@@ -362,9 +366,11 @@ def _detail_context(
     if part != "page":
         return context
     context.update(_trace_context(request, session, request.GET, failures=context["failures"]))
+    checkpoints, older_checkpoints = selectors.latest_checkpoints(session)
     context.update(
         {
-            "checkpoints": selectors.checkpoints_of(session),
+            "checkpoints": checkpoints,
+            "older_checkpoints": older_checkpoints,
             "audit": list(AuditEvent.objects.filter(session=session).order_by("-created_at")[:20]),
         }
     )

@@ -29,19 +29,22 @@
   // --- Errors: never swapped into the page, always shown next to the action ---------------
   function errorText(xhr) {
     if (!xhr) return "Could not reach the server: check the connection and try again.";
-    let text = "";
-    try {
-      const doc = new DOMParser().parseFromString(xhr.responseText || "", "text/html");
-      const marked = doc.querySelector("[data-error]");
-      text = marked ? marked.textContent.trim() : "";
-    } catch (_) {
-      text = "";
+    // The dashboard's own errors say what went wrong in a header; nothing else is read
+    // from an error answer (a page may be anything, and is never parsed or shown).
+    const said = xhr.getResponseHeader("X-Respawn-Error");
+    if (said) {
+      try {
+        return decodeURIComponent(said);
+      } catch (_) {
+        return said;
+      }
     }
-    if (text) return text;
     if (xhr.status >= 500) {
       return `Server error (${xhr.status}): it may not have completed. Reload to see where things stand.`;
     }
-    return `Refused (${xhr.status} ${xhr.statusText || ""}).`.replace(" )", ")");
+    if (xhr.status === 403) return "Refused (403): you may have been logged out; reload the page.";
+    if (xhr.status === 404) return "Not found (404): it may have been deleted; reload the page.";
+    return `Refused (${xhr.status}).`;
   }
 
   function isPolling(elt) {
@@ -203,7 +206,7 @@
     });
     if (target && target.querySelector && target.querySelector(".preview-box")) {
       const box = target.querySelector(".preview-box");
-      box.scrollIntoView({ block: "nearest" });
+      box.scrollIntoView({ block: box.offsetHeight > window.innerHeight ? "start" : "nearest" });
       const confirm = box.querySelector("button.primary");
       if (confirm) confirm.focus({ preventScroll: true });
     }
