@@ -2,4 +2,58 @@
 
 Nothing in this package imports Django. It talks to storage through
 `agent_runtime.store.SessionStore` and is configured by the dataclasses it is handed.
+
+The public API for writing agents is what this module exports:
+
+    from agent_runtime import Agent, AgentState, Limits, ToolContext, ToolError, tool
+
+Agents are found by the Django side from `RESPAWN_AGENTS` (`module:attribute` paths) and
+the `respawn.agents` entry-point group (see `agent_runtime.discovery`).
 """
+
+from .agents import (
+    Agent,
+    AgentConfigError,
+    AgentRegistry,
+    AgentState,
+    AgentStateError,
+    Limits,
+    UnknownAgent,
+    version_key,
+)
+from .providers import (
+    Message,
+    ModelSettings,
+    ModelTurn,
+    ProviderError,
+    ToolCall,
+    Usage,
+    register_provider,
+)
+from .providers.scripted import scripted_model
+from .state import SessionState
+from .tools import Tool, ToolContext, ToolError, tool
+
+__all__ = [
+    "Agent",
+    "AgentConfigError",
+    "AgentRegistry",
+    "AgentState",
+    "AgentStateError",
+    "Limits",
+    "Message",
+    "ModelSettings",
+    "ModelTurn",
+    "ProviderError",
+    "SessionState",
+    "Tool",
+    "ToolCall",
+    "ToolContext",
+    "ToolError",
+    "Usage",
+    "UnknownAgent",
+    "register_provider",
+    "scripted_model",
+    "tool",
+    "version_key",
+]

@@ -18,19 +18,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .agents import AgentDefinition, AgentRegistry, UnknownAgent
+from .agents import Agent, AgentRegistry, AgentStateError, UnknownAgent
 from .providers import Message, ModelSettings, ModelTurn, Provider, ProviderError, ToolCall
 from .providers import make_provider as default_make_provider
 from .records import RecordSource
 from .redaction import NO_REDACTION, Redactor
 from .state import (
+    Budgets,
     NewCheckpoint,
     NewStep,
     PendingApproval,
     SessionState,
     SessionStatus,
+    StateError,
     StepKind,
     StepRecord,
+    apply_agent_state_patch,
     model_payload,
     replan,
     step_text,
@@ -206,6 +209,13 @@ def apply_step(state: SessionState, step: StepRecord) -> None:
             state.pending_approval = None
         if payload.get("call_id") in state.uncertain_calls:
             state.uncertain_calls.remove(payload["call_id"])
+        if payload.get("agent_state") is not None:
+            apply_agent_state_patch(state, payload["agent_state"])
+    elif step.kind == StepKind.SYSTEM and payload.get("event") == "run_started":
+        if payload.get("agent_version"):
+            state.agent_version = str(payload["agent_version"])
+        if payload.get("agent_state") is not None:
+            state.agent_state = copy.deepcopy(payload["agent_state"])
     elif step.kind == StepKind.SYSTEM and payload.get("event") == "uncertain_call":
         if payload["call_id"] not in state.uncertain_calls:
             state.uncertain_calls.append(payload["call_id"])
@@ -217,6 +227,47 @@ def apply_step(state: SessionState, step: StepRecord) -> None:
             model_seq=payload["model_seq"],
             requested_at=payload.get("requested_at"),
         )
+
+
+def new_state(agent: Agent) -> SessionState:
+    """The state of a session that has no checkpoint yet: the agent's limits as budgets."""
+    limits = agent.limits
+    return SessionState(
+        agent_name=agent.name,
+        agent_version=agent.version,
+        budgets=Budgets(
+            max_steps=limits.max_steps, max_tokens=limits.max_tokens, max_cost=limits.max_cost
+        ),
+    )
+
+
+def replay(head: SessionHead, agent: Agent) -> SessionState:
+    """The state at the end of the loaded history: the head checkpoint's, with every step
+    after it folded in. Raises StateError when a step cannot be folded."""
+    state = (
+        copy.deepcopy(head.checkpoint.state) if head.checkpoint is not None else new_state(agent)
+    )
+    for step in head.steps_after_checkpoint:
+        apply_step(state, step)
+    return state
+
+
+def start_agent_state(
+    agent: Agent, state: SessionState
+) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
+    """Load the agent's own state for a run, upgraded to the agent's state version.
+    Returns the whole agent state when the run must record it (it is new, or upgraders
+    were applied), and the upgraders applied. Raises AgentStateError when this code
+    cannot load it."""
+    if agent.state is None:
+        return None, ()
+    try:
+        loaded, applied = agent.state.load(state.agent_state)
+    except AgentStateError as exc:
+        raise AgentStateError(f"agent {agent.name!r}: {exc}") from exc
+    record = state.agent_state is None or bool(applied)
+    state.agent_state = loaded
+    return (loaded if record else None), applied
 
 
 def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Message]:
@@ -332,7 +383,9 @@ class Conversation:
     rebuilds it; a run itself never appends one."""
 
     def __init__(self, system_prompt: str, history: list[StepRecord]) -> None:
-        self._system_prompt = system_prompt
+        # The agent's instructions may change from call to call (a function of the
+        # state): set before reading `messages`.
+        self.system_prompt = system_prompt
         self._history = list(history)
         self._rebuild()
 
@@ -340,8 +393,6 @@ class Conversation:
         self._corrections = _corrections(self._history)
         self._open_calls = _OpenCalls()
         self._messages: list[Message] = []
-        if self._system_prompt:
-            self._messages.append(Message(role="system", content=self._system_prompt))
         for step in self._history:
             self._render(step)
 
@@ -359,7 +410,8 @@ class Conversation:
 
     @property
     def messages(self) -> list[Message]:
-        return list(self._messages)
+        system = [Message(role="system", content=self.system_prompt)] if self.system_prompt else []
+        return system + self._messages
 
 
 # --- The lease heartbeat ----------------------------------------------------------------
@@ -417,7 +469,7 @@ class _Run:
         self,
         *,
         store: SessionStore,
-        agent: AgentDefinition,
+        agent: Agent,
         effects: EffectLedger,
         config: RunConfig,
         lease: Lease,
@@ -436,19 +488,13 @@ class _Run:
         # fan-out and the uncertain calls read. The whole conversation is loaded when the
         # model is next called, not before the run's first step.
         self.history = list(head.history)
-        self._conversation = (
-            Conversation(agent.system_prompt, self.history) if head.history_from <= 1 else None
-        )
+        # The instructions are rendered from the state before each model call.
+        self._conversation = Conversation("", self.history) if head.history_from <= 1 else None
         self.last_seq = head.last_seq
         self.make_provider = make_provider
         self.heartbeat: Heartbeat | None = None
-        if head.checkpoint is not None:
-            self.state = copy.deepcopy(head.checkpoint.state)
-        else:
-            self.state = SessionState(agent_name=agent.name, agent_version=agent.version)
-            self.state.budgets.max_steps = agent.max_steps
-        for step in head.steps_after_checkpoint:
-            apply_step(self.state, step)
+        self.started_on = head.agent_version
+        self.state = replay(head, agent)
 
     # -- writing -------------------------------------------------------------------------
     def append(
@@ -550,7 +596,7 @@ class _Run:
                 raise _Stop(
                     RunResult(self.session_id, Outcome.INCOMPATIBLE, error=str(exc))
                 ) from exc
-            self._conversation = Conversation(self.agent.system_prompt, history)
+            self._conversation = Conversation("", history)
         return self._conversation
 
     def _scrub(self, text: str) -> str:
@@ -585,23 +631,30 @@ class _Run:
         raise _Stop(RunResult(self.session_id, Outcome.FAILED, error=message))
 
     # -- the turn ------------------------------------------------------------------------
-    def run(self, head: SessionHead) -> RunResult:
-        self.append(
-            NewStep(
-                kind=StepKind.SYSTEM,
-                payload={
-                    "event": "run_started",
-                    "worker": self.config.worker_id,
-                    "checkpoint_seq": head.checkpoint.seq if head.checkpoint else None,
-                    "steps_after_checkpoint": len(head.steps_after_checkpoint),
-                    "schema_version": (head.checkpoint.schema_version if head.checkpoint else None),
-                    "upgraders": list(head.upgraders_applied),
-                    # Stored version -> how many of the loaded steps were stored in it.
-                    "step_versions": {str(v): n for v, n in sorted(head.step_versions.items())},
-                },
-                started_at=utcnow(),
-            )
-        )
+    def run(
+        self,
+        head: SessionHead,
+        agent_state: dict[str, Any] | None = None,
+        agent_state_upgraders: tuple[str, ...] = (),
+    ) -> RunResult:
+        payload: dict[str, Any] = {
+            "event": "run_started",
+            "worker": self.config.worker_id,
+            "checkpoint_seq": head.checkpoint.seq if head.checkpoint else None,
+            "steps_after_checkpoint": len(head.steps_after_checkpoint),
+            "schema_version": (head.checkpoint.schema_version if head.checkpoint else None),
+            "upgraders": list(head.upgraders_applied),
+            # Stored version -> how many of the loaded steps were stored in it.
+            "step_versions": {str(v): n for v, n in sorted(head.step_versions.items())},
+            # The agent version running it, beside the one the session started on.
+            "agent_version": self.agent.version,
+            "agent_started_on": head.agent_version or None,
+        }
+        if agent_state is not None:
+            # New or upgraded: recorded whole, so every change after it is at its version.
+            payload["agent_state"] = agent_state
+            payload["agent_state_upgraders"] = list(agent_state_upgraders)
+        self.append(NewStep(kind=StepKind.SYSTEM, payload=payload, started_at=utcnow()))
         while True:
             if self.heartbeat is not None and self.heartbeat.cancel_requested:
                 self.stop_cancelled()
@@ -626,17 +679,44 @@ class _Run:
                 if paused is not None:
                     return paused
 
+    def check_budgets(self) -> None:
+        budgets, counters = self.state.budgets, self.state.counters
+        if counters.steps >= budgets.max_steps:
+            self.fail(
+                "budget", f"step limit of {budgets.max_steps} reached", limit=budgets.max_steps
+            )
+        tokens = counters.tokens_in + counters.tokens_out
+        if budgets.max_tokens is not None and tokens >= budgets.max_tokens:
+            self.fail(
+                "budget",
+                f"token limit of {budgets.max_tokens} reached ({tokens} used)",
+                limit=budgets.max_tokens,
+            )
+        if budgets.max_cost is not None and counters.cost >= budgets.max_cost:
+            self.fail(
+                "budget",
+                f"cost limit of {budgets.max_cost:g} reached ({counters.cost:g} spent)",
+                limit=budgets.max_cost,
+            )
+
     def call_model(self) -> RunResult | None:
-        budget = self.state.budgets.max_steps
-        if self.state.counters.steps >= budget:
-            self.fail("budget", f"step limit of {budget} reached", limit=budget)
+        self.check_budgets()
         spec = self.config.model_override or self.agent.model
         try:
             provider, model_name = self.make_provider(spec, self.config.provider_options)
         except (ValueError, ProviderError) as exc:
             self.fail("model", f"cannot use model {spec!r}: {exc}", model=spec, permanent=True)
         settings = ModelSettings(model=model_name, timeout=self.config.model_timeout)
-        messages = self.conversation.messages
+        conversation = self.conversation
+        try:
+            conversation.system_prompt = self.agent.render_instructions(self.state)
+        except Exception as exc:  # the agent's own code: its failure is the session's
+            self.fail(
+                "agent",
+                f"the instructions of agent {self.agent.name!r} raised {type(exc).__name__}: {exc}",
+                permanent=True,
+            )
+        messages = conversation.messages
         started = utcnow()
         turn = self._complete_with_retries(provider, messages, settings, spec)
         payload = model_payload(
@@ -666,9 +746,10 @@ class _Run:
     def _complete_with_retries(
         self, provider: Provider, messages: list[Message], settings: ModelSettings, spec: str
     ) -> ModelTurn:
+        limits = self.agent.limits
         retries = (
-            self.agent.max_model_retries
-            if self.agent.max_model_retries is not None
+            limits.max_model_retries
+            if limits.max_model_retries is not None
             else self.config.model_retries
         )
         attempt = 0
@@ -707,7 +788,7 @@ class _Run:
         """Several calls, an agent that allows parallel branches, and nothing a person must
         decide: only tools that may simply run again (idempotent, no approval) fan out, so a
         branch re-run after a crash is as safe as a sequential re-run."""
-        if self.agent.max_parallel_tools <= 1 or len(action.calls) <= 1:
+        if self.agent.limits.max_parallel_tools <= 1 or len(action.calls) <= 1:
             return False
         for pending in action.calls:
             tool = self.agent.tools.get(pending.call.name)
@@ -733,7 +814,7 @@ class _Run:
             and s.kind == StepKind.SYSTEM
             and s.payload.get("event") == "fan_out"
         ]
-        limit = self.agent.max_parallel_tools
+        limit = self.agent.limits.max_parallel_tools
         new_calls = [p for p in action.calls if p.tool_call_step is None]
         if new_calls:
             now = utcnow()
@@ -910,6 +991,10 @@ class _Run:
                         effects=self.effects,
                         records=self.records,
                         options=self.config.tool_options,
+                        agent_name=self.agent.name,
+                        agent_version=self.agent.version,
+                        agent_state=self.state.agent_state,
+                        progress=progress_sink(self.store, self.lease),
                     ),
                     call.arguments,
                 )
@@ -949,7 +1034,22 @@ def result_payload(call: ToolCall, outcome: ToolOutcome) -> dict[str, Any]:
         payload["memory_added"] = list(outcome.memory_added)
     if outcome.batch_cursor is not None:
         payload["batch_cursor"] = dict(outcome.batch_cursor)
+    if outcome.ok and outcome.agent_state is not None:
+        payload["agent_state"] = outcome.agent_state
     return payload
+
+
+def progress_sink(store: SessionStore, lease: Lease) -> Callable[[int, int | None, str], bool]:
+    """Where a tool's `report_progress` goes: the session row, fenced on the run's lease."""
+
+    def report(done: int, total: int | None, message: str) -> bool:
+        try:
+            return store.report_progress(lease, done=done, total=total, message=message)
+        except Exception:  # progress is a courtesy: a failed write must not fail the tool
+            log.warning("progress of %s not recorded", lease.session_id, exc_info=True)
+            return True
+
+    return report
 
 
 def run_session(
@@ -975,15 +1075,15 @@ def run_session(
     try:
         agent = agents.get(head.agent_name)
     except UnknownAgent as exc:
-        message = str(exc)
-        store.append(
-            lease,
-            [NewStep(kind=StepKind.ERROR, payload={"where": "agent", "error": message})],
-            status=SessionStatus.FAILED,
-            error=message,
-            release=True,
+        # Not the session's fault: the code that runs it is missing here (removed from
+        # RESPAWN_AGENTS, or a worker left on other code). Nothing is written; the session
+        # is marked and waits for a worker that has the agent.
+        store.release(lease)
+        return RunResult(
+            session_id,
+            Outcome.INCOMPATIBLE,
+            error=f"{exc} on this worker (is it in RESPAWN_AGENTS or an installed package?)",
         )
-        return RunResult(session_id, Outcome.FAILED, error=message)
     if lease.crashes >= config.max_crashes:
         message = (
             f"the worker died {lease.crashes} times in a row at step {head.last_seq} without "
@@ -1002,21 +1102,29 @@ def run_session(
             release=True,
         )
         return RunResult(session_id, Outcome.FAILED, error=message)
-    run = _Run(
-        store=store,
-        agent=agent,
-        effects=effects,
-        config=config,
-        lease=lease,
-        head=head,
-        make_provider=make_provider,
-        records=records,
-    )
+    try:
+        run = _Run(
+            store=store,
+            agent=agent,
+            effects=effects,
+            config=config,
+            lease=lease,
+            head=head,
+            make_provider=make_provider,
+            records=records,
+        )
+        refusal = agent.refusal(started=head.agent_version, last_ran=run.state.agent_version)
+        if refusal is not None:
+            raise AgentStateError(refusal)
+        agent_state, upgraders = start_agent_state(agent, run.state)
+    except (StateError, AgentStateError) as exc:
+        store.release(lease)
+        return RunResult(session_id, Outcome.INCOMPATIBLE, error=str(exc))
     interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
     try:
         with Heartbeat(store, lease, config.lease_ttl, interval) as heartbeat:
             run.heartbeat = heartbeat
-            return run.run(head)
+            return run.run(head, agent_state, upgraders)
     except _Stop as stop:
         return stop.result
     except LeaseLost as exc:
@@ -1095,6 +1203,27 @@ def run_branch(
         agent = agents.get(head.agent_name)
     except UnknownAgent as exc:
         return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED, error=str(exc))
+    try:
+        state = replay(head, agent)
+    except StateError as exc:
+        return BranchResult(session_id, seq, BranchOutcome.INCOMPATIBLE, error=str(exc))
+    refusal = agent.refusal(started=head.agent_version, last_ran=state.agent_version)
+    stored = state.agent_state
+    if (
+        refusal is None
+        and agent.state is not None
+        and (stored is None or stored["version"] != agent.state.version)
+    ):
+        # The run that fanned out kept another version of the agent state: its changes
+        # could not apply. Left to a run of this code, which upgrades the state first
+        # and fans the calls out again once the lease expires.
+        refusal = (
+            f"agent {agent.name!r}: the fan-out's agent state is at version "
+            f"{None if stored is None else stored['version']}, this code's at "
+            f"{agent.state.version}"
+        )
+    if refusal is not None:
+        return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED, error=refusal)
     call = pending[seq].call
     step = pending[seq].tool_call_step
     assert step is not None
@@ -1116,6 +1245,10 @@ def run_branch(
                     effects=effects,
                     options=config.tool_options,
                     records=records,
+                    agent_name=agent.name,
+                    agent_version=agent.version,
+                    agent_state=state.agent_state if agent.state is not None else None,
+                    progress=progress_sink(store, lease),
                 ),
                 call.arguments,
             )
@@ -1155,20 +1288,14 @@ def _join(
     seq: int,
     *,
     store: SessionStore,
-    agent: AgentDefinition,
+    agent: Agent,
     lease: Lease,
     fan: StepRecord,
 ) -> BranchResult:
     """Checkpoint the joined turn and give the lease back: the session's next run (the job
     enqueues it) calls the model with every result in."""
     head = store.load_head(session_id)
-    if head.checkpoint is not None:
-        state = copy.deepcopy(head.checkpoint.state)
-    else:
-        state = SessionState(agent_name=agent.name, agent_version=agent.version)
-        state.budgets.max_steps = agent.max_steps
-    for step in head.steps_after_checkpoint:
-        apply_step(state, step)
+    state = replay(head, agent)
     joined = NewStep(
         kind=StepKind.SYSTEM,
         payload={"event": "joined", "fan_out_seq": fan.seq, "results": len(fan.payload["calls"])},

@@ -6,6 +6,9 @@ full shapes of every version are written down in `upgraders.py`):
      agent name/version, final answer; messages as plain `text`, tool results with `ok`.
   2: plan items carry stable ids, counters grouped by model/tools; user, model and operator
      instruction payloads hold content parts, tool results a `status` of "ok" | "error".
+  3: the agent's own state, `agent_state`: null | {"version": int, "data": {...}}; a tool
+     result may carry the change its call made to it, `agent_state`: {"version", "set",
+     "unset"}; a `run_started` system step may carry the whole of it and `agent_version`.
 
 The message history is not part of the state: it is the session's steps. Code outside this
 module and `upgraders.py` reads and writes payloads through the helpers at the bottom
@@ -14,6 +17,7 @@ module and `upgraders.py` reads and writes payloads through the helpers at the b
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import enum
 import json
@@ -21,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 
 class StateError(ValueError):
@@ -136,6 +140,14 @@ class SessionState:
     uncertain_calls: list[str] = field(default_factory=list)
     batch_cursor: dict[str, Any] | None = None
     final_answer: str | None = None
+    # The agent's own state: {"version": the agent's state version, "data": {...}}; None
+    # until a run of an agent that declares one starts it.
+    agent_state: dict[str, Any] | None = None
+
+    @property
+    def agent_data(self) -> dict[str, Any]:
+        """The agent's own state (its data), empty when it keeps none."""
+        return (self.agent_state or {}).get("data") or {}
 
     def to_dict(self) -> dict[str, Any]:
         """Serialise to the current schema version (writers only ever emit that)."""
@@ -163,6 +175,7 @@ class SessionState:
             "uncertain_calls": list(self.uncertain_calls),
             "batch_cursor": self.batch_cursor,
             "final_answer": self.final_answer,
+            "agent_state": self.agent_state,
         }
 
     @classmethod
@@ -204,11 +217,46 @@ class SessionState:
                 uncertain_calls=[str(c) for c in data.get("uncertain_calls", [])],
                 batch_cursor=data.get("batch_cursor"),
                 final_answer=data.get("final_answer"),
+                agent_state=_agent_state(data["agent_state"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise StateError(
                 f"state does not match schema version {SCHEMA_VERSION}: {exc}"
             ) from exc
+
+
+def _agent_state(value: Any) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not (
+        isinstance(value, dict)
+        and set(value) == {"version", "data"}
+        and isinstance(value["version"], int)
+        and not isinstance(value["version"], bool)
+        and value["version"] >= 1
+        and isinstance(value["data"], dict)
+    ):
+        raise StateError("agent_state must be null or {version: int >= 1, data: object}")
+    return value
+
+
+def apply_agent_state_patch(state: SessionState, patch: dict[str, Any]) -> None:
+    """Fold one call's change ({"version", "set", "unset"}) into the agent state. A patch
+    is always written at the version of the agent state it changed (a run that upgrades
+    the agent state records the whole upgraded state first), so a mismatch means the
+    trace was written around the engine."""
+    current = state.agent_state
+    if current is None or current["version"] != patch["version"]:
+        found = None if current is None else current["version"]
+        raise StateError(
+            f"an agent state change at version {patch['version']} cannot apply to the agent "
+            f"state at version {found}"
+        )
+    data = dict(current["data"])
+    for key in patch.get("unset") or []:
+        data.pop(key, None)
+    data.update(copy.deepcopy(patch.get("set") or {}))
+    state.agent_state = {"version": current["version"], "data": data}
 
 
 @dataclass(frozen=True)
@@ -336,6 +384,15 @@ def validate_step_payload(kind: str, payload: Any) -> None:
             and isinstance(cursor.get("total"), int)
         ):
             raise StateError("tool_result batch_cursor must be an object with done and total")
+        patch = payload.get("agent_state")
+        if patch is not None and not (
+            isinstance(patch, dict)
+            and isinstance(patch.get("version"), int)
+            and isinstance(patch.get("set"), dict)
+            and isinstance(patch.get("unset"), list)
+            and all(isinstance(k, str) for k in patch["unset"])
+        ):
+            raise StateError("tool_result agent_state must be {version, set: object, unset: [str]}")
     elif kind == StepKind.OPERATOR and payload.get("action") == "instruction":
         _check_parts(payload, "operator instruction")
 

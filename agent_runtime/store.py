@@ -67,6 +67,8 @@ class SessionHead:
     # The first seq `history` holds: 1 when it is all of it (load_head), later for the
     # tail load_tail returns (every live step from this seq on).
     history_from: int = 1
+    # The agent version the session started on ("" when it was not recorded).
+    agent_version: str = ""
 
     @property
     def steps_after_checkpoint(self) -> list[StepRecord]:
@@ -170,6 +172,10 @@ class SessionStore(Protocol):
     def release(self, lease: Lease) -> bool:
         """Give the lease up without writing anything else."""
 
+    def report_progress(self, lease: Lease, *, done: int, total: int | None, message: str) -> bool:
+        """Show how far a running tool got (on the session, not in the trace), fenced;
+        returns False when the lease is no longer this holder's."""
+
 
 class EffectLedger(Protocol):
     """Where demo tools leave their externally visible side effects, keyed for idempotency."""
@@ -187,6 +193,7 @@ class _MemSession:
     session_id: str
     agent_name: str
     status: SessionStatus
+    agent_version: str = ""
     head: int = 0
     last_seq: int = 0
     fencing_token: int = 0
@@ -196,6 +203,7 @@ class _MemSession:
     last_error: str | None = None
     crash_count: int = 0
     crash_seq: int = -1
+    progress: tuple[int, int | None, str] | None = None
     steps: list[StepRecord] = field(default_factory=list)
     checkpoints: list[CheckpointRecord] = field(default_factory=list)
 
@@ -209,9 +217,13 @@ class InMemoryStore:
         self._clock = clock
 
     # -- helpers for tests and callers that play the sessions_app role -------------------
-    def create_session(self, session_id: str, agent_name: str, user_input: str) -> None:
+    def create_session(
+        self, session_id: str, agent_name: str, user_input: str, agent_version: str = ""
+    ) -> None:
         with self._lock:
-            session = _MemSession(session_id, agent_name, SessionStatus.QUEUED)
+            session = _MemSession(
+                session_id, agent_name, SessionStatus.QUEUED, agent_version=agent_version
+            )
             session.steps.append(
                 StepRecord(
                     seq=1, kind="user", payload=user_payload(user_input), started_at=utcnow()
@@ -232,6 +244,18 @@ class InMemoryStore:
                 session.status = status
             session.fencing_token += 1
             session.lease_owner = None
+            return session.last_seq
+
+    def add_user_message(self, session_id: str, text: str) -> int:
+        """A new user message to a session (queued for a run), as sessions_app's
+        send-message does."""
+        with self._lock:
+            session = self._get(session_id)
+            session.last_seq += 1
+            session.steps.append(
+                StepRecord(seq=session.last_seq, kind="user", payload=user_payload(text))
+            )
+            session.status = SessionStatus.QUEUED
             return session.last_seq
 
     def request_cancel(self, session_id: str) -> None:
@@ -310,6 +334,7 @@ class InMemoryStore:
                 history=history,
                 upgraders_applied=applied,
                 step_versions=versions,
+                agent_version=session.agent_version,
             )
 
     def load_tail(self, session_id: str) -> SessionHead:
@@ -403,6 +428,14 @@ class InMemoryStore:
             if session.fencing_token != lease.token or session.lease_owner != lease.owner:
                 return False
             session.lease_owner = None
+            return True
+
+    def report_progress(self, lease: Lease, *, done: int, total: int | None, message: str) -> bool:
+        with self._lock:
+            session = self._get(lease.session_id)
+            if session.fencing_token != lease.token or session.lease_owner != lease.owner:
+                return False
+            session.progress = (done, total, message)
             return True
 
 

@@ -1,21 +1,34 @@
 """Tools: typed Python functions with a JSON schema, argument validation, idempotency keys.
 
-    @tool(idempotent=True)
-    def calculator(ctx: ToolContext, expression: str) -> dict: ...
+    from agent_runtime import ToolContext, ToolError, tool
 
-The schema comes from the signature (pydantic). A tool that raises, gets invalid
-arguments, times out or does not exist produces a `ToolOutcome` with ok=False: a result
-the model sees, never a crash of the loop.
+    @tool(idempotent=False, needs_approval=True, timeout=20)
+    def issue_refund(ctx: ToolContext, order_id: str, amount_cents: int) -> dict:
+        "Refund an order (a person approves each call)."
+        ...
+
+The schema comes from the signature (pydantic), built when the function is decorated, so a
+parameter that cannot become a schema fails at import, naming the tool. The first
+parameter, when it is annotated `ToolContext` or named `ctx`/`context`, receives the
+context; every other parameter is an argument the model fills in. An `async def` tool runs
+on its own event loop. A tool that raises, gets invalid arguments, times out or does not
+exist produces a `ToolOutcome` with ok=False: a result the model sees, never a crash of the
+loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import copy
 import functools
 import inspect
+import json
 import os
+import sys
 import threading
 import time
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +37,9 @@ import pydantic
 
 from .records import RecordSource
 from .store import EffectLedger
+
+# A tool reporting progress writes it to the session row at most this often.
+PROGRESS_INTERVAL = 0.5
 
 
 class ToolError(Exception):
@@ -34,9 +50,29 @@ class ToolError(Exception):
         self.retryable = retryable
 
 
+class AgentStateUnavailable(RuntimeError):
+    """A tool used `ctx.state` in an agent that keeps no state of its own."""
+
+
+# Reports progress (done, total, message) for the session; returns False once the run's
+# lease is lost.
+ProgressSink = Callable[[int, int | None, str], bool]
+
+
 @dataclass
 class ToolContext:
-    """What a running tool may know and use."""
+    """What a running tool may know and use.
+
+    - `session_id`, `call_id`, `seq`, `attempt`, `agent_name`, `agent_version`;
+    - `idempotency_key`: stable across re-runs of this call after a crash (session:seq);
+      pass it to the service you call, so the call happens once;
+    - `state`: the agent's own state (a dict), when the agent declares `AgentState`;
+      change it in place, and the changed top-level keys are recorded with this call's
+      result (discarded when the call fails);
+    - `report_progress(done, total, message)`: shown on the session page and in the API
+      while the tool runs;
+    - `set_plan`, `remember`, `set_batch_cursor`: the engine's own state.
+    """
 
     session_id: str
     call_id: str
@@ -50,6 +86,57 @@ class ToolContext:
     # The records a batch tool works through (the migrate demo agent's), when the host has any.
     records: RecordSource | None = None
     batch_cursor: dict[str, Any] | None = None
+    agent_name: str = ""
+    agent_version: str = ""
+    # The agent's own state as the call found it ({"version", "data"}; None: the agent
+    # keeps none). `state` is the tool's working copy of its data.
+    agent_state: dict[str, Any] | None = None
+    progress: ProgressSink | None = None
+    _state: dict[str, Any] | None = field(default=None, repr=False)
+    _progress_at: float = field(default=0.0, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.agent_state is not None:
+            self._state = copy.deepcopy(self.agent_state["data"])
+
+    @property
+    def state(self) -> dict[str, Any]:
+        """The agent's own state, to read and change in place."""
+        if self._state is None:
+            raise AgentStateUnavailable(
+                f"agent {self.agent_name!r} keeps no state of its own; give it "
+                "state=AgentState(...) to use ctx.state"
+            )
+        return self._state
+
+    def state_patch(self) -> dict[str, Any] | None:
+        """The change this call made to the agent state: {"version", "set", "unset"} by
+        top-level key, or None when it changed nothing."""
+        if self.agent_state is None or self._state is None:
+            return None
+        before = self.agent_state["data"]
+        after = self._state
+        try:
+            json.dumps(after)
+        except (TypeError, ValueError) as exc:
+            raise ToolError(f"the agent state must stay JSON: {exc}") from None
+        changed = {k: v for k, v in after.items() if k not in before or before[k] != v}
+        removed = sorted(k for k in before if k not in after)
+        if not changed and not removed:
+            return None
+        return {"version": self.agent_state["version"], "set": changed, "unset": removed}
+
+    def report_progress(self, done: int, total: int | None = None, message: str = "") -> bool:
+        """Tell operators how far the tool got (e.g. 340 of 1,000 rows). Written to the
+        session at most every half second; returns False when the run has lost its lease
+        (another worker or an operator took over): stop early then."""
+        if self.progress is None:
+            return True
+        now = time.monotonic()
+        if now - self._progress_at < PROGRESS_INTERVAL and (total is None or done < total):
+            return True
+        self._progress_at = now
+        return self.progress(int(done), None if total is None else int(total), str(message))
 
     def set_batch_cursor(self, cursor: dict[str, Any]) -> None:
         """Set the session's batch cursor (how far a batch job got), checkpointed with the
@@ -77,6 +164,7 @@ class ToolOutcome:
     memory_added: tuple[str, ...] = ()
     plan_update: tuple[tuple[str, str], ...] | None = None
     batch_cursor: dict[str, Any] | None = None
+    agent_state: dict[str, Any] | None = None  # ToolContext.state_patch()
 
     def payload(self, call_id: str, name: str) -> dict[str, Any]:
         """The tool_result step payload (current schema version)."""
@@ -109,6 +197,7 @@ class Tool:
     description: str
     function: Callable[..., Any]
     arguments_model: type[pydantic.BaseModel]
+    takes_context: bool = True
     needs_approval: bool = False
     idempotent: bool = True
     timeout: float = 30.0
@@ -137,6 +226,17 @@ class Tool:
             )
             raise ToolError(f"invalid arguments for {self.name}: {problems}") from None
 
+    def _bound(self, ctx: ToolContext) -> Callable[..., Any]:
+        """The function to call with the arguments alone."""
+        function = self.function
+        if inspect.iscoroutinefunction(function):
+            coroutine = function
+
+            def function(*args: Any, **kwargs: Any) -> Any:
+                return asyncio.run(coroutine(*args, **kwargs))
+
+        return functools.partial(function, ctx) if self.takes_context else function
+
     def run(self, ctx_factory: Callable[[int], ToolContext], arguments: Any) -> ToolOutcome:
         """Validate, then call the function (with retries for retryable errors)."""
         try:
@@ -149,7 +249,7 @@ class Tool:
             attempt += 1
             ctx = ctx_factory(attempt)
             try:
-                output = _call_with_timeout(self.function, ctx, args, self.timeout)
+                output = _call_with_timeout(self._bound(ctx), args, self.timeout)
                 return ToolOutcome(
                     ok=True,
                     output=output,
@@ -158,6 +258,7 @@ class Tool:
                     memory_added=tuple(ctx.memory_added),
                     plan_update=tuple(ctx.plan_update) if ctx.plan_update is not None else None,
                     batch_cursor=ctx.batch_cursor,
+                    agent_state=ctx.state_patch(),
                 )
             except ToolError as exc:
                 if exc.retryable and attempt <= self.retries:
@@ -216,7 +317,7 @@ def _release_thread(_: concurrent.futures.Future | None) -> None:
         _busy -= 1
 
 
-def _call_with_timeout(function: Callable[..., Any], ctx: ToolContext, args: dict, timeout: float):
+def _call_with_timeout(function: Callable[..., Any], args: dict, timeout: float):
     # A thread cannot be killed: a tool that overruns keeps running in the background, but
     # the loop moves on and records the timeout. Tools with side effects should honour
     # their own timeouts too.
@@ -224,7 +325,7 @@ def _call_with_timeout(function: Callable[..., Any], ctx: ToolContext, args: dic
     pool = shared or concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="tool")
     try:
         try:
-            future = pool.submit(function, ctx, **args)
+            future = pool.submit(function, **args)
         except BaseException:
             if shared is not None:
                 _release_thread(None)
@@ -240,46 +341,99 @@ def _call_with_timeout(function: Callable[..., Any], ctx: ToolContext, args: dic
             pool.shutdown(wait=False)
 
 
+def _takes_context(param: inspect.Parameter) -> bool:
+    annotation = param.annotation
+    return (
+        annotation is ToolContext
+        or (isinstance(annotation, str) and annotation.rsplit(".", 1)[-1] == "ToolContext")
+        or param.name in ("ctx", "context")
+    )
+
+
 def tool(
     function: Callable[..., Any] | None = None,
     *,
     name: str | None = None,
+    description: str | None = None,
     needs_approval: bool = False,
     idempotent: bool = True,
     timeout: float = 30.0,
     retries: int = 0,
 ) -> Any:
-    """Make a Tool from a typed function whose first parameter is the ToolContext."""
+    """Make a Tool from a typed function (see the module docstring).
+
+    idempotent: the tool honours `ctx.idempotency_key`, so running a call again after a
+    crash does no harm; False: after a crash mid-call a person decides (run again, record
+    what happened, or fail). needs_approval: every call waits for a person to approve it.
+    timeout: seconds one attempt may take. retries: further attempts after a
+    `ToolError(retryable=True)`."""
+
+    # The decorating code's local names: a tool defined inside a function (with postponed
+    # annotations) names types imported there, as pydantic models may.
+    caller = sys._getframe(1)
+    local_names = dict(caller.f_locals) if caller.f_code.co_name != "<module>" else None
+    del caller
 
     def build(fn: Callable[..., Any]) -> Tool:
-        signature = inspect.signature(fn)
-        params = list(signature.parameters.values())
-        if not params:
-            raise TypeError(f"tool {fn.__name__} must take a ToolContext as first parameter")
+        label = getattr(fn, "__qualname__", repr(fn))
+        if not callable(fn):
+            raise TypeError(f"@tool needs a function, got {type(fn).__name__}")
+        if not (isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0):
+            raise TypeError(f"tool {label}: timeout must be a positive number of seconds")
+        if not (isinstance(retries, int) and not isinstance(retries, bool) and retries >= 0):
+            raise TypeError(f"tool {label}: retries must be an integer >= 0")
+        params = list(inspect.signature(fn).parameters.values())
+        takes_context = bool(params) and _takes_context(params[0])
         fields: dict[str, Any] = {}
-        for param in params[1:]:
-            if param.annotation is inspect.Parameter.empty:
-                raise TypeError(f"tool {fn.__name__}: parameter {param.name} needs a type hint")
+        hints = _type_hints(fn, label, local_names)
+        for param in params[1:] if takes_context else params:
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise TypeError(
+                    f"tool {label}: *{param.name} cannot be described to a model; "
+                    "name each parameter"
+                )
+            if param.name not in hints:
+                raise TypeError(f"tool {label}: parameter {param.name!r} needs a type hint")
             default = ... if param.default is inspect.Parameter.empty else param.default
-            fields[param.name] = (param.annotation, default)
-        model = pydantic.create_model(
-            f"{fn.__name__}_arguments",
-            __config__=pydantic.ConfigDict(extra="forbid"),
-            **fields,
-        )
-        doc = inspect.getdoc(fn) or ""
-        return Tool(
+            fields[param.name] = (hints[param.name], default)
+        try:
+            model = pydantic.create_model(
+                f"{fn.__name__}_arguments",
+                __config__=pydantic.ConfigDict(extra="forbid"),
+                **fields,
+            )
+            model.model_json_schema()
+        except (pydantic.PydanticUserError, pydantic.PydanticSchemaGenerationError) as exc:
+            first = str(exc).splitlines()[0]
+            raise TypeError(
+                f"tool {label}: its parameters cannot become a JSON schema: {first}"
+            ) from None
+        doc = description if description is not None else inspect.getdoc(fn) or ""
+        made = Tool(
             name=name or fn.__name__,
             description=doc.split("\n\n")[0],
             function=fn,
             arguments_model=model,
+            takes_context=takes_context,
             needs_approval=needs_approval,
             idempotent=idempotent,
             timeout=timeout,
             retries=retries,
         )
+        made.spec  # noqa: B018 - built now, so a bad schema fails at import, not at run time
+        return made
 
     return build(function) if function is not None else build
+
+
+def _type_hints(
+    fn: Callable[..., Any], label: str, local_names: dict[str, Any] | None
+) -> dict[str, Any]:
+    try:
+        # include_extras keeps Annotated[int, Field(gt=0)] constraints for the schema.
+        return typing.get_type_hints(fn, localns=local_names, include_extras=True)
+    except Exception as exc:  # a forward reference that does not resolve
+        raise TypeError(f"tool {label}: its type hints cannot be read: {exc}") from None
 
 
 class ToolRegistry:
@@ -295,6 +449,12 @@ class ToolRegistry:
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
 
     def specs(self) -> list[ToolSpec]:
         return [t.spec for t in self._tools.values()]

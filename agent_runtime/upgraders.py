@@ -41,6 +41,15 @@ Version 2: content parts, tool result status, plan item ids, grouped counters.
            tool_call, error, system and other operator payloads: unchanged.
   What a model sees (`loop.build_messages`) is identical for a v1 blob and its upgrade.
 
+Version 3: the agent's own state (agents declare it with `AgentState`).
+  state:   as v2, plus "agent_state": null | {"version": int >= 1, "data": {...}}
+  steps:   tool_result as v2, plus "agent_state"?: {"version", "set": {...}, "unset": [str]}
+           (the top-level keys the call changed in the agent state)
+           system run_started as v2, plus "agent_version"? and "agent_state"? (the whole
+           agent state when the run started it or upgraded it)
+           everything else: unchanged.
+  What a model sees is unchanged: the agent state is never shown to it.
+
 Each step's version is stored beside its payload (Step.schema_version); a state blob carries
 its own "schema_version". Step upgraders take the step's kind as well as its payload.
 """
@@ -182,12 +191,40 @@ def step_v2_to_v1(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
     return dict(payload)
 
 
+# --- v2 <-> v3 (released: never edit) ---------------------------------------------------
+
+
+def state_v2_to_v3(blob: dict[str, Any]) -> dict[str, Any]:
+    # No agent kept state of its own before v3.
+    return {**blob, "schema_version": 3, "agent_state": None}
+
+
+def step_v2_to_v3(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    # v3 only adds optional keys: every v2 payload is a valid v3 payload.
+    return dict(payload)
+
+
+def state_v3_to_v2(blob: dict[str, Any]) -> dict[str, Any]:
+    """Back to v2 for a reversed migration. Loses the agent's own state."""
+    out = {k: v for k, v in blob.items() if k != "agent_state"}
+    out["schema_version"] = 2
+    return out
+
+
+def step_v3_to_v2(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """Back to v2 for a reversed migration. Loses the agent state changes of tool results
+    and run starts."""
+    if kind in ("tool_result", "system"):
+        return {k: v for k, v in payload.items() if k != "agent_state"}
+    return dict(payload)
+
+
 # from_version -> the blob at from_version + 1
-STATE_UPGRADERS: dict[int, StateUpgrader] = {1: state_v1_to_v2}
-STEP_UPGRADERS: dict[int, StepUpgrader] = {1: step_v1_to_v2}
+STATE_UPGRADERS: dict[int, StateUpgrader] = {1: state_v1_to_v2, 2: state_v2_to_v3}
+STEP_UPGRADERS: dict[int, StepUpgrader] = {1: step_v1_to_v2, 2: step_v2_to_v3}
 # from_version -> the blob at from_version - 1 (used only to reverse a data migration)
-STATE_DOWNGRADERS: dict[int, StateUpgrader] = {2: state_v2_to_v1}
-STEP_DOWNGRADERS: dict[int, StepUpgrader] = {2: step_v2_to_v1}
+STATE_DOWNGRADERS: dict[int, StateUpgrader] = {2: state_v2_to_v1, 3: state_v3_to_v2}
+STEP_DOWNGRADERS: dict[int, StepUpgrader] = {2: step_v2_to_v1, 3: step_v3_to_v2}
 
 
 # --- Loading ----------------------------------------------------------------------------
@@ -215,11 +252,14 @@ def _check_version(version: Any, what: str) -> int:
 
 
 def _chain(
-    blob: dict[str, Any], version: int, step: Callable[[int, dict[str, Any]], dict[str, Any]]
+    blob: dict[str, Any],
+    version: int,
+    step: Callable[[int, dict[str, Any]], dict[str, Any]],
+    target: int = SCHEMA_VERSION,
 ) -> tuple[dict[str, Any], tuple[str, ...]]:
     applied = []
     current = version
-    while current < SCHEMA_VERSION:
+    while current < target:
         blob = step(current, blob)
         applied.append(f"v{current}->v{current + 1}")
         current += 1
@@ -233,8 +273,11 @@ def _malformed(what: str, version: int, exc: Exception) -> IncompatibleSchemaErr
     )
 
 
-def upgrade_state_blob(blob: Any) -> Loaded:
-    """A stored state blob at the current version (value: a dict), checked to load."""
+def upgrade_state_blob(blob: Any, target: int = SCHEMA_VERSION) -> Loaded:
+    """A stored state blob at the current version (value: a dict), checked to load.
+
+    With an older `target` (a released data migration that rewrote blobs to its own
+    version), the chain stops there; only the current version's shape can be checked."""
     if not isinstance(blob, dict):
         raise IncompatibleSchemaError("checkpoint state is not a JSON object", found=None)
     version = _check_version(blob.get("schema_version"), "checkpoint state")
@@ -248,8 +291,9 @@ def upgrade_state_blob(blob: Any) -> Loaded:
         return upgrader(value)
 
     try:
-        value, applied = _chain(dict(blob), version, step)
-        SessionState.from_dict(value)
+        value, applied = _chain(dict(blob), version, step, target)
+        if target == SCHEMA_VERSION:
+            SessionState.from_dict(value)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _malformed("checkpoint state", version, exc) from exc
     return Loaded(value=value, stored_version=version, applied=applied)
@@ -265,8 +309,11 @@ def load_state(blob: Any) -> Loaded:
     )
 
 
-def load_step_payload(kind: str, payload: Any, version: Any) -> Loaded:
-    """Upgrade a stored step payload; the step's schema version lives beside the payload."""
+def load_step_payload(
+    kind: str, payload: Any, version: Any, target: int = SCHEMA_VERSION
+) -> Loaded:
+    """Upgrade a stored step payload; the step's schema version lives beside the payload.
+    `target`: as for upgrade_state_blob."""
     version = _check_version(version, f"{kind} step payload")
     if not isinstance(payload, dict):
         raise IncompatibleSchemaError(f"{kind} step payload is not a JSON object", found=version)
@@ -280,8 +327,9 @@ def load_step_payload(kind: str, payload: Any, version: Any) -> Loaded:
         return upgrader(kind, value)
 
     try:
-        value, applied = _chain(dict(payload), version, step)
-        validate_step_payload(kind, value)
+        value, applied = _chain(dict(payload), version, step, target)
+        if target == SCHEMA_VERSION:
+            validate_step_payload(kind, value)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _malformed(f"{kind} step payload", version, exc) from exc
     return Loaded(value=value, stored_version=version, applied=applied)

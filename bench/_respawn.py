@@ -43,8 +43,8 @@ def turns_for(steps: int) -> int:
 
 
 def agents(payload_bytes: int, max_steps: int = 1_000_000):
-    from agent_runtime.agents import AgentDefinition, AgentRegistry
-    from agent_runtime.tools import ToolContext, ToolRegistry, tool
+    from agent_runtime.agents import Agent, AgentRegistry, Limits
+    from agent_runtime.tools import ToolContext, tool
 
     @tool(name="echo_n")
     def echo_n(ctx: ToolContext, n: int) -> dict[str, Any]:
@@ -53,14 +53,14 @@ def agents(payload_bytes: int, max_steps: int = 1_000_000):
 
     return AgentRegistry(
         [
-            AgentDefinition(
+            Agent(
                 name=AGENT,
                 version="1",
                 description="bench workload",
                 model="bench:scripted",
-                system_prompt="Run the tool once per turn.",
-                tools=ToolRegistry([echo_n]),
-                max_steps=max_steps,
+                instructions="Run the tool once per turn.",
+                tools=[echo_n],
+                limits=Limits(max_steps=max_steps),
             )
         ]
     )

@@ -28,8 +28,8 @@ AGENT = "bench"
 def bench_agent():
     from typing import Any
 
-    from agent_runtime.agents import AgentDefinition
-    from agent_runtime.tools import ToolContext, ToolRegistry, tool
+    from agent_runtime.agents import Agent, Limits
+    from agent_runtime.tools import ToolContext, tool
 
     @tool(name="tick")
     def tick(ctx: ToolContext, n: int) -> dict[str, Any]:
@@ -37,14 +37,14 @@ def bench_agent():
         return {"n": n}
 
     # The scripted "slow" model: "count to N" is N turns, one tick call each.
-    return AgentDefinition(
+    return Agent(
         name=AGENT,
         version="1",
         description="bench workload: N turns of one trivial tool call",
         model="scripted:slow",
-        system_prompt="Count, one tick per turn.",
-        tools=ToolRegistry([tick]),
-        max_steps=100_000,
+        instructions="Count, one tick per turn.",
+        tools=[tick],
+        limits=Limits(max_steps=100_000),
     )
 
 

@@ -35,10 +35,10 @@ def main() -> None:
     url = fresh_database(BENCH_DB)
     setup_django(url)
 
-    from agent_runtime.agents import demo_agents
     from agent_runtime.loop import Outcome, RunConfig, run_session
     from agent_runtime.state import user_payload
     from agent_runtime.store import InMemoryEffects, InMemoryStore
+    from demo_agents import demo_agents
     from sessions_app.models import AgentSession, DemoRecord, Step
     from sessions_app.store import DjangoEffects, DjangoRecords, DjangoSessionStore
 

@@ -94,9 +94,9 @@ def main() -> None:
     import psutil
     from django.db.models import Count
 
-    from agent_runtime.agents import demo_agents
     from agent_runtime.loop import RunConfig, run_session
     from agent_runtime.store import InMemoryEffects, InMemoryStore
+    from demo_agents import demo_agents
     from sessions_app.models import AgentSession, SideEffect, Status, Step
     from sessions_app.services import session_start
 

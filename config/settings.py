@@ -192,12 +192,18 @@ RESPAWN_RECONCILE_INTERVAL = env_float("RESPAWN_RECONCILE_INTERVAL", 15.0)
 RESPAWN_DISPATCH_GRACE = env_float("RESPAWN_DISPATCH_GRACE", 30.0)
 RESPAWN_MODEL_RETRIES = int(env_float("RESPAWN_MODEL_RETRIES", 3))
 RESPAWN_MODEL_BACKOFF = env_float("RESPAWN_MODEL_BACKOFF", 0.5)
-RESPAWN_SLOW_DELAY = env_float("RESPAWN_SLOW_DELAY", 0.5)
-# Seconds each batch of the migrate demo agent waits before migrating (a slow source).
-RESPAWN_BATCH_DELAY = env_float("RESPAWN_BATCH_DELAY", 0.0)
-# The research demo agent: seconds each lookup takes, and lookups of a turn run at once.
-RESPAWN_RESEARCH_DELAY = env_float("RESPAWN_RESEARCH_DELAY", 0.2)
-RESPAWN_RESEARCH_PARALLEL = int(env_float("RESPAWN_RESEARCH_PARALLEL", 8))
+# The agents this deployment runs: `module:attribute` paths, comma-separated, each naming
+# an Agent, a list of agents or a function returning them (agent_runtime.discovery).
+# Installed packages add theirs through the `respawn.agents` entry-point group. The demo
+# agents (their own knobs: RESPAWN_SLOW_DELAY, RESPAWN_BATCH_DELAY,
+# RESPAWN_RESEARCH_DELAY, RESPAWN_RESEARCH_PARALLEL, read by demo_agents) are the default
+# and are not loaded when RESPAWN_AGENTS is set without them.
+RESPAWN_AGENTS = [
+    path.strip()
+    for path in os.environ.get("RESPAWN_AGENTS", "demo_agents:agents").split(",")
+    if path.strip()
+]
+RESPAWN_AGENT_ENTRY_POINTS = env_bool("RESPAWN_AGENT_ENTRY_POINTS", True)
 # A session whose worker dies this many times in a row at the same step is failed (a
 # poison session) instead of taking workers down forever.
 RESPAWN_MAX_CRASHES = int(env_float("RESPAWN_MAX_CRASHES", 5))

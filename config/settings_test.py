@@ -14,6 +14,10 @@ os.environ.setdefault("RESPAWN_DISPATCH_GRACE", "2")
 os.environ.setdefault("RESPAWN_SLOW_DELAY", "0.2")
 os.environ.setdefault("RESPAWN_MODEL_BACKOFF", "0.01")
 os.environ.setdefault("RESPAWN_PRODUCTION", "0")
+# Only the agents a test names: a package with a respawn.agents entry point that a developer
+# installed into the virtualenv must not change what the tests see. The entry-point tests
+# switch it on for themselves.
+os.environ.setdefault("RESPAWN_AGENT_ENTRY_POINTS", "0")
 # No connection pool in the test process itself: the test runner renames the database to
 # its test copy after a pool may already hold connections to the original. The pooled web
 # configuration is tested in a real server process (tests/integration/test_web_process.py).

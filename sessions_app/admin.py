@@ -382,6 +382,7 @@ class TokenStateFilter(admin.SimpleListFilter):
 SESSION_HISTORY_FIELDS = (
     "id",
     "agent",
+    "agent_version",
     "status",
     "stuck",
     "head",
@@ -392,6 +393,7 @@ SESSION_HISTORY_FIELDS = (
     "cost",
     "final_answer",
     "last_error",
+    "progress_note",
     "lease_owner",
     "lease_expires_at",
     "fencing_token",
@@ -403,6 +405,7 @@ SESSION_HISTORY_FIELDS = (
     "incompatible_reason",
     "incompatible_at",
     "incompatible_code_schema",
+    "incompatible_agent_version",
     "created_by",
     "parent",
     "fork_seq",
@@ -418,6 +421,7 @@ class AgentSessionAdmin(LargeTableAdmin):
         "display_title",
         "short_id",
         "agent",
+        "agent_version",
         "status",
         "stuck",
         "step_count",
@@ -436,7 +440,7 @@ class AgentSessionAdmin(LargeTableAdmin):
     sortable_by = ("updated_at", "created_at")
     readonly_fields = SESSION_HISTORY_FIELDS
     fieldsets = (
-        (None, {"fields": ("title", "id", "agent", "status", "stuck")}),
+        (None, {"fields": ("title", "id", "agent", "agent_version", "status", "stuck")}),
         (
             "Progress",
             {
@@ -449,6 +453,7 @@ class AgentSessionAdmin(LargeTableAdmin):
                     "cost",
                     "final_answer",
                     "last_error",
+                    "progress_note",
                 )
             },
         ),
@@ -469,7 +474,14 @@ class AgentSessionAdmin(LargeTableAdmin):
         ),
         (
             "Compatibility",
-            {"fields": ("incompatible_reason", "incompatible_at", "incompatible_code_schema")},
+            {
+                "fields": (
+                    "incompatible_reason",
+                    "incompatible_at",
+                    "incompatible_code_schema",
+                    "incompatible_agent_version",
+                )
+            },
         ),
         ("Origin", {"fields": ("created_by", "parent", "fork_seq", "created_at", "updated_at")}),
     )

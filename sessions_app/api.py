@@ -27,6 +27,7 @@ from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 from . import services
 from .models import AgentSession, ApiToken, Status, Step
 from .permissions import can_operate, can_view
+from .runtime import agent_registry
 
 MAX_PAGE = 200
 
@@ -88,11 +89,15 @@ class PendingApprovalOut(Schema):
 class ProgressOut(Schema):
     done: int
     total: int
+    note: str | None = Field(None, description="what a running tool last reported")
 
 
 class SessionOut(Schema):
     id: UUID
     agent: str
+    agent_version: str = Field(
+        description="the agent version the session started on ('' when it was not recorded)"
+    )
     title: str
     status: str
     head: int
@@ -107,11 +112,50 @@ class SessionOut(Schema):
         None, description="batch work: records done / total, as of the head checkpoint"
     )
     last_error: str | None = None
+    incompatible: str | None = Field(
+        None, description="why no worker with the current code can run it, if none can"
+    )
     parent: UUID | None = None
     fork_seq: int | None = None
     stuck: bool
     created_at: datetime
     updated_at: datetime
+
+
+class ToolOut(Schema):
+    name: str
+    description: str
+    parameters: dict[str, Any] = Field(description="the JSON schema of its arguments")
+    idempotent: bool
+    needs_approval: bool
+    timeout: float
+    retries: int
+
+
+class LimitsOut(Schema):
+    max_steps: int
+    max_tokens: int | None
+    max_cost: float | None
+    max_parallel_tools: int
+
+
+class LiveVersionOut(Schema):
+    version: str = Field(description="the version sessions started on ('' when unrecorded)")
+    sessions: int
+
+
+class AgentOut(Schema):
+    name: str
+    version: str
+    description: str
+    model: str
+    limits: LimitsOut
+    state_version: int | None = Field(description="its own state's version; null: none")
+    compatible_since: str | None
+    tools: list[ToolOut]
+    live_sessions: list[LiveVersionOut] = Field(
+        description="sessions not completed, failed or cancelled, by version started on"
+    )
 
 
 class SessionPage(Schema):
@@ -193,6 +237,7 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
     return {
         "id": session.id,
         "agent": session.agent,
+        "agent_version": session.agent_version,
         "title": session.title,
         "status": session.status,
         "head": session.head,
@@ -206,11 +251,16 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
         "pending_approval": pending,
         "final_answer": session.final_answer or None,
         "progress": (
-            {"done": session.progress_done, "total": session.progress_total}
+            {
+                "done": session.progress_done or 0,
+                "total": session.progress_total,
+                "note": session.progress_note or None,
+            }
             if session.progress_total is not None
             else None
         ),
         "last_error": session.last_error or None,
+        "incompatible": session.incompatible_reason or None,
         "parent": session.parent_id,
         "fork_seq": session.fork_seq,
         "stuck": session.is_stuck(),
@@ -349,6 +399,9 @@ def list_sessions(
     request: HttpRequest,
     status: str | None = Query(None, description="one of " + ", ".join(Status.values)),
     agent: str | None = Query(None, max_length=100),
+    agent_version: str | None = Query(
+        None, max_length=50, description="the agent version sessions started on"
+    ),
     cursor: str | None = Query(None, max_length=200),
     limit: int = Query(50, ge=1, le=MAX_PAGE),
 ):
@@ -360,6 +413,8 @@ def list_sessions(
         sessions = sessions.filter(status=status)
     if agent:
         sessions = sessions.filter(agent=agent)
+    if agent_version is not None:
+        sessions = sessions.filter(agent_version=agent_version)
     if cursor:
         updated, last_id = _decode_cursor(cursor)
         sessions = sessions.filter(
@@ -372,6 +427,48 @@ def list_sessions(
         "items": [_session_out(s, None) for s in page],
         "next": _encode_cursor(page[-1]) if more and page else None,
     }
+
+
+@api.get("/agents", response={200: list[AgentOut], **ERRORS}, summary="The agents")
+def list_agents(request: HttpRequest):
+    """The agents this deployment runs (RESPAWN_AGENTS and installed packages)."""
+    from .selectors import agents_overview
+
+    _require_view(request)
+    registry = agent_registry()
+    out = []
+    for view in agents_overview().agents:
+        agent = registry.get(view.name)
+        out.append(
+            {
+                "name": view.name,
+                "version": view.version,
+                "description": view.description,
+                "model": view.model,
+                "limits": {
+                    "max_steps": agent.limits.max_steps,
+                    "max_tokens": agent.limits.max_tokens,
+                    "max_cost": agent.limits.max_cost,
+                    "max_parallel_tools": agent.limits.max_parallel_tools,
+                },
+                "state_version": view.state_version,
+                "compatible_since": view.compatible_since,
+                "tools": [
+                    {
+                        "name": t.name,
+                        "description": t.description,
+                        "parameters": t.spec.parameters,
+                        "idempotent": t.idempotent,
+                        "needs_approval": t.needs_approval,
+                        "timeout": t.timeout,
+                        "retries": t.retries,
+                    }
+                    for t in agent.tools
+                ],
+                "live_sessions": [{"version": v, "sessions": n} for v, n in view.live],
+            }
+        )
+    return out
 
 
 @api.get("/sessions/{session_id}", response={200: SessionOut, **ERRORS}, summary="A session")

@@ -23,6 +23,7 @@ from rq.job import Job, JobStatus
 from agent_runtime.state import SCHEMA_VERSION
 
 from .models import RUNNABLE, AgentSession, Status
+from .runtime import agent_registry
 
 log = logging.getLogger("respawn.dispatch")
 
@@ -127,13 +128,25 @@ def next_lease_expiry() -> float | None:
     return None if expires is None else (expires - now).total_seconds()
 
 
+def _marked_by_this_code() -> Q:
+    """Sessions marked incompatible by a worker that had the same version of their agent
+    as this one (so this one would refuse them too)."""
+    registry = agent_registry()
+    # An agent this code does not have either, marked by code that did not have it.
+    marked = Q(incompatible_agent_version="") & ~Q(agent__in=registry.names())
+    for agent in registry:
+        marked |= Q(agent=agent.name, incompatible_agent_version=agent.version)
+    return marked
+
+
 def reconcile(*, limit: int | None = None) -> list[str]:
     """Dispatch again every runnable session that nobody is running and nothing will run.
 
     Candidates: queued or running, lease free or expired, and either dispatched longer ago
     than the grace period or (a running session) not dispatched since its lease expired.
     A session marked incompatible is skipped unless the code that marked it knew an older
-    schema than this code: after a deploy, the new code gets one try at it.
+    schema than this code, or another version of the session's agent (or none): after a
+    deploy, the new code gets one try at it.
     Returns the ids dispatched.
     """
     limit = limit or settings.RESPAWN_RECONCILE_BATCH
@@ -147,7 +160,11 @@ def reconcile(*, limit: int | None = None) -> list[str]:
             | Q(dispatched_at__lt=grace)
             | Q(status=Status.RUNNING, dispatched_at__lt=F("lease_expires_at"))
         )
-        .filter(Q(incompatible_at__isnull=True) | Q(incompatible_code_schema__lt=SCHEMA_VERSION))
+        .filter(
+            Q(incompatible_at__isnull=True)
+            | Q(incompatible_code_schema__lt=SCHEMA_VERSION)
+            | ~_marked_by_this_code()
+        )
         .order_by(F("dispatched_at").asc(nulls_first=True))
         .values_list("id", "job_id", "dispatched_at")[:limit]
     )

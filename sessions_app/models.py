@@ -53,6 +53,9 @@ class Reason(models.TextChoices):
 class AgentSession(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     agent = models.CharField(max_length=100)
+    # The agent version the session started on ("" for sessions started before versions
+    # were recorded). Which versions may continue it: Agent.refusal in agent_runtime.
+    agent_version = models.CharField(max_length=50, blank=True, default="", db_default="")
     title = models.CharField(max_length=300, blank=True)
     status = models.CharField(max_length=20, choices=Status.choices, default=Status.QUEUED)
     # seq of the current checkpoint (0: none yet); last_seq: the highest seq allocated.
@@ -79,6 +82,8 @@ class AgentSession(models.Model):
     # head checkpoint's state so lists and the API show it without loading a checkpoint.
     progress_done = models.PositiveIntegerField(null=True, blank=True)
     progress_total = models.PositiveIntegerField(null=True, blank=True)
+    # What a running tool last said of its progress (ToolContext.report_progress).
+    progress_note = models.CharField(max_length=200, blank=True, default="", db_default="")
     # Set when a worker could not load the session (a blob newer than its code, or one that
     # does not have its version's shape): why, when, and the SCHEMA_VERSION of that code.
     # Such a session is not dispatched again until code with a newer SCHEMA_VERSION runs
@@ -88,6 +93,11 @@ class AgentSession(models.Model):
     incompatible_reason = models.TextField(blank=True, default="", db_default="")
     incompatible_at = models.DateTimeField(null=True, blank=True)
     incompatible_code_schema = models.PositiveSmallIntegerField(null=True, blank=True)
+    # The version of the session's agent on the code that marked it ("": it had none): a
+    # worker with another version of the agent gets a try at it.
+    incompatible_agent_version = models.CharField(
+        max_length=50, blank=True, default="", db_default=""
+    )
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
@@ -106,6 +116,11 @@ class AgentSession(models.Model):
             models.Index(fields=["-updated_at", "-id"], name="session_updated"),
             # Filter by agent.
             models.Index(fields=["agent", "-updated_at", "-id"], name="session_agent_updated"),
+            # Filter by agent and version; the agents page's live sessions per version.
+            models.Index(
+                fields=["agent", "agent_version", "-updated_at", "-id"],
+                name="session_agent_version",
+            ),
             # The list sorted by creation (newest or oldest first), alone or by status/agent.
             models.Index(fields=["-created_at", "-id"], name="session_created"),
             models.Index(fields=["status", "-created_at", "-id"], name="session_status_created"),

@@ -9,20 +9,41 @@ import socket
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
-from agent_runtime.agents import AgentRegistry, demo_agents
+from agent_runtime.agents import AgentRegistry
+from agent_runtime.discovery import Discovery, discover
 from agent_runtime.loop import RunConfig
 from agent_runtime.redaction import Redactor
 
 
 @functools.cache
+def discovered() -> Discovery:
+    """The agents of RESPAWN_AGENTS and the `respawn.agents` entry points, with every
+    problem found loading them (imported once per process)."""
+    return discover(settings.RESPAWN_AGENTS, entry_points=settings.RESPAWN_AGENT_ENTRY_POINTS)
+
+
 def agent_registry() -> AgentRegistry:
-    return demo_agents(
-        slow_delay=settings.RESPAWN_SLOW_DELAY,
-        batch_delay=settings.RESPAWN_BATCH_DELAY,
-        research_delay=settings.RESPAWN_RESEARCH_DELAY,
-        research_parallel=settings.RESPAWN_RESEARCH_PARALLEL,
-    )
+    """The agents this process runs. The system check (sessions_app.checks) refuses to
+    start a process whose agents have problems; this raises in any other path to them."""
+    found = discovered()
+    if found.problems:
+        raise ImproperlyConfigured(
+            "the configured agents cannot be loaded: " + "; ".join(str(p) for p in found.problems)
+        )
+    return _registry()
+
+
+@functools.cache
+def _registry() -> AgentRegistry:
+    return discovered().registry()
+
+
+def agent_version(name: str) -> str:
+    """The version this process runs of agent `name` ("" when it has no such agent)."""
+    registry = agent_registry()
+    return registry.get(name).version if name in registry else ""
 
 
 def worker_identity() -> str:
@@ -57,3 +78,10 @@ def run_config() -> RunConfig:
             "anthropic_api_key": settings.ANTHROPIC_API_KEY,
         },
     )
+
+
+def reset_agents() -> None:
+    """Forget the loaded agents (settings changed, e.g. in a test); the next use imports
+    them again."""
+    discovered.cache_clear()
+    _registry.cache_clear()

@@ -16,6 +16,8 @@ from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet, TextF
 from django.db.models.functions import Cast, TruncHour
 from django.utils import timezone
 
+from agent_runtime.agents import version_key
+from agent_runtime.compat import session_problems
 from agent_runtime.state import SCHEMA_VERSION, describe_step
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
@@ -43,6 +45,7 @@ class SessionFilters:
     q: str = ""
     status: str = ""
     agent: str = ""
+    agent_version: str = ""  # the version sessions started on
     created_from: date | None = None
     created_to: date | None = None
     updated_from: date | None = None
@@ -58,6 +61,7 @@ class SessionFilters:
             q=" ".join((params.get("q") or "").split()),
             status=params.get("status") or "",
             agent=(params.get("agent") or "").strip(),
+            agent_version=(params.get("agent_version") or "").strip()[:50],
             sort=params.get("sort") or "-updated",
         )
         if len(f.q) > MAX_SEARCH:
@@ -95,6 +99,7 @@ class SessionFilters:
             "q": self.q,
             "status": self.status,
             "agent": self.agent,
+            "agent_version": self.agent_version,
             "created_from": self.created_from.isoformat() if self.created_from else "",
             "created_to": self.created_to.isoformat() if self.created_to else "",
             "updated_from": self.updated_from.isoformat() if self.updated_from else "",
@@ -110,6 +115,7 @@ class SessionFilters:
         return bool(
             self.q
             or self.agent
+            or self.agent_version
             or self.created_from
             or self.created_to
             or self.updated_from
@@ -139,6 +145,8 @@ def filtered_sessions(f: SessionFilters, *, with_status: bool = True) -> QuerySe
         sessions = sessions.filter(status=f.status)
     if f.agent:
         sessions = sessions.filter(agent=f.agent)
+    if f.agent_version:
+        sessions = sessions.filter(agent_version=f.agent_version)
     if f.created_from:
         sessions = sessions.filter(created_at__gte=_day_start(f.created_from))
     if f.created_to:
@@ -293,6 +301,125 @@ def status_counts() -> dict[str, int]:
 
 def agent_names() -> list[str]:
     return agent_registry().names()
+
+
+@dataclass(frozen=True)
+class ToolView:
+    name: str
+    description: str
+    parameters: list[dict[str, Any]]  # name, type, required, description
+    schema: str  # the JSON schema, pretty-printed
+    idempotent: bool
+    needs_approval: bool
+    timeout: float
+    retries: int
+
+
+@dataclass(frozen=True)
+class AgentView:
+    name: str
+    version: str
+    description: str
+    model: str
+    instructions: str  # the text, or which function computes it
+    source: str  # where it was found: RESPAWN_AGENTS entry or entry point
+    limits: Any
+    state_version: int | None
+    state_upgraders: list[int]
+    compatible_since: str | None
+    tools: list[ToolView]
+    live: list[tuple[str, int]]  # (version started on, live sessions), newest first
+    live_total: int
+
+
+@dataclass(frozen=True)
+class AgentsOverview:
+    agents: list[AgentView]
+    # Agents with live sessions that this deployment does not have: (name, live sessions)
+    missing: list[tuple[str, int]]
+
+
+def _tool_view(tool: Any) -> ToolView:
+    import json
+
+    schema = tool.spec.parameters
+    required = set(schema.get("required") or [])
+    parameters = []
+    for name, prop in (schema.get("properties") or {}).items():
+        kind = prop.get("type") or " | ".join(
+            p.get("type", "?") for p in prop.get("anyOf", []) if isinstance(p, dict)
+        )
+        parameters.append(
+            {
+                "name": name,
+                "type": kind or "object",
+                "required": name in required,
+                "default": prop.get("default"),
+                "description": prop.get("description", ""),
+            }
+        )
+    return ToolView(
+        name=tool.name,
+        description=tool.description,
+        parameters=parameters,
+        schema=json.dumps(schema, indent=2, sort_keys=True),
+        idempotent=tool.idempotent,
+        needs_approval=tool.needs_approval,
+        timeout=tool.timeout,
+        retries=tool.retries,
+    )
+
+
+def agents_overview() -> AgentsOverview:
+    """Every agent this deployment runs (RESPAWN_AGENTS and installed packages), with its
+    tools and how many live sessions started on each of its versions; and the agents of
+    live sessions that it no longer has. One query, whatever the number of agents: live
+    sessions by (agent, version), on the status index (finished sessions, the bulk of a
+    large table, are not counted)."""
+    from .runtime import discovered
+
+    found = discovered()
+    live_rows = (
+        AgentSession.objects.exclude(status__in=FINAL)
+        .values_list("agent", "agent_version")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    live: dict[str, list[tuple[str, int]]] = {}
+    for agent, version, n in live_rows:
+        live.setdefault(agent, []).append((version, n))
+    views = []
+    for agent in agent_registry():
+        instructions = agent.instructions
+        if not isinstance(instructions, str):
+            instructions = (
+                "computed from the session state before every model call by "
+                f"{getattr(instructions, '__module__', '?')}."
+                f"{getattr(instructions, '__qualname__', repr(instructions))}"
+            )
+        versions = sorted(live.get(agent.name, []), key=lambda vn: version_key(vn[0]), reverse=True)
+        views.append(
+            AgentView(
+                name=agent.name,
+                version=agent.version,
+                description=agent.description,
+                model=agent.model,
+                instructions=instructions,
+                source=found.sources.get(agent.name, ""),
+                limits=agent.limits,
+                state_version=agent.state.version if agent.state else None,
+                state_upgraders=sorted(agent.state.upgraders) if agent.state else [],
+                compatible_since=agent.compatible_since,
+                tools=[_tool_view(t) for t in agent.tools],
+                live=versions,
+                live_total=sum(n for _, n in versions),
+            )
+        )
+    names = set(agent_registry().names())
+    missing = sorted(
+        (agent, sum(n for _, n in rows)) for agent, rows in live.items() if agent not in names
+    )
+    return AgentsOverview(agents=views, missing=missing)
 
 
 # --- Needs attention --------------------------------------------------------------------
@@ -782,6 +909,12 @@ class CompatReport:
     sessions_per_version: dict[int, int] = field(default_factory=dict)
     # marked incompatible earlier, but this code loads them
     loads_now: list[str] = field(default_factory=list)
+    # (agent, the version each session started on) -> how many sessions
+    sessions_per_agent_version: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def failing_sessions(self) -> int:
+        return len({f.session_id for f in self.failures})
 
 
 def _has_column(model: type[AgentSession], column: str) -> bool:
@@ -792,7 +925,10 @@ def _has_column(model: type[AgentSession], column: str) -> bool:
 
 def state_compat_report(*, every_session: bool = False) -> CompatReport:
     """Load every session a worker may still run, exactly as a worker loads it (the head
-    checkpoint and the live history, through the upgraders), with this code.
+    checkpoint and the live history, through the upgraders), with this code, and check it
+    against the agents this code has (agent_runtime.compat): the agent exists, its version
+    continues the session, its own state loads, and every tool call still to run names a
+    tool that exists and takes the stored arguments.
 
     Reads only columns that exist before this release's migrations: the deploy gate runs
     with the new code against the old schema."""
@@ -809,9 +945,10 @@ def state_compat_report(*, every_session: bool = False) -> CompatReport:
         )
     report = CompatReport(schema_version=SCHEMA_VERSION, checked=len(rows))
     store = DjangoSessionStore()
+    registry = agent_registry()
     for session_id, agent, status in rows:
         try:
-            store.load_head(str(session_id))
+            head = store.load_head(str(session_id))
         except IncompatibleSchemaError as exc:
             report.failures.append(
                 CompatFailure(
@@ -824,9 +961,29 @@ def state_compat_report(*, every_session: bool = False) -> CompatReport:
                 )
             )
         else:
-            if session_id in marked:
+            problems = session_problems(head, registry)
+            report.failures.extend(
+                CompatFailure(
+                    session_id=str(session_id),
+                    agent=agent,
+                    status=status,
+                    where=problem.where,
+                    error=problem.error,
+                    incompatible_since=marked.get(session_id),
+                )
+                for problem in problems
+            )
+            if not problems and session_id in marked:
                 report.loads_now.append(str(session_id))
     report.sessions_per_version = _sessions_per_version(sessions)
+    if _has_column(AgentSession, "agent_version"):
+        report.sessions_per_agent_version = {
+            (agent, version): count
+            for agent, version, count in sessions.order_by()
+            .values_list("agent", "agent_version")
+            .annotate(count=Count("id"))
+            .order_by("agent", "agent_version")
+        }
     return report
 
 

@@ -19,7 +19,7 @@ from agent_runtime.upgraders import IncompatibleSchemaError, load_state
 
 from . import dispatch
 from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Checkpoint, Kind, Status, Step
-from .runtime import agent_registry, redactor
+from .runtime import agent_registry, agent_version, redactor
 
 log = logging.getLogger("respawn.services")
 
@@ -107,6 +107,7 @@ def _clear_incompatible(session: AgentSession) -> None:
     session.incompatible_reason = ""
     session.incompatible_at = None
     session.incompatible_code_schema = None
+    session.incompatible_agent_version = ""
 
 
 def _append_operator_step(
@@ -194,7 +195,7 @@ def session_start(
     """Create a session with its first user step and queue it for a worker."""
     agent = (agent or "").strip()
     try:
-        agent_registry().get(agent)
+        definition = agent_registry().get(agent)
     except UnknownAgent:
         known = ", ".join(agent_registry().names())
         raise ActionError(
@@ -211,6 +212,7 @@ def session_start(
     with transaction.atomic():
         session = AgentSession.objects.create(
             agent=agent,
+            agent_version=definition.version,
             title=redactor().text(title or text)[:300],
             status=Status.QUEUED,
             created_by=who.user,
@@ -292,6 +294,7 @@ def session_resume(
                 "incompatible_reason",
                 "incompatible_at",
                 "incompatible_code_schema",
+                "incompatible_agent_version",
             ]
         )
         audit(
@@ -476,11 +479,14 @@ def session_mark_incompatible(*, session_id: Any, reason: str) -> bool:
     """Record that this code cannot load the session (the run refused it and wrote nothing).
 
     Only the mark is written: no step, no checkpoint, no status change. The reconciler
-    leaves the session alone until code with a newer SCHEMA_VERSION runs it."""
+    leaves the session alone until code with a newer SCHEMA_VERSION, or another version
+    of the session's agent, runs it."""
+    agent = AgentSession.objects.filter(id=session_id).values_list("agent", flat=True).first()
     marked = AgentSession.objects.filter(id=session_id).update(
         incompatible_reason=reason,
         incompatible_at=timezone.now(),
         incompatible_code_schema=SCHEMA_VERSION,
+        incompatible_agent_version=agent_version(agent) if agent is not None else "",
     )
     log.warning("session %s is incompatible with this code: %s", session_id, reason)
     return bool(marked)
@@ -490,7 +496,10 @@ def session_clear_incompatible(*, session_id: Any) -> bool:
     """Clear the mark of a session that loads again (after upgrade_state, for instance)."""
     return bool(
         AgentSession.objects.filter(id=session_id, incompatible_at__isnull=False).update(
-            incompatible_reason="", incompatible_at=None, incompatible_code_schema=None
+            incompatible_reason="",
+            incompatible_at=None,
+            incompatible_code_schema=None,
+            incompatible_agent_version="",
         )
     )
 
@@ -560,6 +569,8 @@ def session_fork(
         now = timezone.now()
         fork = AgentSession.objects.create(
             agent=parent.agent,
+            # The fork continues the parent's history: it started where the parent did.
+            agent_version=parent.agent_version,
             title=f"Fork of {parent.title or parent.id}"[:300],
             status=Status.PAUSED,
             created_by=who.user,
@@ -772,9 +783,12 @@ def session_resolve_uncertain(
 def session_check_compat(
     *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
 ) -> str:
-    """Load the session as a worker would, with this code: mark it incompatible (with the
-    reason) if it cannot be loaded, clear an old mark if it can. Returns the problem, or
-    "" when it loads. Changes no step or checkpoint."""
+    """Load the session as a worker would, with this code, and check it against this
+    code's agents (as the deploy gate does): mark it incompatible (with the reason) if a
+    worker would refuse it, clear an old mark if not. Returns the problems, or "" when
+    there are none. Changes no step or checkpoint."""
+    from agent_runtime.compat import REFUSALS, session_problems
+
     from .store import DjangoSessionStore
 
     who = _actor(actor)
@@ -782,13 +796,22 @@ def session_check_compat(
     if session is None:
         raise ActionError(f"no session with id {session_id}", code="not_found")
     try:
-        DjangoSessionStore().load_head(str(session.id))
+        head = DjangoSessionStore().load_head(str(session.id))
     except IncompatibleSchemaError as exc:
         problem = str(exc)
         session_mark_incompatible(session_id=session.id, reason=problem)
     else:
-        problem = ""
-        session_clear_incompatible(session_id=session.id)
+        problems = session_problems(head, agent_registry())
+        problem = "; ".join(f"{p.where}: {p.error}" for p in problems)
+        refusals = [p for p in problems if p.where in REFUSALS]
+        if refusals:
+            # What a worker would refuse; a call to a tool that is gone is only a failed
+            # call for the model to see, not a reason to hold the session back.
+            session_mark_incompatible(
+                session_id=session.id, reason="; ".join(p.error for p in refusals)
+            )
+        else:
+            session_clear_incompatible(session_id=session.id)
     audit(
         actor=who,
         action="compat_check",

@@ -81,7 +81,9 @@ class _Table:
     convert: Callable[[Any], dict[str, Any]]  # a row -> its blob at the target version
 
 
-def _tables(checkpoint_model, step_model, *, down_from: int | None = None) -> list[_Table]:
+def _tables(
+    checkpoint_model, step_model, *, down_from: int | None = None, target: int = SCHEMA_VERSION
+) -> list[_Table]:
     if down_from is None:
         return [
             _Table(
@@ -89,14 +91,16 @@ def _tables(checkpoint_model, step_model, *, down_from: int | None = None) -> li
                 checkpoint_model,
                 "state",
                 ("id", "session_id", "seq", "schema_version", "state"),
-                lambda row: upgrade_state_blob(row.state).value,
+                lambda row: upgrade_state_blob(row.state, target).value,
             ),
             _Table(
                 "steps",
                 step_model,
                 "payload",
                 ("id", "session_id", "seq", "schema_version", "kind", "payload"),
-                lambda row: load_step_payload(row.kind, row.payload, row.schema_version).value,
+                lambda row: (
+                    load_step_payload(row.kind, row.payload, row.schema_version, target).value
+                ),
             ),
         ]
     return [
@@ -206,23 +210,26 @@ def upgrade_blobs(
     pause: float = 0.0,
     using: str = "default",
     on_batch: Callable[[TableSummary], None] | None = None,
+    target: int = SCHEMA_VERSION,
 ) -> Summary:
-    """Rewrite every blob older than SCHEMA_VERSION to SCHEMA_VERSION. Blobs that cannot be
-    loaded (too new, malformed) are refused: counted, listed, left untouched."""
+    """Rewrite every blob older than `target` (SCHEMA_VERSION unless a released data
+    migration pins its own version) to it. Blobs that cannot be loaded (too new,
+    malformed) are refused: counted, listed, left untouched."""
     started = time.monotonic()
     tables = [
         _run_table(
             table,
-            target=SCHEMA_VERSION,
-            # Newer rows go through the loader too, so that they are reported as refused.
-            needs_rewrite=lambda version: version != SCHEMA_VERSION,
+            target=target,
+            # Rows newer than this code go through the loader too, so that they are
+            # reported as refused; rows between target and this code's version are left.
+            needs_rewrite=lambda version: version < target or version > SCHEMA_VERSION,
             batch_size=batch_size,
             dry_run=dry_run,
             pause=pause,
             using=using,
             on_batch=on_batch,
         )
-        for table in _tables(checkpoint_model, step_model)
+        for table in _tables(checkpoint_model, step_model, target=target)
     ]
     return Summary(tables=tables, dry_run=dry_run, seconds=time.monotonic() - started)
 

@@ -23,6 +23,8 @@ import orjson
 import psycopg
 from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import Case, F, Value, When
+from django.db.models.signals import post_migrate, pre_migrate
+from django.dispatch import receiver
 from django.utils import timezone
 from psycopg.types.json import set_json_loads
 
@@ -101,6 +103,29 @@ def step_record(step: Step) -> StepRecord:
         idempotency_key=step.idempotency_key,
         superseded=step.superseded_at is not None,
     )
+
+
+# Databases (alias and name) whose session table has the agent_version column. The deploy
+# gate (check_state_compat) loads sessions with the next release's code before that
+# release's migrations ran, when it does not exist yet. Forgotten whenever migrations run.
+_HAVE_AGENT_VERSION: set[tuple[str, str]] = set()
+
+
+@receiver(pre_migrate)
+@receiver(post_migrate)
+def _schema_may_have_changed(**kwargs: Any) -> None:
+    _HAVE_AGENT_VERSION.clear()
+
+
+def _has_agent_version() -> bool:
+    key = (connection.alias, str(connection.settings_dict.get("NAME")))
+    if key not in _HAVE_AGENT_VERSION:
+        with connection.cursor() as cursor:
+            columns = connection.introspection.get_table_description(cursor, SESSION_TABLE)
+        if "agent_version" not in {c.name for c in columns}:
+            return False
+        _HAVE_AGENT_VERSION.add(key)
+    return True
 
 
 def _json(value: Any) -> Any:
@@ -251,8 +276,10 @@ class DjangoSessionStore:
         and whether any live step is stored at another schema version than this code's,
         and only the steps from `tail_start` on are read. Another version falls back to
         the whole load, which upgrades every step or names the one it cannot load."""
+        version_column = "s.agent_version" if _has_agent_version() else "''"
         row = _execute_prepared(
-            f"SELECT s.agent, s.status, s.head, s.last_seq, c.seq, c.state, c.reason"
+            f"SELECT s.agent, s.status, s.head, s.last_seq, c.seq, c.state, c.reason,"
+            f" {version_column}"
             f" FROM {SESSION_TABLE} s LEFT JOIN LATERAL (SELECT seq, state, reason"
             f"  FROM {CHECKPOINT_TABLE} WHERE session_id = s.id AND seq = s.head"
             "  ORDER BY id DESC LIMIT 1) c ON s.head > 0"
@@ -261,7 +288,7 @@ class DjangoSessionStore:
         )
         if row is None:
             raise SessionNotFound(session_id)
-        agent, status, _head, last_seq, checkpoint_seq, state, reason = row
+        agent, status, _head, last_seq, checkpoint_seq, state, reason, agent_version = row
         checkpoint = None
         applied: tuple[str, ...] = ()
         if checkpoint_seq is not None:
@@ -311,6 +338,7 @@ class DjangoSessionStore:
             upgraders_applied=applied,
             step_versions=versions,
             history_from=start,
+            agent_version=agent_version,
         )
 
     def _live_steps(self, session_id: str, start: int) -> tuple[list[StepRecord], dict[int, int]]:
@@ -347,10 +375,11 @@ class DjangoSessionStore:
     def _load_head_portable(self, session_id: str) -> SessionHead:
         # Only the columns a load needs: `check_state_compat` runs this with the next
         # release's code before that release's migrations, when newer columns don't exist.
+        columns = ["id", "agent", "status", "head", "last_seq"]
+        if _has_agent_version():
+            columns.append("agent_version")
         try:
-            session = AgentSession.objects.only("id", "agent", "status", "head", "last_seq").get(
-                id=session_id
-            )
+            session = AgentSession.objects.only(*columns).get(id=session_id)
         except AgentSession.DoesNotExist:
             raise SessionNotFound(session_id) from None
         checkpoint = None
@@ -393,6 +422,7 @@ class DjangoSessionStore:
             history=history,
             upgraders_applied=applied,
             step_versions=versions,
+            agent_version=session.agent_version if _has_agent_version() else "",
         )
 
     def append(
@@ -438,6 +468,7 @@ class DjangoSessionStore:
             "incompatible_reason = ''",
             "incompatible_at = NULL",
             "incompatible_code_schema = NULL",
+            "incompatible_agent_version = ''",
         ]
         params: list[Any] = [
             count,
@@ -563,6 +594,7 @@ class DjangoSessionStore:
             "incompatible_reason": "",
             "incompatible_at": None,
             "incompatible_code_schema": None,
+            "incompatible_agent_version": "",
         }
         cost = sum(float((s.payload.get("usage") or {}).get("cost") or 0) for s in steps)
         if cost:
@@ -672,6 +704,17 @@ class DjangoSessionStore:
             AgentSession.objects.filter(
                 id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
             ).update(lease_owner=None, lease_expires_at=None)
+        )
+
+    def report_progress(self, lease: Lease, *, done: int, total: int | None, message: str) -> bool:
+        return bool(
+            AgentSession.objects.filter(
+                id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
+            ).update(
+                progress_done=max(0, done),
+                progress_total=None if total is None else max(0, total),
+                progress_note=message[:200],
+            )
         )
 
     def thread_cleanup(self) -> None:

@@ -10,6 +10,7 @@ urlpatterns = [
     path("bulk/", views.bulk_action, name="bulk"),
     path("charts/", views.list_charts, name="charts"),
     path("attention/", views.attention, name="attention"),
+    path("agents/", views.agents, name="agents"),
     path("<uuid:session_id>/", views.session_detail, name="detail"),
     path("<uuid:session_id>/panel/", views.session_header, name="panel"),
     path("<uuid:session_id>/row/", views.session_row, name="row"),

@@ -762,6 +762,21 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
+def agents(request: HttpRequest) -> HttpResponse:
+    """The agents this deployment runs, their tools, and their live sessions per version."""
+    _require_view(request)
+    return render(
+        request,
+        "sessions/agents.html",
+        {
+            "overview": selectors.agents_overview(),
+            "model_override": settings.RESPAWN_MODEL,
+        },
+    )
+
+
+@login_required
+@require_GET
 def attention(request: HttpRequest) -> HttpResponse:
     """Sessions a person should look at, in sections, each paged on its own (`?<key>=cursor`);
     an htmx request for one section (`?section=key`) gets just that section."""

@@ -226,6 +226,7 @@ def build_long_session(
     )
     checkpoints.append(len(rows))
     Step.objects.bulk_create(rows, batch_size=2000)
+    # The state as the current schema stores it (tests/sessions_app/test_trace.py loads it).
     state = {
         "schema_version": SCHEMA_VERSION,
         "agent": {"name": "slow", "version": "1"},
@@ -242,6 +243,7 @@ def build_long_session(
         "uncertain_calls": [],
         "batch_cursor": None,
         "final_answer": f"Counted to {turn}.",
+        "agent_state": None,
     }
     Checkpoint.objects.bulk_create(
         [

@@ -15,6 +15,10 @@ from django.contrib.auth.models import Group, User
 from django.db import connection
 
 ROOT = Path(__file__).resolve().parent.parent
+# Packages of agents that are not Respawn's (a team's own, and mistakes teams make): the
+# tests import them as a deployment would, from a path of their own.
+PACKAGES = ROOT / "tests" / "packages"
+sys.path.insert(0, str(PACKAGES))
 
 
 def wait_for(
@@ -134,8 +138,11 @@ def worker_env(transactional_db) -> dict[str, str]:
         RESPAWN_LEASE_TTL=str(settings.RESPAWN_LEASE_TTL),
         RESPAWN_RECONCILE_INTERVAL=str(settings.RESPAWN_RECONCILE_INTERVAL),
         RESPAWN_DISPATCH_GRACE=str(settings.RESPAWN_DISPATCH_GRACE),
-        RESPAWN_SLOW_DELAY=str(settings.RESPAWN_SLOW_DELAY),
+        # The demo agents' own knob (config.settings_test sets it in the environment).
+        RESPAWN_SLOW_DELAY=os.environ["RESPAWN_SLOW_DELAY"],
         RESPAWN_MODEL_BACKOFF=str(settings.RESPAWN_MODEL_BACKOFF),
+        RESPAWN_AGENTS=",".join(settings.RESPAWN_AGENTS),
+        PYTHONPATH=os.pathsep.join([str(PACKAGES), *filter(None, [os.environ.get("PYTHONPATH")])]),
         PYTHONUNBUFFERED="1",
     )
     return env
@@ -186,6 +193,25 @@ def _close_connection_pools(django_db_setup, django_db_blocker):
             close_pool = getattr(conn, "close_pool", None)
             if close_pool is not None:
                 close_pool()
+
+
+def run_inline(session):
+    """Run a stored session in the test process, as a worker's job would (the lease, the
+    engine, the Django store and this process's agents); returns the session refreshed."""
+    from agent_runtime.loop import run_session
+    from sessions_app.runtime import agent_registry, run_config
+    from sessions_app.store import DjangoEffects, DjangoRecords, DjangoSessionStore
+
+    run_session(
+        str(session.id),
+        store=DjangoSessionStore(),
+        agents=agent_registry(),
+        effects=DjangoEffects(),
+        config=run_config(),
+        records=DjangoRecords(),
+    )
+    session.refresh_from_db()
+    return session
 
 
 def without_ids(value, session_id: str):

@@ -21,14 +21,29 @@ __all__ = [
     "PROVIDERS",
     "split_model_name",
     "make_provider",
+    "register_provider",
 ]
 
-# provider name -> "module:factory"; the factory takes (model, options) and returns a Provider
-PROVIDERS: dict[str, str] = {
+# provider name -> "module:factory" (or the factory); the factory takes (model, options) and
+# returns a Provider
+PROVIDERS: dict[str, Any] = {
     "scripted": "agent_runtime.providers.scripted:ScriptedProvider",
     "openai": "agent_runtime.providers.openai:OpenAIProvider",
     "anthropic": "agent_runtime.providers.anthropic:AnthropicProvider",
 }
+
+
+def register_provider(name: str, factory: str | Any) -> None:
+    """Add a model provider: `factory` is a "module:callable" path (imported on first use)
+    or the callable itself, taking (model=..., options=...) and returning an object with
+    `complete(messages, tools, settings) -> ModelTurn`. Agents then name models
+    `<name>:<model>`."""
+    if not name or ":" in name:
+        raise ValueError(f"a provider name must be non-empty and without ':', got {name!r}")
+    known = PROVIDERS.get(name)
+    if known is not None and known is not factory:
+        raise ValueError(f"a model provider named {name!r} is registered already")
+    PROVIDERS[name] = factory
 
 
 def split_model_name(spec: str) -> tuple[str, str]:
@@ -44,6 +59,8 @@ def split_model_name(spec: str) -> tuple[str, str]:
 def make_provider(spec: str, options: dict[str, Any] | None = None) -> tuple[Provider, str]:
     """Build the provider for `provider:model`; returns it with the bare model name."""
     provider, model = split_model_name(spec)
-    module_name, _, attr = PROVIDERS[provider].partition(":")
-    factory = getattr(importlib.import_module(module_name), attr)
+    factory = PROVIDERS[provider]
+    if isinstance(factory, str):
+        module_name, _, attr = factory.partition(":")
+        factory = getattr(importlib.import_module(module_name), attr)
     return factory(model=model, options=options or {}), model

@@ -25,8 +25,9 @@ def _models(apps):
 
 
 def forward(apps, schema_editor):
+    # To version 2, as released: later versions have their own data migrations (0015).
     summary = upgrade_blobs(
-        *_models(apps), batch_size=BATCH_SIZE, using=schema_editor.connection.alias
+        *_models(apps), batch_size=BATCH_SIZE, using=schema_editor.connection.alias, target=2
     )
     if summary.refused:
         # Not fatal: those rows stay as they are and their sessions are refused by workers

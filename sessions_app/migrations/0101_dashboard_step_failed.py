@@ -32,7 +32,7 @@ class AddIndexConcurrentlyOnPostgres(migrations.AddIndex):
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("sessions_app", "0013_fanout_batches")]
+    dependencies = [("sessions_app", "0015_upgrade_state_blobs_v3")]
 
     operations = [
         AddIndexConcurrentlyOnPostgres(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from agent_runtime.agents import demo_agents
 from agent_runtime.loop import RunConfig, RunResult, run_session
 from agent_runtime.store import InMemoryEffects, InMemoryStore
+from demo_agents import demo_agents
 
 _ids = itertools.count(1)
 

@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from agent_runtime.agents import AgentDefinition, AgentRegistry, calculator
+from agent_runtime.agents import Agent, AgentRegistry, Limits
 from agent_runtime.loop import RunResult
 from agent_runtime.providers import ModelSettings, Provider
 from agent_runtime.providers.anthropic import AnthropicProvider
 from agent_runtime.providers.openai import OpenAIProvider
 from agent_runtime.store import InMemoryStore
-from agent_runtime.tools import ToolRegistry
+from demo_agents import calculator
 
 from ..stubs.llm_servers import (
     Recorded,
@@ -37,14 +37,14 @@ SYSTEM_PROMPT = "You are a careful calculator. Use the tool."
 def calculator_agents(model: str) -> AgentRegistry:
     return AgentRegistry(
         [
-            AgentDefinition(
+            Agent(
                 name="calc",
                 version="1",
                 description="Calculates with the calculator tool.",
                 model=model,
-                system_prompt=SYSTEM_PROMPT,
-                tools=ToolRegistry([calculator]),
-                max_steps=20,
+                instructions=SYSTEM_PROMPT,
+                tools=[calculator],
+                limits=Limits(max_steps=20),
             )
         ]
     )

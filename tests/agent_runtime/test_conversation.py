@@ -110,9 +110,9 @@ def test_a_resumed_run_starts_from_the_tail_and_loads_the_conversation_for_the_m
     """After a crash, the next run's first step is written from the tail alone; the whole
     conversation is read once, when the model is called, and is exactly build_messages
     over the live history at that moment."""
-    from agent_runtime.agents import demo_agents
     from agent_runtime.loop import Outcome
     from agent_runtime.providers import make_provider
+    from demo_agents import demo_agents
 
     from .helpers import Crash, CrashingStore
 
@@ -146,9 +146,7 @@ def test_a_resumed_run_starts_from_the_tail_and_loads_the_conversation_for_the_m
         class Spy:
             def complete(self, messages, tools, settings):
                 live = store.load_head(sid).history
-                seen.append(
-                    (list(messages), build_messages(agents.get("demo").system_prompt, live))
-                )
+                seen.append((list(messages), build_messages(agents.get("demo").instructions, live)))
                 return provider.complete(messages, tools, settings)
 
         return Spy(), name

@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from agent_runtime.agents import demo_agents
 from agent_runtime.loop import BranchOutcome, Outcome, RunConfig, run_branch
 from agent_runtime.store import InMemoryEffects, InMemoryStore
+from demo_agents import demo_agents
 
 from .helpers import new_session
 from .helpers import run as plain_run

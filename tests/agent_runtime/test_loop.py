@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from agent_runtime.agents import AgentDefinition, AgentRegistry, demo_agents
+from agent_runtime.agents import Agent, AgentRegistry, Limits
 from agent_runtime.loop import Outcome, build_messages
 from agent_runtime.providers import ModelTurn, ProviderError, ToolCall
 from agent_runtime.state import NewStep, SessionStatus, StepKind, instruction_payload, step_text
 from agent_runtime.store import InMemoryEffects, InMemoryStore
-from agent_runtime.tools import ToolContext, ToolRegistry, tool
+from agent_runtime.tools import ToolContext, tool
+from demo_agents import demo_agents
 
 from .helpers import Crash, CrashingStore, conversation, new_session, run
 
@@ -126,9 +127,7 @@ def test_tool_that_raises_becomes_a_result_the_model_sees():
                 return ModelTurn(text=f"tool said: {messages[-1].content}")
             return ModelTurn(text=None, tool_calls=[ToolCall("c1", "explode", {"n": 1})])
 
-    agents = AgentRegistry(
-        [AgentDefinition("boom", "1", "", "scripted:echo", "", ToolRegistry([explode]))]
-    )
+    agents = AgentRegistry([Agent(name="boom", model="scripted:echo", tools=[explode])])
     store = InMemoryStore()
     session_id = new_session(store, "boom", "go")
     result = run(store, session_id, agents=agents, make_provider=lambda spec, opts: (Model(), "m"))
@@ -220,7 +219,7 @@ def test_step_limit_stops_the_session():
     agents = demo_agents(slow_delay=0)
     slow = agents.get("slow")
     limited = AgentRegistry(
-        [AgentDefinition("slow", "1", "", slow.model, "", slow.tools, max_steps=6)]
+        [Agent(name="slow", model=slow.model, tools=slow.tools, limits=Limits(max_steps=6))]
     )
     store = InMemoryStore()
     session_id = new_session(store, "slow", "count to 50")
@@ -277,7 +276,7 @@ def test_cancel_request_stops_the_run_at_the_next_step():
             self.calls = 0
 
         def complete(self, messages, tools, settings):
-            from agent_runtime.providers.scripted import slow
+            from demo_agents.scripts import slow
 
             self.calls += 1
             if self.calls == 3:
@@ -301,7 +300,7 @@ def test_fenced_off_worker_stops_without_writing():
         calls = 0
 
         def complete(self, messages, tools, settings):
-            from agent_runtime.providers.scripted import slow
+            from demo_agents.scripts import slow
 
             TakeOver.calls += 1
             if TakeOver.calls == 2:

@@ -7,13 +7,13 @@ import json
 
 import pytest
 
-from agent_runtime.agents import calculator
 from agent_runtime.loop import Outcome
 from agent_runtime.providers import Message, ModelSettings, ModelTurn, ToolCall
 from agent_runtime.providers.anthropic import conversation
 from agent_runtime.providers.base import Usage
 from agent_runtime.state import StepKind
 from agent_runtime.store import InMemoryStore
+from demo_agents import calculator
 
 from ..stubs.llm_servers import anthropic_reply
 from .helpers import new_session

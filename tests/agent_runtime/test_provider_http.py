@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from agent_runtime.agents import calculator
 from agent_runtime.loop import Outcome
 from agent_runtime.providers import Message, ModelSettings, ProviderError
 from agent_runtime.providers._http import Scrubber, is_permanent_status, server_detail
 from agent_runtime.state import SessionStatus, StepKind
 from agent_runtime.store import InMemoryStore
+from demo_agents import calculator
 
 from ..stubs.llm_servers import Reply
 from .helpers import Crash, CrashingStore, new_session

@@ -66,10 +66,10 @@ def test_configured_secrets_extra_patterns_and_secret_keys():
 
 
 def test_loop_never_stores_a_secret_from_a_tool_result():
-    from agent_runtime.agents import AgentDefinition, AgentRegistry
+    from agent_runtime.agents import Agent, AgentRegistry
     from agent_runtime.providers import ModelTurn, ToolCall
     from agent_runtime.store import InMemoryStore
-    from agent_runtime.tools import ToolContext, ToolRegistry, tool
+    from agent_runtime.tools import ToolContext, tool
 
     secret = FAKES["openai-key"]
 
@@ -85,9 +85,7 @@ def test_loop_never_stores_a_secret_from_a_tool_result():
                 return ModelTurn(text=f"The key is {secret}")
             return ModelTurn(text=None, tool_calls=[ToolCall("c1", "leak", {})])
 
-    agents = AgentRegistry(
-        [AgentDefinition("leaky", "1", "", "scripted:echo", "", ToolRegistry([leak]))]
-    )
+    agents = AgentRegistry([Agent(name="leaky", model="scripted:echo", tools=[leak])])
     store = InMemoryStore()
     session_id = new_session(store, "leaky", "find keys")
     run(

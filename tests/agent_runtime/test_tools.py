@@ -2,9 +2,9 @@ import time
 
 import pytest
 
-from agent_runtime.agents import calculator
 from agent_runtime.store import InMemoryEffects
 from agent_runtime.tools import ToolContext, ToolError, ToolRegistry, tool
+from demo_agents import calculator
 
 
 def ctx_factory(key="s:1"):

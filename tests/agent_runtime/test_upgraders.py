@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_runtime.agents import demo_agents
 from agent_runtime.loop import _answer_abandoned_calls, build_messages
 from agent_runtime.providers import Message, ToolCall
 from agent_runtime.state import (
@@ -36,7 +35,8 @@ from agent_runtime.upgraders import (
     step_v1_to_v2,
     upgrade_state_blob,
 )
-from tests.fixtures.loader import FIXTURES, V1_SESSIONS, read_fixture
+from demo_agents import demo_agents
+from tests.fixtures.loader import FIXTURES, V1_SESSIONS, V2_SESSIONS, read_fixture
 
 # The fixtures are released data: changing one rewrites history. A new version adds new
 # fixtures beside these; re-pinning a digest is never the fix for this test failing.
@@ -45,6 +45,10 @@ PINNED_DIGESTS = {
     "v1/failed.json": "f2e1f2fe10c4b1029d3fc7348a8769eb2de60333279267691b37fb1665c639f9",
     "v1/mid_run.json": "dcd1bb26718bad1d732b2e64fc96f7f79620181e046020bad86b89d49c0105dd",
     "v1/waiting_approval.json": "207b345c1720c556d25e6769a24eb35573ca1de8c7421b14e5c748acadefa40e",
+    "v2/completed.json": "29dfbe3805ad2347d155a25cbd95cb55d3cdf24d34621b062bfc9e3ebbc4531c",
+    "v2/failed.json": "e1e2a72440e95cffdc3a14443f7500fdee8b4cbbd8bc8b666b14b18decd37346",
+    "v2/mid_run.json": "d48d031ae5ee5907c6d09511d0951042666541b747d82e68527b0094d2d9d9d9",
+    "v2/waiting_approval.json": "5b27ea54e9060ad240041f720d9872cb698bd78e2e842c358bb9cd477cbc0314",
 }
 
 
@@ -61,6 +65,7 @@ def test_frozen_fixtures_are_unchanged():
     for path, digest in PINNED_DIGESTS.items():
         assert hashlib.sha256((FIXTURES / path).read_bytes()).hexdigest() == digest, path
     assert {f"v1/{name}.json" for name in V1_SESSIONS} <= set(PINNED_DIGESTS)
+    assert {f"v2/{name}.json" for name in V2_SESSIONS} <= set(PINNED_DIGESTS)
 
 
 UPGRADES_FROM_V1 = tuple(f"v{v}->v{v + 1}" for v in range(1, SCHEMA_VERSION))
@@ -78,7 +83,8 @@ def step_down_to_v1(kind: str, payload: dict) -> dict:
     return payload
 
 
-def v1_records(fixture: dict) -> list[StepRecord]:
+def fixture_records(fixture: dict) -> list[StepRecord]:
+    """The live steps of a frozen session, loaded (upgraded) as a worker would."""
     return [
         StepRecord(
             seq=s["seq"],
@@ -109,7 +115,7 @@ def test_v1_fixture_upgrades_and_reads_to_the_model_as_v1_did(name):
     fixture = read_fixture(name)
     assert {s["schema_version"] for s in fixture["steps"]} == {1}
     agent = demo_agents().get(fixture["session"]["agent"])
-    messages = build_messages(agent.system_prompt, v1_records(fixture))
+    messages = build_messages(agent.instructions, fixture_records(fixture))
     assert as_dicts(messages) == fixture["v1_messages"]
 
 
@@ -149,6 +155,67 @@ def test_v1_fixture_steps_round_trip_exactly(name):
     for step in read_fixture(name)["steps"]:
         upgraded = load_step_payload(step["kind"], step["payload"], 1).value
         assert step_down_to_v1(step["kind"], upgraded) == step["payload"]
+
+
+@pytest.mark.parametrize("name", V2_SESSIONS)
+def test_v2_fixture_upgrades_and_reads_to_the_model_as_v2_did(name):
+    fixture = read_fixture(name, 2)
+    assert {s["schema_version"] for s in fixture["steps"]} == {2}
+    agent = demo_agents().get(fixture["session"]["agent"])
+    messages = build_messages(agent.instructions, fixture_records(fixture))
+    assert as_dicts(messages) == fixture["v2_messages"]
+
+
+@pytest.mark.parametrize("name", V2_SESSIONS)
+def test_v2_fixture_checkpoints_upgrade_keeping_every_value(name):
+    for stored in read_fixture(name, 2)["checkpoints"]:
+        v2 = stored["state"]
+        loaded = upgrade_state_blob(v2)
+        assert loaded.stored_version == 2
+        assert loaded.applied == tuple(f"v{v}->v{v + 1}" for v in range(2, SCHEMA_VERSION))
+        # v3 only adds the agent's own state, which no v2 session had.
+        assert loaded.value == {**v2, "schema_version": SCHEMA_VERSION, "agent_state": None}
+        assert load_state(v2).value.to_dict() == loaded.value
+        assert downgrade_state_blob(loaded.value, 3) == v2
+
+
+@pytest.mark.parametrize("name", V2_SESSIONS)
+def test_v2_fixture_steps_round_trip_exactly(name):
+    for step in read_fixture(name, 2)["steps"]:
+        upgraded = load_step_payload(step["kind"], step["payload"], 2).value
+        assert upgraded == step["payload"]
+        assert downgrade_step_payload(step["kind"], upgraded, 3) == step["payload"]
+
+
+def test_v3_to_v2_drops_only_the_agent_state():
+    patch = {"version": 2, "set": {"tickets": ["T-1"]}, "unset": []}
+    result = {
+        "call_id": "c",
+        "name": "t",
+        "status": "ok",
+        "output": 1,
+        "error": None,
+        "attempts": 1,
+        "agent_state": patch,
+    }
+    assert downgrade_step_payload("tool_result", result, 3) == {
+        k: v for k, v in result.items() if k != "agent_state"
+    }
+    state = a_state(1)
+    upgraded = upgrade_state_blob(state).value
+    with_agent = {**upgraded, "agent_state": {"version": 2, "data": {"tickets": ["T-1"]}}}
+    assert load_state(with_agent).value.agent_data == {"tickets": ["T-1"]}
+    assert "agent_state" not in downgrade_state_blob(with_agent, 3)
+
+
+@pytest.mark.parametrize(
+    "agent_state",
+    [{"version": 0, "data": {}}, {"version": 1}, {"version": "1", "data": {}}, [], {"data": {}}],
+)
+def test_a_v3_state_with_a_malformed_agent_state_is_refused(agent_state):
+    blob = {**upgrade_state_blob(a_state(1)).value, "agent_state": agent_state}
+    with pytest.raises(IncompatibleSchemaError, match="agent_state"):
+        load_state(blob)
 
 
 def test_v1_to_v2_gives_the_v2_shapes():

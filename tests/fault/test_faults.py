@@ -13,9 +13,9 @@ import time
 import pytest
 from django.db import connection
 
-from agent_runtime.agents import demo_agents
 from agent_runtime.loop import RunConfig, run_session
 from agent_runtime.store import InMemoryEffects, InMemoryStore
+from demo_agents import demo_agents
 from sessions_app.models import AgentSession, ApiToken, SideEffect, Status, Step
 from sessions_app.services import checkpoint_rollback, session_cancel, session_start
 

@@ -6,10 +6,10 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from agent_runtime.agents import AgentDefinition, AgentRegistry
+from agent_runtime.agents import Agent, AgentRegistry
 from agent_runtime.loop import run_session
 from agent_runtime.providers import ModelTurn, ToolCall
-from agent_runtime.tools import ToolContext, ToolRegistry, tool
+from agent_runtime.tools import ToolContext, tool
 from sessions_app.models import AgentSession
 from sessions_app.runtime import run_config
 from sessions_app.services import session_start
@@ -47,9 +47,7 @@ def test_secret_in_a_tool_result_and_user_input_is_stored_redacted(client, users
                 return ModelTurn(text=f"Found {SECRET}")
             return ModelTurn(text=None, tool_calls=[ToolCall("c1", "read_env", {})])
 
-    agents = AgentRegistry(
-        [AgentDefinition("envy", "1", "", "scripted:echo", "", ToolRegistry([read_env]))]
-    )
+    agents = AgentRegistry([Agent(name="envy", model="scripted:echo", tools=[read_env])])
     caplog.set_level(logging.INFO)
     session = session_start(agent="demo", input=f"use this key: {SECRET}", actor=users["operator"])
     AgentSession.objects.filter(id=session.id).update(agent="envy")

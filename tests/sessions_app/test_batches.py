@@ -6,28 +6,15 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from agent_runtime.loop import run_session
 from sessions_app.models import ApiToken, Checkpoint, DemoBatch, DemoRecord
-from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import checkpoint_rollback, session_start
-from sessions_app.store import DjangoEffects, DjangoRecords, DjangoSessionStore
+from sessions_app.store import DjangoRecords
+
+from ..conftest import run_inline
 
 # Transactional: a run's heartbeat thread has a connection of its own and must see the
 # session row the test created (a long run outlives the first heartbeat on a busy machine).
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def run_inline(session):
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-        records=DjangoRecords(),
-    )
-    session.refresh_from_db()
-    return session
 
 
 def test_migrate_session_migrates_each_record_once_and_reports_progress():
@@ -76,13 +63,13 @@ def test_progress_in_the_api_and_on_the_session_page(client, users):
     )
     raw = ApiToken.issue(users["viewer"])[1]
     body = client.get(f"/api/sessions/{session.id}", HTTP_AUTHORIZATION=f"Bearer {raw}").json()
-    assert body["progress"] == {"done": 30, "total": 30}
+    assert body["progress"] == {"done": 30, "total": 30, "note": None}
     other = session_start(agent="echo", input="hi")
     body = client.get(f"/api/sessions/{other.id}", HTTP_AUTHORIZATION=f"Bearer {raw}").json()
     assert body["progress"] is None
     client.force_login(users["viewer"])
     page = client.get(reverse("sessions:detail", args=[session.id])).content.decode()
-    assert "30 / 30 records (100%)" in page
+    assert "30 / 30 (100%)" in page
 
 
 def test_rollback_takes_progress_back_to_the_checkpoint(users):

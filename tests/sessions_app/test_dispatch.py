@@ -115,11 +115,43 @@ def test_reconciler_skips_incompatible_sessions_until_newer_code_runs_it(rq_queu
         incompatible_reason="checkpoint at seq 3: written by schema version 99",
         incompatible_at=now,
         incompatible_code_schema=SCHEMA_VERSION,
+        incompatible_agent_version="1",  # the echo agent's version here
     )
     assert reconcile() == []  # this code refused it already
     # Marked by older code (before a deploy): this code gets a try at it.
     AgentSession.objects.filter(id=session.id).update(incompatible_code_schema=SCHEMA_VERSION - 1)
     assert reconcile() == [str(session.id)]
+
+
+def test_reconciler_retries_an_incompatible_session_on_another_agent_version(rq_queue):
+    session = session_start(agent="echo", input="hi")
+    rq_queue.empty()
+    now = timezone.now()
+    marked = dict(
+        dispatched_at=now - timedelta(minutes=5),
+        incompatible_reason="agent 'echo': this session already ran on version 2",
+        incompatible_at=now,
+        incompatible_code_schema=SCHEMA_VERSION,
+    )
+    AgentSession.objects.filter(id=session.id).update(**marked, incompatible_agent_version="1")
+    assert reconcile() == []  # refused by a worker with the same echo version as this one
+    AgentSession.objects.filter(id=session.id).update(incompatible_agent_version="0.9")
+    assert reconcile() == [str(session.id)]  # this worker's echo is another version
+
+
+def test_reconciler_leaves_a_session_of_a_missing_agent_to_code_that_has_it(rq_queue):
+    session = session_start(agent="echo", input="hi")
+    rq_queue.empty()
+    now = timezone.now()
+    AgentSession.objects.filter(id=session.id).update(
+        agent="gone",
+        dispatched_at=now - timedelta(minutes=5),
+        incompatible_reason="unknown agent 'gone' on this worker",
+        incompatible_at=now,
+        incompatible_code_schema=SCHEMA_VERSION,
+        incompatible_agent_version="",
+    )
+    assert reconcile() == []
 
 
 def test_reconciler_sees_through_a_job_left_queued_outside_any_queue(rq_queue):

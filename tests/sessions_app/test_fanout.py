@@ -10,8 +10,8 @@ import pytest
 from django.db import connections
 from django.urls import reverse
 
-from agent_runtime.agents import demo_agents
 from agent_runtime.loop import BranchOutcome, Outcome, RunConfig, run_branch, run_session
+from demo_agents import demo_agents
 from sessions_app.models import Checkpoint, SideEffect, Step
 from sessions_app.services import session_cancel, session_start
 from sessions_app.store import DjangoEffects, DjangoSessionStore

@@ -63,7 +63,7 @@ def messages_of(session_id: str) -> list[dict]:
     session = AgentSession.objects.only("id", "agent").get(id=session_id)
     agent = agent_registry().get(session.agent)
     return as_dicts(
-        build_messages(agent.system_prompt, DjangoSessionStore().load_head(session_id).history)
+        build_messages(agent.instructions, DjangoSessionStore().load_head(session_id).history)
     )
 
 

@@ -149,15 +149,16 @@ def test_data_migration_interrupted_half_way_carries_on_and_reverses_exactly(mon
         monkeypatch.setitem(upgraders.STEP_UPGRADERS, 1, dies_half_way)
         with pytest.raises(KeyboardInterrupt):
             call_command("migrate", "sessions_app", "0009", verbosity=0)
-        assert Checkpoint.objects.filter(schema_version=SCHEMA_VERSION).count() == 18
-        assert Step.objects.filter(schema_version=SCHEMA_VERSION).count() == 40
+        # 0009 rewrites to version 2, as released; 0015 takes them to 3.
+        assert Checkpoint.objects.filter(schema_version=2).count() == 18
+        assert Step.objects.filter(schema_version=2).count() == 40
         assert not MigrationExecutor(connection).loader.applied_migrations.get(
             ("sessions_app", "0009_upgrade_state_blobs")
         )
 
         monkeypatch.setitem(upgraders.STEP_UPGRADERS, 1, original)
         call_command("migrate", "sessions_app", "0009", verbosity=0)
-        assert set(Step.objects.values_list("schema_version", flat=True)) == {SCHEMA_VERSION}
+        assert set(Step.objects.values_list("schema_version", flat=True)) == {2}
         for session_id in ids[:4]:
             name = V1_SESSIONS[ids.index(session_id)]
             expected = read_fixture(name)["v1_messages"]
@@ -168,6 +169,18 @@ def test_data_migration_interrupted_half_way_carries_on_and_reverses_exactly(mon
         call_command("migrate", "sessions_app", "0008", verbosity=0)
         assert dump_blobs() == v1
         call_command("migrate", "sessions_app", "0009", verbosity=0)
+        assert dump_blobs() == carried_on
+
+        # On to version 3 with 0015, and back to exactly the version 2 blobs.
+        call_command("migrate", "sessions_app", "0015", verbosity=0)
+        assert set(Step.objects.values_list("schema_version", flat=True)) == {SCHEMA_VERSION}
+        assert set(Checkpoint.objects.values_list("schema_version", flat=True)) == {SCHEMA_VERSION}
+        assert all(c.state["agent_state"] is None for c in Checkpoint.objects.all())
+        for session_id in ids[:4]:
+            name = V1_SESSIONS[ids.index(session_id)]
+            expected = read_fixture(name)["v1_messages"]
+            assert messages_of(session_id) == _renamed(expected, name, session_id)
+        call_command("migrate", "sessions_app", "0014", verbosity=0)
         assert dump_blobs() == carried_on
     finally:
         call_command("migrate", verbosity=0)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from django.utils import timezone
 
-from agent_runtime.agents import demo_agents
 from agent_runtime.loop import Outcome, RunConfig, run_session
 from agent_runtime.store import InMemoryEffects
 from agent_runtime.upgraders import IncompatibleSchemaError
+from demo_agents import demo_agents
 from sessions_app.models import AgentSession, Step
 from sessions_app.services import session_start
 from sessions_app.store import DjangoSessionStore

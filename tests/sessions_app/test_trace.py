@@ -23,6 +23,7 @@ from sessions_app.presenters import (
     format_cost,
     format_count,
     format_ms,
+    present_step,
     run_reason,
 )
 from sessions_app.runtime import agent_registry, run_config
@@ -303,6 +304,17 @@ def test_the_timeline_of_a_long_session(long):
     branches = [b for b in zoom.bars if b["branch"] and b["kind"] == "tool_result"]
     assert len(branches) == 3 and len({b["y"] for b in branches}) == 3
     assert max(b["x"] for b in branches) < min(b["x"] + b["w"] for b in branches)
+
+
+def test_the_built_session_loads_as_a_worker_would(long):
+    from agent_runtime.upgraders import upgrade_state_blob
+    from sessions_app.models import Checkpoint
+
+    head = Checkpoint.objects.get(session=long.session, seq=long.session.head)
+    assert upgrade_state_blob(head.state).value["final_answer"].startswith("Counted to")
+    for step in Step.objects.filter(session=long.session).order_by("seq"):
+        # Every payload has a shape the upgraders load.
+        assert not present_step(step).load_error, step.seq
 
 
 def test_tokens_and_cost_per_turn_add_up(long):

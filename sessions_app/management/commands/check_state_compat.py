@@ -14,11 +14,24 @@ def _versions_line(report: CompatReport) -> str:
     return f"live sessions per schema version: {counts}"
 
 
+def _agents_line(report: CompatReport) -> str:
+    counts = (
+        ", ".join(
+            f"{agent} {version or '(unrecorded)'}: {n}"
+            for (agent, version), n in report.sessions_per_agent_version.items()
+        )
+        or "none"
+    )
+    return f"live sessions per agent version started on: {counts}"
+
+
 class Command(BaseCommand):
     help = (
         "Load the head checkpoint and live steps of every session that may still run (all but "
-        "completed and cancelled ones) with this code, as a worker would. Exits 1 with a report "
-        "of each one that would fail. Run it with the new release before `migrate`."
+        "completed and cancelled ones) with this code, as a worker would, and check each "
+        "against this code's agents (the agent exists and continues it, its agent state "
+        "loads, every tool call still to run names a tool that takes its stored arguments). "
+        "Exits 1 with a report of each problem. Run it with the new release before `migrate`."
     )
 
     def add_arguments(self, parser):
@@ -54,6 +67,10 @@ class Command(BaseCommand):
                             str(v): n for v, n in report.sessions_per_version.items()
                         },
                         "loads_now": report.loads_now,
+                        "sessions_per_agent_version": [
+                            {"agent": agent, "version": version, "sessions": n}
+                            for (agent, version), n in report.sessions_per_agent_version.items()
+                        ],
                     },
                     indent=2,
                 )
@@ -62,7 +79,7 @@ class Command(BaseCommand):
             self.write_report(report)
         if report.failures:
             raise CommandError(
-                f"{len(report.failures)} of {report.checked} session(s) would fail to load "
+                f"{report.failing_sessions} of {report.checked} session(s) would fail to load "
                 f"with this code (schema version {report.schema_version})",
                 returncode=1,
             )
@@ -86,7 +103,7 @@ class Command(BaseCommand):
             )
         if report.failures:
             out.write(
-                f"{len(report.failures)} of {report.checked} session(s) would fail to load "
+                f"{report.failing_sessions} of {report.checked} session(s) would fail to load "
                 f"with this code (schema version {report.schema_version})."
             )
         else:
@@ -97,3 +114,4 @@ class Command(BaseCommand):
                 )
             )
         out.write(_versions_line(report))
+        out.write(_agents_line(report))

@@ -38,6 +38,12 @@ class Command(BaseCommand):
         if AgentSession.objects.exists() and not options["force"]:
             self.stdout.write("sessions exist already; users checked (use --force to add more)")
             return
+        if "demo" not in agent_registry():
+            self.stdout.write(
+                "the demo agents are not loaded (RESPAWN_AGENTS does not name "
+                "demo_agents:agents); users checked, no demo sessions"
+            )
+            return
         store, effects = DjangoSessionStore(), DjangoEffects()
 
         def run(session, **kwargs):

@@ -33,6 +33,13 @@ class Command(BaseCommand):
             session.refresh_from_db()
             if session.status in STOPPED:
                 break
+            if session.is_incompatible:
+                # A worker refused it (its code lacks the agent, or cannot load the session)
+                # and nothing will run it until a worker with other code does.
+                raise CommandError(
+                    f"session {session.id} is waiting for a worker that can run it: "
+                    f"{session.incompatible_reason}"
+                )
             if time.monotonic() > deadline:
                 raise CommandError(
                     f"session {session.id} still {session.status} after {options['timeout']:g}s "

@@ -1,0 +1,94 @@
+"""Would this session run on these agents? The deploy gate's half that is about the
+users' code (the other half, loading every blob through the upgraders, is the store's).
+
+A session is stranded by a deploy when its agent is gone, when the new version of the
+agent refuses it (`Agent.refusal`), when its agent state cannot be loaded (a version with
+no upgrader, or newer than the code), or when a tool call it still has to run — pending,
+waiting for a person's approval, or uncertain after a crash — names a tool that is gone or
+has arguments the tool's new schema no longer accepts. `session_problems` finds each of
+these from a loaded session, with the same functions a worker's run uses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .agents import AgentRegistry, AgentStateError, UnknownAgent
+from .loop import RunTools, _uncertain_resolution, next_action, replay
+from .state import StateError
+from .store import SessionHead
+from .tools import ToolError
+
+# Problems a worker's run refuses the session for (it is marked incompatible); the others
+# are tool calls that would fail when they run, which the model then sees.
+REFUSALS = frozenset({"agent", "agent version", "agent state"})
+
+
+@dataclass(frozen=True)
+class Problem:
+    where: str  # "agent", "agent state", "tool call at seq 12 (send_payment)"
+    error: str
+
+
+def session_problems(head: SessionHead, agents: AgentRegistry) -> list[Problem]:
+    """Everything that would stop a worker with these agents from running the session
+    (loaded whole, by `load_head`). Empty when it would run."""
+    try:
+        agent = agents.get(head.agent_name)
+    except UnknownAgent:
+        known = ", ".join(agents.names()) or "none"
+        return [
+            Problem(
+                "agent",
+                f"agent {head.agent_name!r} is not configured in this release (agents: {known})",
+            )
+        ]
+    try:
+        state = replay(head, agent)
+    except StateError as exc:
+        return [Problem("agent state", str(exc))]
+    problems = []
+    refusal = agent.refusal(started=head.agent_version, last_ran=state.agent_version)
+    if refusal is not None:
+        problems.append(Problem("agent version", refusal))
+    if agent.state is not None:
+        try:
+            agent.state.load(state.agent_state)
+        except AgentStateError as exc:
+            problems.append(Problem("agent state", f"agent {agent.name!r}: {exc}"))
+    action = next_action(head.history)
+    if not isinstance(action, RunTools):
+        return problems
+    for pending in action.calls:
+        decision = (pending.decision or {}).get("action")
+        if decision == "reject" or (
+            decision == "record_result" and _uncertain_resolution(pending) is not None
+        ):
+            continue  # decided: the tool does not run
+        call = pending.call
+        if pending.tool_call_step is not None and call.id in state.uncertain_calls:
+            what = "uncertain tool call"
+        elif state.pending_approval is not None and state.pending_approval.call_id == call.id:
+            what = "tool call waiting for approval"
+        else:
+            what = "pending tool call"
+        seq = pending.tool_call_step.seq if pending.tool_call_step is not None else action.model_seq
+        where = f"{what} at seq {seq} ({call.name})"
+        tool = agent.tools.get(call.name)
+        if tool is None:
+            have = ", ".join(agent.tools.names()) or "none"
+            problems.append(
+                Problem(
+                    where,
+                    f"agent {agent.name!r} version {agent.version} has no tool "
+                    f"{call.name!r} (its tools: {have})",
+                )
+            )
+            continue
+        try:
+            tool.validate(call.arguments)
+        except ToolError as exc:
+            problems.append(
+                Problem(where, f"the stored arguments no longer fit the tool's schema: {exc}")
+            )
+    return problems

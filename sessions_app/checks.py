@@ -1,0 +1,78 @@
+"""System checks: a deployment whose agents cannot load does not start.
+
+`manage.py check`, `runserver`, `rqworker` and every other management command run the
+checks before they start; the WSGI and ASGI entry points run this one too (gunicorn runs
+no checks of its own). So a wrong `RESPAWN_AGENTS` path, an attribute that is not an
+agent, two agents with one name or a tool whose signature cannot become a schema stops
+the process with the path and the problem, never a job at run time.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from . import runtime
+
+# Problem codes of agent_runtime.discovery -> check ids.
+CHECK_IDS = {
+    "path": "respawn.E001",
+    "import": "respawn.E002",
+    "attribute": "respawn.E003",
+    "not_agent": "respawn.E004",
+    "call": "respawn.E005",
+    "agent": "respawn.E006",
+    "duplicate": "respawn.E007",
+    "model": "respawn.E008",
+}
+
+HINTS = {
+    "path": "Each RESPAWN_AGENTS entry is 'package.module:attribute'.",
+    "import": "Install the package (or put it on PYTHONPATH) and fix the error in its code.",
+    "attribute": "Name an Agent, a list of agents, or a function returning them.",
+    "not_agent": "Build agents with agent_runtime.Agent(...).",
+    "duplicate": "Agent names are unique across RESPAWN_AGENTS and the installed packages.",
+    "model": "Name models 'provider:model' with a known provider, or register_provider().",
+}
+
+
+@checks.register("respawn")
+def check_agents(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    found = runtime.discovered()
+    messages: list[checks.CheckMessage] = [
+        checks.Error(
+            str(problem),
+            hint=HINTS.get(problem.code),
+            obj=f"RESPAWN_AGENTS={','.join(settings.RESPAWN_AGENTS)}",
+            id=CHECK_IDS.get(problem.code, "respawn.E099"),
+        )
+        for problem in found.problems
+    ]
+    if not found.problems and not found.agents:
+        messages.append(
+            checks.Warning(
+                "no agents are configured: RESPAWN_AGENTS is empty and no installed package "
+                "declares the respawn.agents entry point",
+                hint="Set RESPAWN_AGENTS=your_package.agents:agents (or demo_agents:agents).",
+                id="respawn.W001",
+            )
+        )
+    return messages
+
+
+def refuse_to_start_on_agent_errors() -> None:
+    """For entry points that run no checks themselves (gunicorn through config.wsgi)."""
+    errors = [m for m in check_agents() if m.is_serious()]
+    if errors:
+        raise ImproperlyConfigured(
+            "Respawn cannot start: " + "; ".join(f"{m.id}: {m.msg}" for m in errors)
+        )
+
+
+@receiver(setting_changed)
+def _agents_setting_changed(setting: str, **kwargs) -> None:
+    if setting in ("RESPAWN_AGENTS", "RESPAWN_AGENT_ENTRY_POINTS"):
+        runtime.reset_agents()

@@ -1,0 +1,62 @@
+"""The Agents page and the API's agents: who may read them, what they show, what they cost."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from sessions_app.models import AgentSession, ApiToken, Status
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def acme(settings):
+    settings.RESPAWN_AGENTS = ["acme_agents:agents_v2"]
+
+
+def test_viewer_reads_the_agents_page_and_outsider_is_refused(client, users, acme):
+    client.force_login(users["outsider"])
+    assert client.get(reverse("sessions:agents")).status_code == 403
+    client.force_login(users["viewer"])
+    page = client.get(reverse("sessions:agents")).content.decode()
+    assert 'id="agent-acme"' in page and "version 2" in page
+    assert "upgraders from 1" in page  # agent state 1 -> 2
+    assert 'id="tool-acme-refund"' in page and "needs approval" in page
+
+
+def test_agents_page_queries_do_not_grow_with_agents_or_sessions(
+    client, users, settings, django_assert_max_num_queries
+):
+    settings.RESPAWN_AGENTS = ["demo_agents:agents", "acme_agents:agents_v2"]
+    for i in range(40):
+        AgentSession.objects.create(agent=["demo", "acme", "gone"][i % 3], agent_version=str(i % 4))
+    client.force_login(users["viewer"])
+    # The session, the user and their groups (the role), live sessions per agent and version.
+    with django_assert_max_num_queries(4):
+        response = client.get(reverse("sessions:agents"))
+    assert response.status_code == 200
+    assert "gone</a>: 13 live sessions" in response.content.decode()  # i % 3 == 2
+
+
+def test_the_list_filters_by_the_version_sessions_started_on(client, users, acme):
+    AgentSession.objects.create(agent="acme", agent_version="1", title="old-release")
+    AgentSession.objects.create(agent="acme", agent_version="2", title="new-release")
+    client.force_login(users["viewer"])
+    page = client.get(reverse("sessions:list"), {"agent_version": "1"}).content.decode()
+    assert "old-release" in page and "new-release" not in page
+
+
+def test_api_lists_the_agents_and_filters_sessions_by_version(client, users, acme):
+    AgentSession.objects.create(agent="acme", agent_version="1", status=Status.PAUSED)
+    AgentSession.objects.create(agent="acme", agent_version="2", status=Status.COMPLETED)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {ApiToken.issue(users['viewer'])[1]}"}
+    [agent] = client.get("/api/agents", **auth).json()
+    assert (agent["name"], agent["version"], agent["state_version"]) == ("acme", "2", 2)
+    assert agent["live_sessions"] == [{"version": "1", "sessions": 1}]
+    refund = next(t for t in agent["tools"] if t["name"] == "refund")
+    assert refund["needs_approval"] and not refund["idempotent"]
+    assert refund["parameters"]["required"] == ["order", "amount_cents"]
+    page = client.get("/api/sessions", {"agent_version": "2"}, **auth).json()
+    assert [s["agent_version"] for s in page["items"]] == ["2"]
+    assert client.get("/api/agents").status_code == 401
