@@ -719,13 +719,13 @@ GAP_COLLAPSE_SECONDS = 2.0  # idle stretches longer than this are collapsed and 
 
 @dataclass(frozen=True)
 class Gap:
-    start: datetime
-    end: datetime
+    start: float  # seconds since 1970
+    end: float
     reason: str
 
     @property
     def seconds(self) -> float:
-        return (self.end - self.start).total_seconds()
+        return self.end - self.start
 
     @property
     def label(self) -> str:
@@ -733,20 +733,39 @@ class Gap:
 
 
 class ActiveAxis:
-    """Maps wall-clock times to positions on an axis of active time: the stretches where
-    some step ran keep their length, idle gaps longer than GAP_COLLAPSE_SECONDS become a
-    fixed-width break (labelled with what the session waited for)."""
+    """Maps times (seconds since 1970) to positions on an axis of active time: the
+    stretches where some step ran keep their length, idle gaps longer than
+    GAP_COLLAPSE_SECONDS become a fixed-width break (labelled with what the session waited
+    for)."""
 
-    def __init__(self, intervals: list[tuple[datetime, datetime]], gap_reasons=None) -> None:
-        self.segments: list[tuple[datetime, datetime, float]] = []  # start, end, offset (s)
+    def __init__(self, intervals: list[tuple[float, float]], gap_reasons=None) -> None:
+        self.segments: list[tuple[float, float, float]] = []  # start, end, offset (s)
         self.gaps: list[Gap] = []
-        busy: list[list[datetime]] = []
+        busy: list[list[float]] = []
         for start, end in sorted(intervals):
             end = max(end, start)
-            if busy and start <= busy[-1][1] + timedelta(seconds=GAP_COLLAPSE_SECONDS):
-                busy[-1][1] = max(busy[-1][1], end)
+            if busy and start <= busy[-1][1] + GAP_COLLAPSE_SECONDS:
+                if end > busy[-1][1]:
+                    busy[-1][1] = end
             else:
                 busy.append([start, end])
+        self._build([(start, end) for start, end in busy], gap_reasons)
+
+    @classmethod
+    def from_gaps(
+        cls, start: float, end: float, gaps: list[tuple[float, float, str]]
+    ) -> ActiveAxis:
+        """The axis of a span whose long idle gaps (from, to, reason) are already known (the
+        database found them): the busy stretches are what lies between them."""
+        axis = cls([])
+        edges = [start] + [edge for gap in gaps for edge in gap[:2]] + [max(end, start)]
+        busy = list(zip(edges[::2], edges[1::2], strict=True))
+        reasons = iter([gap[2] for gap in gaps])
+        axis._build(busy, lambda _start, _end: next(reasons))
+        return axis
+
+    def _build(self, busy: list[tuple[float, float]], gap_reasons) -> None:
+        self.segments, self.gaps = [], []
         offset = 0.0
         for index, (start, end) in enumerate(busy):
             if index:
@@ -754,18 +773,17 @@ class ActiveAxis:
                 reason = gap_reasons(previous_end, start) if gap_reasons else "idle"
                 self.gaps.append(Gap(previous_end, start, reason))
             self.segments.append((start, end, offset))
-            offset += (end - start).total_seconds()
+            offset += end - start
         self.active_seconds = offset
         self._starts = [s[0] for s in self.segments]
 
-    def position(self, when: datetime) -> tuple[float, int]:
+    def position(self, when: float) -> tuple[float, int]:
         """(active seconds before `when`, breaks before it)."""
         if not self.segments:
             return 0.0, 0
         index = max(bisect.bisect_right(self._starts, when) - 1, 0)
         start, end, offset = self.segments[index]
-        inside = min(max((when - start).total_seconds(), 0.0), (end - start).total_seconds())
-        return offset + inside, index
+        return offset + min(max(when - start, 0.0), end - start), index
 
 
 @dataclass(frozen=True)
@@ -788,7 +806,7 @@ class Scale:
         usable = self.width - self.break_px * len(self.axis.gaps)
         return usable / max(self.axis.active_seconds, 0.001)
 
-    def x(self, when: datetime) -> float:
+    def x(self, when: float) -> float:
         seconds, breaks = self.axis.position(when)
         return self.left + seconds * self.per_second + breaks * self.break_px
 
@@ -801,11 +819,7 @@ class Scale:
     def gap_x(self, index: int) -> float:
         """Left edge of the break of gap `index`."""
         start, end, offset = self.axis.segments[index]
-        return (
-            self.left
-            + (offset + (end - start).total_seconds()) * self.per_second
-            + (index * self.break_px)
-        )
+        return self.left + (offset + end - start) * self.per_second + index * self.break_px
 
 
 def nice_ticks(seconds: float, count: int = 5) -> list[float]:

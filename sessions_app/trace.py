@@ -6,20 +6,24 @@ index, and the timeline of a long session is aggregated in one pass."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
 from django.db.models import (
     BooleanField,
     Case,
     Count,
     F,
     FloatField,
+    Func,
     Max,
     Min,
     Q,
     QuerySet,
+    Subquery,
     Sum,
     Value,
     When,
@@ -29,6 +33,7 @@ from django.db.models.functions import Cast, Coalesce
 
 from .models import AgentSession, AuditEvent, Checkpoint, Step
 from .presenters import (
+    GAP_COLLAPSE_SECONDS,
     KIND_LABEL,
     ActiveAxis,
     Gap,
@@ -274,12 +279,28 @@ PLOT_LEFT, PLOT_WIDTH, LABEL_WIDTH = 200, 780, 196
 OVERVIEW_BUCKETS = 195
 
 
+class EpochSeconds(Func):
+    """A timestamp as seconds since 1970 (a float): the timeline reads thousands of them,
+    and a float is many times cheaper to load than a timestamp with a time zone."""
+
+    template = "EXTRACT(EPOCH FROM %(expressions)s)::double precision"
+    output_field = FloatField()
+
+    def as_sqlite(self, compiler, connection, **extra):
+        return self.as_sql(
+            compiler,
+            connection,
+            template="((julianday(%(expressions)s) - 2440587.5) * 86400.0)",
+            **extra,
+        )
+
+
 @dataclass
 class TimelineRow:
     seq: int
     kind: str
-    start: datetime
-    end: datetime
+    start: float  # seconds since 1970
+    end: float
     failed: bool
     event: str
     name: str = ""
@@ -287,16 +308,26 @@ class TimelineRow:
 
 
 def _timeline_rows(
-    session: AgentSession, filters: TraceFilters, *, named: bool, seqs: tuple[int, int] | None
+    session: AgentSession,
+    filters: TraceFilters,
+    *,
+    named: bool,
+    seqs: tuple[int, int] | None,
+    last: int | None = None,
 ) -> list[TimelineRow]:
+    """Steps as bars: seq, kind, start and end (seconds), failed, event (and the name and
+    branch to label them with): those between `seqs`, the `last` ones, or all."""
     steps = Step.objects.filter(session=session)
     if not filters.superseded:
         steps = steps.filter(superseded_at__isnull=True)
     if seqs:
         steps = steps.filter(seq__gte=seqs[0], seq__lte=seqs[1])
+    if last:
+        newest = steps.order_by("-seq").values_list("seq", flat=True)[last - 1 : last]
+        steps = steps.filter(seq__gte=Coalesce(Subquery(newest), Value(0)))
     steps = steps.annotate(
-        t0=Coalesce("started_at", "created_at"),
-        t1=Coalesce("finished_at", "started_at", "created_at"),
+        t0=EpochSeconds(Coalesce("started_at", "created_at")),
+        t1=EpochSeconds(Coalesce("finished_at", "started_at", "created_at")),
         failed=Case(
             When(FAILED, then=Value(True)), default=Value(False), output_field=BooleanField()
         ),
@@ -326,27 +357,25 @@ def _timeline_rows(
     return rows
 
 
-def _gap_reason(before: TimelineRow | None, after: TimelineRow | None, prev: Step | None) -> str:
-    """What a session waited for in an idle gap, from the steps on each side of it."""
-    if after is None:
-        return "idle"
-    if after.kind == "operator":
+def _gap_reason(after_kind: str, after_event: str, prev: Step | None) -> str:
+    """What a session waited for in an idle gap: from the step that ended it, and the step
+    just before that one (by seq)."""
+    prev_payload = (prev.payload or {}) if prev is not None else {}
+    if after_kind == "operator":
         return "waiting for a person"
-    if after.kind == "user":
+    if after_kind == "user":
         return "until a new message"
-    if before is not None and before.event in ("waiting_for_approval", "uncertain_call"):
+    if prev_payload.get("event") in ("waiting_for_approval", "uncertain_call"):
         return "waiting for a person"
-    if after.event == "run_started":
-        if prev is not None and not ends_a_run(prev, prev.payload or {}):
+    if after_event == "run_started" and prev is not None:
+        if not ends_a_run(prev, prev_payload):
             return "until another worker took over (crash)"
-        if prev is not None and prev.kind == "error":
+        if prev.kind == "error":
             return "failed, until resumed"
-        if prev is not None and prev.kind == "operator":
-            return (
-                "paused, until resumed"
-                if (prev.payload or {}).get("action") == "rollback"
-                else "waiting for a worker"
-            )
+        if prev.kind == "operator" and prev_payload.get("action") == "rollback":
+            return "paused, until resumed"
+        return "waiting for a worker"
+    if after_event == "run_started":
         return "waiting for a worker"
     return "idle"
 
@@ -368,19 +397,38 @@ class Timeline:
     wall: str = ""
 
 
+def _steps_before(session: AgentSession, seqs: set[int]) -> dict[int, Step]:
+    """seq -> the step just before it (by seq), for the given seqs (at most 2,000)."""
+    wanted = sorted(seq - 1 for seq in seqs if seq > 1)[:2000]
+    if not wanted:
+        return {}
+    found = Step.objects.filter(session=session, seq__in=wanted).only("seq", "kind", "payload")
+    return {step.seq + 1: step for step in found}
+
+
+def _stand_in(row: TimelineRow | None) -> Step | None:
+    """A step as much as the timeline read of it (its kind and event)."""
+    if row is None:
+        return None
+    return Step(seq=row.seq, kind=row.kind, payload={"event": row.event} if row.event else {})
+
+
 def _axis_for(rows: list[TimelineRow], previous_of: dict[int, Step]) -> ActiveAxis:
+    """The axis of these rows; each long gap says what the session waited for (from the
+    step that ended it and the one before that: fetched for run starts, else as read)."""
+    import bisect
+
     by_start = sorted(rows, key=lambda r: (r.start, r.seq))
     starts = [r.start for r in by_start]
     by_seq = {r.seq: r for r in rows}
 
-    def reasons(gap_start: datetime, gap_end: datetime) -> str:
-        import bisect
-
+    def reasons(gap_start: float, gap_end: float) -> str:
         index = bisect.bisect_left(starts, gap_end)
         after = by_start[index] if index < len(by_start) else None
-        before = by_seq.get(after.seq - 1) if after else None
-        prev = previous_of.get(after.seq) if after else None
-        return _gap_reason(before, after, prev)
+        if after is None:
+            return "idle"
+        prev = previous_of.get(after.seq) or _stand_in(by_seq.get(after.seq - 1))
+        return _gap_reason(after.kind, after.event, prev)
 
     return ActiveAxis([(r.start, r.end) for r in rows], reasons)
 
@@ -394,47 +442,69 @@ def timeline(
     """The session's steps on an axis of active time: one row per step for a window of up
     to TIMELINE_WINDOW steps (the latest, or the seqs asked for), and for a longer session
     an overview of all of it in buckets, each a link to its steps."""
+    return _cached_while_settled(
+        session,
+        f"timeline:{int(filters.superseded)}:" + ("-".join(map(str, window)) if window else ""),
+        lambda: _timeline(session, filters, window),
+    )
+
+
+SETTLED_CACHE_SECONDS = 300
+
+
+def _cached_while_settled(session: AgentSession, what: str, compute: Callable[[], Any]) -> Any:
+    """A settled session's drawing, kept for a while: it changes only with a new step or a
+    rollback, and either moves `last_seq` or `updated_at`, which are in the key. A live
+    session's is drawn anew each time."""
+    from django.core.cache import cache
+
+    if session.status in ("queued", "running"):
+        return compute()
+    key = f"respawn:{what}:{session.id}:{session.last_seq}:{session.updated_at.timestamp():.6f}"
+    found = cache.get(key)
+    if found is None:
+        found = compute()
+        cache.set(key, found, SETTLED_CACHE_SECONDS)
+    return found
+
+
+def _timeline(
+    session: AgentSession, filters: TraceFilters, window: tuple[int, int] | None
+) -> Timeline:
     out = Timeline()
-    overall = _timeline_rows(session, filters, named=False, seqs=None)
-    out.total_steps = len(overall)
-    if not overall:
+    visible = Step.objects.filter(session=session)
+    if not filters.superseded:
+        visible = visible.filter(superseded_at__isnull=True)
+    out.total_steps = visible.count()
+    if not out.total_steps:
         return out
     out.empty = False
-    run_seqs = [r.seq for r in overall if r.event == "run_started"]
-    # The step before each run and each gap's far side, for why the session waited.
-    wanted = {seq - 1 for seq in run_seqs if seq > 1}
-    previous_of: dict[int, Step] = {}
-    if wanted:
-        before = {
-            s.seq: s
-            for s in Step.objects.filter(session=session, seq__in=sorted(wanted)[:2000]).only(
-                "seq", "kind", "payload"
-            )
-        }
-        previous_of = {seq + 1: step for seq, step in before.items()}
-    axis = _axis_for(overall, previous_of)
-    wall = (max(r.end for r in overall) - min(r.start for r in overall)).total_seconds()
-    out.active = format_duration(axis.active_seconds)
-    out.wall = format_duration(wall)
-    out.waited = format_duration(sum(g.seconds for g in axis.gaps)) if axis.gaps else ""
-    if len(overall) > TIMELINE_WINDOW:
-        out.overview = _overview(overall, axis, run_seqs, previous_of)
     if window is None:
-        tail = overall[-TIMELINE_WINDOW:]
-        window = (tail[0].seq, tail[-1].seq)
+        rows = _timeline_rows(session, filters, named=True, seqs=None, last=TIMELINE_WINDOW)
     else:
         lo = max(window[0], 1)
-        window = (lo, max(min(window[1], lo + TIMELINE_WINDOW - 1), lo))
-    out.window = window
-    rows = _timeline_rows(session, filters, named=True, seqs=window)[:TIMELINE_WINDOW]
+        hi = max(min(window[1], lo + TIMELINE_WINDOW - 1), lo)
+        rows = _timeline_rows(session, filters, named=True, seqs=(lo, hi))[:TIMELINE_WINDOW]
+    previous_of = _steps_before(session, {r.seq for r in rows if r.event == "run_started"})
+    window_axis = _axis_for(rows, previous_of) if rows else ActiveAxis([])
+    if out.total_steps > TIMELINE_WINDOW:
+        if connection.vendor == "postgresql":
+            axis, out.overview = _overview_in_sql(session, filters)
+        else:
+            axis, out.overview = _overview_in_python(session, filters)
+    else:
+        axis = window_axis  # the window is the whole session
+    out.active = format_duration(axis.active_seconds)
+    out.wall = format_duration(axis.segments[-1][1] - axis.segments[0][0]) if axis.segments else ""
+    out.waited = format_duration(sum(g.seconds for g in axis.gaps)) if axis.gaps else ""
     if not rows:
         return out
-    window_axis = _axis_for(rows, previous_of)
+    out.window = (rows[0].seq, rows[-1].seq)
     scale = Scale.fit(window_axis, PLOT_LEFT, PLOT_WIDTH)
     top, row_h = 26, 14
     for index, row in enumerate(rows):
         x0, x1 = scale.x(row.start), scale.x(row.end)
-        duration_ms = (row.end - row.start).total_seconds() * 1000
+        duration_ms = (row.end - row.start) * 1000
         label = f"#{row.seq} {KIND_LABEL.get(row.kind, row.kind)} {row.name}".strip()
         out.bars.append(
             {
@@ -469,53 +539,214 @@ def _gap_view(gap: Gap, x: float, width: float) -> dict[str, Any]:
     return {"x": x, "w": width, "label": gap.label, "short": format_duration(gap.seconds)}
 
 
-def _overview(
-    rows: list[TimelineRow],
+def _empty_buckets() -> list[dict[str, Any]]:
+    return [
+        {
+            "steps": 0,
+            "model": 0,
+            "tool": 0,
+            "other": 0,
+            "failed": 0,
+            "first_failed": None,
+            "first": None,
+            "last": None,
+        }
+        for _ in range(OVERVIEW_BUCKETS)
+    ]
+
+
+def _overview_in_python(
+    session: AgentSession, filters: TraceFilters
+) -> tuple[ActiveAxis, dict[str, Any]]:
+    """The overview from every step read into Python (for databases without window
+    functions to do it in; `_overview_in_sql` does the same on PostgreSQL)."""
+    rows = _timeline_rows(session, filters, named=False, seqs=None)
+    runs = [(r.seq, r.start) for r in rows if r.event == "run_started"]
+    previous_of = _steps_before(session, {seq for seq, _ in runs})
+    axis = _axis_for(rows, previous_of)
+    scale = Scale.fit(axis, PLOT_LEFT, PLOT_WIDTH)
+    column_w = PLOT_WIDTH / OVERVIEW_BUCKETS
+    buckets = _empty_buckets()
+    for row in rows:
+        index = min(max(int((scale.x(row.start) - PLOT_LEFT) / column_w), 0), OVERVIEW_BUCKETS - 1)
+        bucket = buckets[index]
+        bucket["steps"] += 1
+        kind = (
+            "model" if row.kind == "model" else "tool" if row.kind.startswith("tool") else "other"
+        )
+        bucket[kind] += 1
+        if row.failed:
+            bucket["failed"] += 1
+            bucket["first_failed"] = bucket["first_failed"] or row.seq
+        bucket["first"] = bucket["first"] or row.seq
+        bucket["last"] = row.seq
+    return axis, _overview_view(buckets, axis, runs, previous_of)
+
+
+# The steps of one session as the timeline reads them: start and end in seconds (no
+# payload: reading every step's JSON cost more than all the rest).
+_TIMELINE_STEPS = """
+    SELECT seq, kind,
+           EXTRACT(EPOCH FROM COALESCE(started_at, created_at))::double precision AS t0,
+           GREATEST(
+               EXTRACT(EPOCH FROM COALESCE(finished_at, started_at, created_at)),
+               EXTRACT(EPOCH FROM COALESCE(started_at, created_at))
+           )::double precision AS t1
+    FROM sessions_app_step
+    WHERE session_id = %(session)s AND (%(superseded)s OR superseded_at IS NULL)
+"""
+# Each step with the idle time before it: from the latest end of any step that started
+# before it (steps ordered by start, as ActiveAxis orders them).
+_WITH_GAPS = f"""
+    WITH s AS ({_TIMELINE_STEPS}),
+    g AS (
+        SELECT s.*, t0 - MAX(t1) OVER (
+            ORDER BY t0, seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING
+        ) AS gap
+        FROM s
+    )
+"""
+# In one pass: the span and its long gaps (rows "T" and "G"), and the steps counted per
+# column of the active-time axis ("B"): a step's x is its start less the long gaps before
+# it, plus a break's width per gap, scaled as Scale.fit scales (the same formula).
+_OVERVIEW = (
+    _WITH_GAPS
+    + """,
+    a AS (
+        SELECT g.*,
+            SUM(CASE WHEN gap > %(collapse)s THEN gap ELSE 0 END) OVER w AS collapsed,
+            COUNT(*) FILTER (WHERE gap > %(collapse)s) OVER w AS breaks
+        FROM g WINDOW w AS (ORDER BY t0, seq)
+    ),
+    t AS (
+        SELECT MIN(t0) AS first, MAX(t1) AS last,
+               COALESCE(SUM(gap) FILTER (WHERE gap > %(collapse)s), 0) AS waited,
+               COUNT(*) FILTER (WHERE gap > %(collapse)s) AS n
+        FROM g
+    ),
+    k AS (
+        SELECT t.*,
+            CASE WHEN n * 22 <= %(width)s / 3.0 THEN 22.0
+                 ELSE GREATEST(%(width)s / 3.0 / GREATEST(n, 1), 1.0) END AS bp,
+            GREATEST(last - first - waited, 0.001) AS active
+        FROM t
+    )
+    SELECT 'B' AS row, LEAST(GREATEST(FLOOR(
+               ((a.t0 - k.first - a.collapsed) * ((%(width)s - k.bp * k.n) / k.active)
+                + a.breaks * k.bp) / %(column_w)s), 0), %(last_column)s)::integer,
+           COUNT(*)::integer,
+           (COUNT(*) FILTER (WHERE a.kind = 'model'))::integer,
+           (COUNT(*) FILTER (WHERE a.kind IN ('tool_call', 'tool_result')))::integer,
+           MIN(a.seq), MAX(a.seq), NULL::double precision, NULL::double precision
+    FROM a CROSS JOIN k GROUP BY 2
+    UNION ALL
+    SELECT 'T', NULL, NULL, NULL, NULL, NULL, NULL, first, last FROM t
+    UNION ALL
+    (SELECT 'G', NULL, NULL, NULL, NULL, seq, NULL, t0 - gap, t0
+     FROM g WHERE gap > %(collapse)s ORDER BY t0, seq LIMIT 5000)
+"""
+)
+
+
+def _overview_in_sql(
+    session: AgentSession, filters: TraceFilters
+) -> tuple[ActiveAxis, dict[str, Any]]:
+    """The overview of a long session computed by PostgreSQL in one statement: the long
+    gaps (a window function over the steps ordered by start), and the steps counted per
+    column of the active-time axis (a running sum of the collapsed gaps). Python sees a few
+    hundred rows whatever the session's length: at 100,000 steps, reading every step into
+    Python took over a second."""
+    params = {
+        "session": session.id,
+        "superseded": filters.superseded,
+        "collapse": GAP_COLLAPSE_SECONDS,
+        "width": float(PLOT_WIDTH),
+        "column_w": PLOT_WIDTH / OVERVIEW_BUCKETS,
+        "last_column": OVERVIEW_BUCKETS - 1,
+    }
+    with connection.cursor() as cursor:
+        cursor.execute(_OVERVIEW, params)
+        rows = cursor.fetchall()
+    buckets = _empty_buckets()
+    gap_rows, first, end = [], 0.0, 0.0
+    for row, column, steps, model, tool, lo, hi, t0, t1 in rows:
+        if row == "B":
+            buckets[column].update(
+                steps=steps, model=model, tool=tool, other=steps - model - tool, first=lo, last=hi
+            )
+        elif row == "T":
+            first, end = t0, t1
+        else:
+            gap_rows.append((t0, t1, lo))
+    gap_rows.sort()
+    # Failed steps from their own index, each in the column whose steps it falls among.
+    failed = Step.objects.filter(session=session).filter(FAILED)
+    if not filters.superseded:
+        failed = failed.filter(superseded_at__isnull=True)
+    columns = [(b["first"], b["last"], b) for b in buckets if b["steps"]]
+    for seq in failed.order_by("seq").values_list("seq", flat=True)[:5000]:
+        for lo, hi, bucket in columns:
+            if lo <= seq <= hi:
+                bucket["failed"] += 1
+                bucket["first_failed"] = bucket["first_failed"] or seq
+                break
+    starts = Step.objects.filter(session=session, kind="system", payload__event="run_started")
+    if not filters.superseded:
+        starts = starts.filter(superseded_at__isnull=True)
+    runs = list(
+        starts.order_by("seq")
+        .annotate(t0=EpochSeconds(Coalesce("started_at", "created_at")))
+        .values_list("seq", "t0")[:500]
+    )
+    # The steps that ended each long gap and the steps before them and before each run:
+    # what the session waited for, and why each run started.
+    ended = {seq for _, _, seq in gap_rows}
+    wanted = ended | {seq - 1 for seq in ended} | {seq - 1 for seq, _ in runs}
+    around = {
+        step.seq: step
+        for step in Step.objects.filter(session=session, seq__in=sorted(wanted)[:6000]).only(
+            "seq", "kind", "payload"
+        )
+    }
+    gaps = []
+    for busy, t0, seq in gap_rows:
+        after = around.get(seq)
+        event = str((after.payload or {}).get("event") or "") if after is not None else ""
+        kind = after.kind if after is not None else ""
+        gaps.append((busy, t0, _gap_reason(kind, event, around.get(seq - 1))))
+    axis = ActiveAxis.from_gaps(first, end, gaps)
+    previous_of = {seq: around[seq - 1] for seq, _ in runs if seq - 1 in around}
+    return axis, _overview_view(buckets, axis, runs, previous_of)
+
+
+def _overview_view(
+    buckets: list[dict[str, Any]],
     axis: ActiveAxis,
-    run_seqs: list[int],
+    runs: list[tuple[int, float]],
     previous_of: dict[int, Step],
 ) -> dict[str, Any]:
     """The whole session in OVERVIEW_BUCKETS columns: steps per column by kind, failures
-    marked, run starts (crashes marked) as lines; each column links to its first step."""
+    marked, run starts (crashes marked) as lines; each column zooms to its steps."""
     scale = Scale.fit(axis, PLOT_LEFT, PLOT_WIDTH)
     column_w = PLOT_WIDTH / OVERVIEW_BUCKETS
-    buckets: list[dict[str, Any]] = [
-        {"steps": 0, "model": 0, "tool": 0, "other": 0, "failed": 0, "first": None, "last": None}
-        for _ in range(OVERVIEW_BUCKETS)
-    ]
-    first_failed: dict[int, int] = {}
-    for row in rows:
-        index = min(int((scale.x(row.start) - PLOT_LEFT) / column_w), OVERVIEW_BUCKETS - 1)
-        bucket = buckets[max(index, 0)]
-        bucket["steps"] += 1
-        group = (
-            "model" if row.kind == "model" else "tool" if row.kind.startswith("tool") else "other"
-        )
-        bucket[group] += 1
-        if row.failed:
-            bucket["failed"] += 1
-            first_failed.setdefault(max(index, 0), row.seq)
-        bucket["first"] = row.seq if bucket["first"] is None else bucket["first"]
-        bucket["last"] = row.seq
     peak = max(b["steps"] for b in buckets) or 1
     height, top = 60, 18
+    base = top + height
     columns = []
     for index, b in enumerate(buckets):
         if not b["steps"]:
             continue
-        x = PLOT_LEFT + index * column_w
         h_model = height * b["model"] / peak
         h_tool = height * b["tool"] / peak
         h_other = height * b["other"] / peak
-        base = top + height
         columns.append(
             {
-                "x": x,
+                "x": PLOT_LEFT + index * column_w,
                 "w": max(column_w - 0.6, 1.0),
                 "first": b["first"],
                 "last": b["last"],
                 "failed": b["failed"],
-                "first_failed": first_failed.get(index),
+                "first_failed": b["first_failed"],
                 "segments": [
                     {"cls": "model", "y": base - h_model, "h": h_model},
                     {"cls": "tool", "y": base - h_model - h_tool, "h": h_tool},
@@ -528,29 +759,29 @@ def _overview(
                 ),
             }
         )
-    by_seq = {r.seq: r for r in rows}
-    runs = []
-    for number, seq in enumerate(run_seqs[:500], start=1):
-        start = run_reason(number, previous_of.get(seq), None, None)
-        runs.append(
+    run_marks = []
+    for number, (seq, start) in enumerate(runs, start=1):
+        why = run_reason(number, previous_of.get(seq), None, None)
+        run_marks.append(
             {
-                "x": scale.x(by_seq[seq].start),
+                "x": scale.x(start),
                 "seq": seq,
-                "crash": start.reason == "crash",
-                "title": f"run {number} (#{seq}): {start.text}",
+                "crash": why.reason == "crash",
+                "title": f"run {number} (#{seq}): {why.text}",
             }
         )
     gaps = [_gap_view(g, scale.gap_x(i), scale.break_px) for i, g in enumerate(axis.gaps)]
     # Label only the longest gaps: a session of many short waits would be unreadable.
-    for gap in sorted(gaps, key=lambda g: -axis.gaps[gaps.index(g)].seconds)[5:]:
-        gap["short"] = ""
+    longest = sorted(range(len(gaps)), key=lambda i: -axis.gaps[i].seconds)
+    for i in longest[5:]:
+        gaps[i]["short"] = ""
     return {
         "columns": columns,
-        "runs": runs,
+        "runs": run_marks,
         "gaps": gaps,
         "top": top,
         "height": top + height + 16,
-        "base": top + height,
+        "base": base,
         "peak": peak,
     }
 
@@ -563,6 +794,12 @@ USAGE_BARS = 120
 def usage_per_turn(session: AgentSession, filters: TraceFilters) -> dict[str, Any]:
     """Tokens (in and out) and cost of each model turn; more turns than USAGE_BARS are
     summed in groups of consecutive turns (by step number)."""
+    return _cached_while_settled(
+        session, f"usage:{int(filters.superseded)}", lambda: _usage_per_turn(session, filters)
+    )
+
+
+def _usage_per_turn(session: AgentSession, filters: TraceFilters) -> dict[str, Any]:
     models = Step.objects.filter(session=session, kind="model")
     if not filters.superseded:
         models = models.filter(superseded_at__isnull=True)
@@ -574,7 +811,8 @@ def usage_per_turn(session: AgentSession, filters: TraceFilters) -> dict[str, An
     # session's steps, and a GROUP BY over seq ranges needs no window function.
     seq_span = span["last"] - span["first"] + 1
     width_seqs = max(-(-seq_span * per_bar // span["turns"]), 1) if per_bar > 1 else 1
-    cost = Cast(KT("payload__usage__cost"), FloatField())
+    # A session that reported no cost has none in any turn: no payload is read for it.
+    cost = Cast(KT("payload__usage__cost"), FloatField()) if session.cost else Value(0.0)
     if per_bar == 1:
         rows = list(
             models.order_by("seq").values_list(
