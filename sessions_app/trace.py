@@ -134,27 +134,28 @@ class TracePage:
 
 
 def trace_context(session: AgentSession, after: int, filters: TraceFilters) -> TraceContext:
-    """Turns and runs before step `after` (one aggregate over the kind index)."""
+    """Turns and runs before step `after`. Model steps are counted from the (session, kind,
+    seq) index alone, less the few superseded ones (the step_superseded index): one
+    aggregate reading every row before `after` took 80 ms at step 100,000."""
     if after <= 0 or not filters.grouped:
         return TraceContext()
-    visible = Q() if filters.superseded else Q(superseded_at__isnull=True)
-    run_started = Q(kind="system", payload__event="run_started")
-    counts = Step.objects.filter(
-        session=session, seq__lte=after, kind__in=("model", "system")
-    ).aggregate(
-        turns=Count("id", filter=Q(kind="model") & visible),
-        runs=Count("id", filter=run_started & visible),
-        last_run=Max("seq", filter=run_started & visible),
-    )
+    before = Step.objects.filter(session=session, seq__lte=after)
+    turns = before.filter(kind="model").count()
+    if not filters.superseded:
+        turns -= before.filter(superseded_at__isnull=False, kind="model").count()
+    starts = before.filter(kind="system", payload__event="run_started")
+    if not filters.superseded:
+        starts = starts.filter(superseded_at__isnull=True)
+    runs = starts.aggregate(n=Count("id"), last=Max("seq"))
     worker = ""
-    if counts["last_run"]:
+    if runs["last"]:
         worker = str(
-            Step.objects.filter(session=session, seq=counts["last_run"])
+            Step.objects.filter(session=session, seq=runs["last"])
             .values_list(KT("payload__worker"), flat=True)
             .first()
             or ""
         )
-    return TraceContext(counts["turns"], counts["runs"], worker)
+    return TraceContext(turns, runs["n"], worker)
 
 
 def trace_page(

@@ -348,7 +348,9 @@ def test_session_page_queries_do_not_grow_with_its_length(
     session = long.session
     with django_assert_max_num_queries(14):
         assert client.get(reverse("sessions:detail", args=[session.id])).status_code == 200
-    with django_assert_max_num_queries(15):
+    # From a step deep in: the turns and runs before it are counted from indexes (3 small
+    # queries rather than one that reads every row before it).
+    with django_assert_max_num_queries(17):
         url = reverse("sessions:detail", args=[session.id]) + f"?from={long.crash_call_seq}"
         assert client.get(url).status_code == 200
     with django_assert_max_num_queries(7):
