@@ -574,6 +574,10 @@ class AttentionSection:
     def count_label(self) -> str:
         return f"{self.count:,}+" if self.capped else f"{self.count:,}"
 
+    @property
+    def short(self) -> str:
+        return self.title.split(":")[0].split(" (")[0]
+
 
 def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
     from .admin import stuck_sessions_q  # the one definition of "stuck" as a query
