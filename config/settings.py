@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -204,6 +205,29 @@ RESPAWN_AGENTS = [
     if path.strip()
 ]
 RESPAWN_AGENT_ENTRY_POINTS = env_bool("RESPAWN_AGENT_ENTRY_POINTS", True)
+
+
+def _retention_policy() -> tuple[object, str]:
+    """RESPAWN_RETENTION (JSON) or the JSON file RESPAWN_RETENTION_FILE names, and what is
+    wrong with reading it; the policy itself is checked by a system check
+    (sessions_app.checks) and applied by `manage.py apply_retention`."""
+    raw = os.environ.get("RESPAWN_RETENTION", "")
+    path = os.environ.get("RESPAWN_RETENTION_FILE", "")
+    if path:
+        try:
+            raw = Path(path).read_text()
+        except OSError as exc:
+            return {}, f"RESPAWN_RETENTION_FILE={path}: {exc.strerror}"
+    if not raw.strip():
+        return {}, ""
+    try:
+        return json.loads(raw), ""
+    except ValueError as exc:
+        return {}, f"the retention policy is not JSON: {exc}"
+
+
+# Retention policies (sessions_app/retention.py; the README's "Retention"): off by default.
+RESPAWN_RETENTION, RESPAWN_RETENTION_PROBLEM = _retention_policy()
 # A session whose worker dies this many times in a row at the same step is failed (a
 # poison session) instead of taking workers down forever.
 RESPAWN_MAX_CRASHES = int(env_float("RESPAWN_MAX_CRASHES", 5))

@@ -118,6 +118,7 @@ class SessionOut(Schema):
     parent: UUID | None = None
     fork_seq: int | None = None
     stuck: bool
+    legal_hold: bool = Field(description="retention policies never delete anything of it")
     created_at: datetime
     updated_at: datetime
 
@@ -202,6 +203,11 @@ class UncertainIn(Schema):
     note: str = Field("", max_length=2000)
 
 
+class HoldIn(Schema):
+    hold: bool
+    note: str = Field("", max_length=300, description="why (a case or ticket); required to hold")
+
+
 class DecisionIn(Schema):
     reason: str = Field("", max_length=2000)
 
@@ -212,6 +218,7 @@ STATUS_CODES = {
     "not_found": 404,
     "bad_status": 409,
     "already_running": 409,
+    "exists": 409,
 }
 
 
@@ -264,6 +271,7 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
         "parent": session.parent_id,
         "fork_seq": session.fork_seq,
         "stuck": session.is_stuck(),
+        "legal_hold": session.legal_hold,
         "created_at": session.created_at,
         "updated_at": session.updated_at,
     }
@@ -611,3 +619,73 @@ def resolve_uncertain(request: HttpRequest, session_id: UUID, body: UncertainIn)
         request_meta=_meta(request),
     )
     return Reply(202, _detail(session))
+
+
+@api.post("/sessions/{session_id}/hold", response={200: SessionOut, **ERRORS}, summary="Legal hold")
+def legal_hold(request: HttpRequest, session_id: UUID, body: HoldIn):
+    """Put the session on legal hold (retention never touches it) or release it."""
+    _require_operate(request)
+    session = services.session_set_legal_hold(
+        session_id=session_id,
+        hold=body.hold,
+        note=body.note,
+        actor=request.auth,
+        request_meta=_meta(request),
+    )
+    return _detail(session)
+
+
+# --- Export and import ------------------------------------------------------------------
+
+_GZIP_BODY = {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}
+
+
+@api.get(
+    "/sessions/{session_id}/export",
+    response=ERRORS,
+    summary="Export a session",
+    openapi_extra={"responses": {200: {"description": "the export file", "content": _GZIP_BODY}}},
+)
+def export(request: HttpRequest, session_id: UUID):
+    """The session as a file: gzip-compressed JSON lines with every step (superseded ones
+    included), checkpoint and audit record, and their schema versions."""
+    from django.http import HttpResponse
+
+    from .transfer import export_bytes
+
+    _require_view(request)
+    session = _get(session_id)
+    data = export_bytes(session, actor=request.auth, request_meta=_meta(request))
+    response = HttpResponse(data, content_type="application/gzip")
+    response["Content-Disposition"] = f'attachment; filename="session-{session.id}.jsonl.gz"'
+    return response
+
+
+@api.post(
+    "/imports",
+    response={201: SessionOut, **ERRORS},
+    summary="Import a session",
+    # Any content type: the body is the file's bytes (application/gzip from a browser or
+    # curl --data-binary; described as a binary stream).
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
+        }
+    },
+)
+def import_(
+    request: HttpRequest,
+    new_ids: bool = Query(False, description="give it a new id (keep both if it exists)"),
+):
+    """Import an export (the request body is the file). Checked whole, then written in one
+    transaction, or nothing is: 400 `bad_export` names the problem."""
+    from .transfer import import_session
+
+    _require_operate(request)
+    result = import_session(
+        request.body, new_ids=new_ids, actor=request.auth, request_meta=_meta(request)
+    )
+    return Reply(201, _session_out(result.session))

@@ -63,6 +63,32 @@ def check_agents(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     return messages
 
 
+@checks.register("respawn")
+def check_retention(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """A retention policy that cannot be applied is refused before anything runs."""
+    from .retention import PolicyError, parse_policy
+
+    problem = settings.RESPAWN_RETENTION_PROBLEM
+    if not problem:
+        try:
+            policy = parse_policy(settings.RESPAWN_RETENTION)
+        except PolicyError as exc:
+            problem = str(exc)
+        else:
+            archive = policy.archive_dir
+            if archive is not None and archive.exists() and not archive.is_dir():
+                problem = f"archive_dir {archive} is not a directory"
+    if not problem:
+        return []
+    return [
+        checks.Error(
+            f"RESPAWN_RETENTION: {problem}",
+            hint="See the README's Retention section for the policy format.",
+            id="respawn.E020",
+        )
+    ]
+
+
 def refuse_to_start_on_agent_errors() -> None:
     """For entry points that run no checks themselves (gunicorn through config.wsgi)."""
     errors = [m for m in check_agents() if m.is_serious()]

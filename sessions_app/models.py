@@ -105,6 +105,11 @@ class AgentSession(models.Model):
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
     )
     fork_seq = models.PositiveIntegerField(null=True, blank=True)
+    # Retention: a session on legal hold is never pruned (sessions_app.retention); steps
+    # that were superseded and then compacted away keep their seqs, counted here.
+    legal_hold = models.BooleanField(default=False, db_default=False)
+    legal_hold_note = models.CharField(max_length=300, blank=True, default="", db_default="")
+    compacted_steps = models.PositiveIntegerField(default=0, db_default=0)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 

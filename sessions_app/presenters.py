@@ -554,8 +554,13 @@ def run_reason(
     """Derive why run `number` started from the step just before its run_started step, the
     worker of the run before it, and who resumed the session in between (if someone did)."""
     by = f" by {resumed_by}" if resumed_by else ""
-    if previous is None or (number == 1 and previous.kind == "user"):
+    if (previous is None and number == 1) or (
+        number == 1 and previous is not None and previous.kind == "user"
+    ):
         return RunStart("new", "a new session")
+    if previous is None:
+        # The step before it is no longer stored (a retention policy compacted it).
+        return RunStart("resume", f"resumed{by}" if by else "continued")
     payload = previous.payload if isinstance(previous.payload, dict) else {}
     who = previous_worker or "its worker"
     if not ends_a_run(previous, payload):

@@ -780,6 +780,42 @@ def session_resolve_uncertain(
     )
 
 
+MAX_HOLD_NOTE = 300
+
+
+def session_set_legal_hold(
+    *,
+    session_id: Any,
+    hold: bool,
+    note: str = "",
+    actor: Actor = None,
+    request_meta: dict | None = None,
+) -> AgentSession:
+    """Put a session on legal hold (retention never deletes anything of it) or release it;
+    audited with the note (why, which case)."""
+    note = (note or "").strip()
+    if len(note) > MAX_HOLD_NOTE:
+        raise ActionError(f"the note is longer than {MAX_HOLD_NOTE} characters", code="too_long")
+    if hold and not note:
+        raise ActionError("say why the session is held (a case or ticket)", code="empty_input")
+    who = _actor(actor)
+    with transaction.atomic():
+        session = _locked(session_id)
+        before = {"legal_hold": session.legal_hold, "note": session.legal_hold_note}
+        session.legal_hold = hold
+        session.legal_hold_note = redactor().text(note) if hold else ""
+        session.save(update_fields=["legal_hold", "legal_hold_note"])
+        audit(
+            actor=who,
+            action="legal_hold" if hold else "legal_hold_release",
+            session=session,
+            before=before,
+            after={"legal_hold": hold, "note": note},
+            request_meta=request_meta,
+        )
+    return session
+
+
 def session_check_compat(
     *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
 ) -> str:

@@ -105,27 +105,29 @@ def step_record(step: Step) -> StepRecord:
     )
 
 
-# Databases (alias and name) whose session table has the agent_version column. The deploy
-# gate (check_state_compat) loads sessions with the next release's code before that
-# release's migrations ran, when it does not exist yet. Forgotten whenever migrations run.
-_HAVE_AGENT_VERSION: set[tuple[str, str]] = set()
+# Per database (alias and name): the session table's columns, once it has every column
+# this code knows. The deploy gate (check_state_compat) loads sessions with the next
+# release's code before that release's migrations ran, when the newest ones (agent_version,
+# compacted_steps) do not exist yet. Forgotten whenever migrations run.
+_SESSION_COLUMNS: dict[tuple[str, str], set[str]] = {}
 
 
 @receiver(pre_migrate)
 @receiver(post_migrate)
 def _schema_may_have_changed(**kwargs: Any) -> None:
-    _HAVE_AGENT_VERSION.clear()
+    _SESSION_COLUMNS.clear()
 
 
-def _has_agent_version() -> bool:
+def _session_has(column: str) -> bool:
     key = (connection.alias, str(connection.settings_dict.get("NAME")))
-    if key not in _HAVE_AGENT_VERSION:
+    columns = _SESSION_COLUMNS.get(key)
+    if columns is None:
         with connection.cursor() as cursor:
-            columns = connection.introspection.get_table_description(cursor, SESSION_TABLE)
-        if "agent_version" not in {c.name for c in columns}:
-            return False
-        _HAVE_AGENT_VERSION.add(key)
-    return True
+            description = connection.introspection.get_table_description(cursor, SESSION_TABLE)
+        columns = {c.name for c in description}
+        if {f.column for f in AgentSession._meta.concrete_fields} <= columns:
+            _SESSION_COLUMNS[key] = columns
+    return column in columns
 
 
 def _json(value: Any) -> Any:
@@ -276,10 +278,11 @@ class DjangoSessionStore:
         and whether any live step is stored at another schema version than this code's,
         and only the steps from `tail_start` on are read. Another version falls back to
         the whole load, which upgrades every step or names the one it cannot load."""
-        version_column = "s.agent_version" if _has_agent_version() else "''"
+        version_column = "s.agent_version" if _session_has("agent_version") else "''"
+        compacted_column = "s.compacted_steps" if _session_has("compacted_steps") else "0"
         row = _execute_prepared(
             f"SELECT s.agent, s.status, s.head, s.last_seq, c.seq, c.state, c.reason,"
-            f" {version_column}"
+            f" {version_column}, {compacted_column}"
             f" FROM {SESSION_TABLE} s LEFT JOIN LATERAL (SELECT seq, state, reason"
             f"  FROM {CHECKPOINT_TABLE} WHERE session_id = s.id AND seq = s.head"
             "  ORDER BY id DESC LIMIT 1) c ON s.head > 0"
@@ -288,7 +291,9 @@ class DjangoSessionStore:
         )
         if row is None:
             raise SessionNotFound(session_id)
-        agent, status, _head, last_seq, checkpoint_seq, state, reason, agent_version = row
+        agent, status, _head, last_seq, checkpoint_seq, state, reason, agent_version, compacted = (
+            row
+        )
         checkpoint = None
         applied: tuple[str, ...] = ()
         if checkpoint_seq is not None:
@@ -324,8 +329,9 @@ class DjangoSessionStore:
             start = tail_start_at(last_model, head_seq)
         history, versions = self._live_steps(session_id, start)
         if tail:
-            # Seqs run from 1 to last_seq without a gap: the live ones are the rest.
-            live = last_seq - superseded
+            # Seqs run from 1 to last_seq without a gap, but for superseded steps that
+            # retention compacted away: the live ones are the rest.
+            live = last_seq - superseded - compacted
             versions = {SCHEMA_VERSION: live} if live else {}
         return SessionHead(
             session_id=str(session_id),
@@ -376,7 +382,7 @@ class DjangoSessionStore:
         # Only the columns a load needs: `check_state_compat` runs this with the next
         # release's code before that release's migrations, when newer columns don't exist.
         columns = ["id", "agent", "status", "head", "last_seq"]
-        if _has_agent_version():
+        if _session_has("agent_version"):
             columns.append("agent_version")
         try:
             session = AgentSession.objects.only(*columns).get(id=session_id)
@@ -422,7 +428,7 @@ class DjangoSessionStore:
             history=history,
             upgraders_applied=applied,
             step_versions=versions,
-            agent_version=session.agent_version if _has_agent_version() else "",
+            agent_version=session.agent_version if _session_has("agent_version") else "",
         )
 
     def append(

@@ -692,6 +692,19 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
                 request_meta=meta,
             )
             text = f"Result of step {seq} corrected (an operator step); the session is queued."
+        elif action in ("hold", "release"):
+            services.session_set_legal_hold(
+                session_id=session.id,
+                hold=action == "hold",
+                note=post.get("note", ""),
+                actor=who,
+                request_meta=meta,
+            )
+            text = (
+                "On legal hold: no retention policy deletes anything of it."
+                if action == "hold"
+                else "Legal hold released: retention policies apply to it again."
+            )
         else:
             raise Http404("no such action")
     except services.ActionError as exc:
@@ -758,6 +771,69 @@ def audit_log(request: HttpRequest) -> HttpResponse:
             ],
         },
     )
+
+
+# --- Export and import ------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def session_export(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    """The session as a file (viewers may export: it is what they can read anyway)."""
+    from .transfer import export_bytes
+
+    session = _get_session(request, session_id)
+    data = export_bytes(session, actor=request.user, request_meta=_meta(request))
+    response = HttpResponse(data, content_type="application/gzip")
+    response["Content-Disposition"] = f'attachment; filename="session-{session.id}.jsonl.gz"'
+    return response
+
+
+MAX_IMPORT_BYTES = 64 * 1024 * 1024  # through the browser; bigger files: manage.py import_session
+
+
+@login_required
+def session_import(request: HttpRequest) -> HttpResponse:
+    """Upload an export (operators): checked whole, then written at once, or not at all."""
+    from .transfer import TransferError, import_session
+
+    _require_view(request)
+    _require_operate(request)
+    error = ""
+    if request.method == "POST":
+        upload = request.FILES.get("file")
+        if upload is None:
+            error = "choose an exported session file (.jsonl.gz)"
+        elif upload.size > MAX_IMPORT_BYTES:
+            error = (
+                f"the file is larger than {MAX_IMPORT_BYTES // 2**20} MB: "
+                "use python manage.py import_session"
+            )
+        else:
+            try:
+                result = import_session(
+                    upload.read(),
+                    new_ids=request.POST.get("new_ids") == "1",
+                    actor=request.user,
+                    request_meta=_meta(request),
+                )
+            except TransferError as exc:
+                error = str(exc)
+            else:
+                messages.success(
+                    request,
+                    f"Imported: {result.steps} steps, {result.checkpoints} checkpoints, "
+                    f"{result.audit} audit records"
+                    + (
+                        f" (a new id; it was {result.remapped_from})"
+                        if result.remapped_from
+                        else ""
+                    ),
+                )
+                return redirect("sessions:detail", session_id=result.session.id)
+    elif request.method != "GET":
+        return HttpResponse(status=405)
+    return render(request, "sessions/import.html", {"error": error}, status=400 if error else 200)
 
 
 @login_required

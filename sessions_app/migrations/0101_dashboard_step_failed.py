@@ -32,7 +32,7 @@ class AddIndexConcurrentlyOnPostgres(migrations.AddIndex):
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("sessions_app", "0015_upgrade_state_blobs_v3")]
+    dependencies = [("sessions_app", "0016_retention")]
 
     operations = [
         AddIndexConcurrentlyOnPostgres(

@@ -110,6 +110,8 @@ def _step(seq, kind, payload, session=None):
 def test_why_a_run_started_comes_from_the_step_before_it():
     user = _step(1, "user", {"content": []})
     assert run_reason(1, user, None, None).reason == "new"
+    # The step before a later run removed by retention: nothing is made up about it.
+    assert run_reason(3, None, "w1", "olivia").text == "resumed by olivia"
     call = _step(9, "tool_call", {"call_id": "c", "name": "tick", "arguments": {}})
     crash = run_reason(3, call, "w1", None)
     assert crash.reason == "crash" and crash.crashed_after == 9
