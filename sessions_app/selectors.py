@@ -270,18 +270,21 @@ class StatusTotals:
         return self.counts.get(status, 0) if status else self.total
 
 
-def status_totals(f: SessionFilters | None = None, *, fresh: bool = False) -> StatusTotals:
+def status_totals(
+    f: SessionFilters | None = None, *, fresh: bool = False, cached_only: bool = False
+) -> StatusTotals | None:
     """Sessions per status under the list's filters (all but the status itself), so the
     counts add up to the rows the list pages through. A GROUP BY over the matching sessions
     (~170 ms at 1,000,000 rows unfiltered), cached for a few seconds: every open list polls
-    it. A search is counted up to SEARCH_COUNT_CAP matches."""
+    it. A search is counted up to SEARCH_COUNT_CAP matches. `cached_only`: None rather
+    than counting."""
     from django.core.cache import cache
 
     f = f or SessionFilters()
     filters = repr(sorted(f.as_query(status="", sort="").items())).encode()
     key = "respawn:status-totals:" + hashlib.sha256(filters).hexdigest()[:32]
     cached = None if fresh else cache.get(key)
-    if cached is not None:
+    if cached is not None or cached_only:
         return cached
     counts = dict.fromkeys(Status.values, 0)
     sessions = filtered_sessions(f, with_status=False)
@@ -296,7 +299,9 @@ def status_totals(f: SessionFilters | None = None, *, fresh: bool = False) -> St
 
 def status_counts() -> dict[str, int]:
     """Sessions per status, over every session (cached for a few seconds)."""
-    return dict(status_totals().counts)
+    totals = status_totals()
+    assert totals is not None
+    return dict(totals.counts)
 
 
 def agent_names() -> list[str]:

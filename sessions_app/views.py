@@ -113,8 +113,10 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
     except selectors.BadFilter as exc:
         filters.errors.append(str(exc))
         page = selectors.session_page(filters, None, PAGE_SIZE, position=1)
-    totals = selectors.status_totals(filters)
-    listed = totals.of(filters.status)
+    # Counted here only when the counts are cached; otherwise the counts fragment loads
+    # them after the page (a GROUP BY over every session takes ~150 ms at 1,000,000) and
+    # fills in the pager's total as it swaps in.
+    totals = selectors.status_totals(filters, cached_only=True)
     end = page.start + len(page.rows) - 1 if page.rows else 0
     query = filters.as_query()
     here = filters.as_query(
@@ -133,14 +135,7 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
         if page.prev_cursor
         else None,
         "first_page": not page.prev_cursor,
-        "position": {
-            "start": page.start,
-            "end": end,
-            "total": listed,
-            # Counts are cached for seconds and a search is counted up to a cap.
-            "about": listed >= 1000 and not totals.capped,
-            "capped": totals.capped,
-        },
+        "position": {"start": page.start, "end": end},
         **_counts_context(filters, totals),
         "statuses": Status.choices,
         "agents": selectors.agent_names(),
@@ -157,15 +152,33 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
 
 
 def _counts_context(
-    filters: selectors.SessionFilters, totals: selectors.StatusTotals
+    filters: selectors.SessionFilters, totals: selectors.StatusTotals | None
 ) -> dict[str, Any]:
-    return {
-        "counts": [(value, label, totals.counts[value]) for value, label in Status.choices],
-        "total": totals.total,
-        "counts_capped": totals.capped,
+    """The count chips, and the total the pager shows: None until counted."""
+    context: dict[str, Any] = {
+        "counts": None,
+        "listed": None,
         "counts_query": filters.as_query(status=""),
+        # The fragment is asked for with the status too: the pager's total is its count.
+        "counts_url_query": filters.as_query(sort=""),
         "filters": filters,
     }
+    if totals is not None:
+        listed = totals.of(filters.status)
+        context.update(
+            {
+                "counts": [(value, label, totals.counts[value]) for value, label in Status.choices],
+                "total": totals.total,
+                "counts_capped": totals.capped,
+                "listed": {
+                    "n": listed,
+                    # Counts are cached for seconds; a search is counted up to a cap.
+                    "about": listed >= 1000 and not totals.capped,
+                    "capped": totals.capped,
+                },
+            }
+        )
+    return context
 
 
 @login_required
@@ -188,7 +201,8 @@ def status_counts(request: HttpRequest) -> HttpResponse:
     _require_view(request)
     filters = selectors.SessionFilters.from_query(request.GET)
     totals = selectors.status_totals(filters, fresh=request.GET.get("fresh") == "1")
-    return render(request, "sessions/list.html#counts", _counts_context(filters, totals))
+    context = {**_counts_context(filters, totals), "oob": True}
+    return render(request, "sessions/list.html#counts", context)
 
 
 @login_required

@@ -38,13 +38,25 @@ def make_sessions(n, **fields):
 
 
 def position(body: str) -> str:
-    match = re.search(r'<span class="position">([^<]*)</span>', body)
-    return match.group(1) if match else ""
+    """The pager's "51–100 of 120" (its total is there once the counts are)."""
+    match = re.search(r'<span class="position">(.*?)</span></span>', body)
+    return re.sub(r"<[^>]+>", "", match.group(1)).strip() if match else ""
+
+
+def list_page(client, query=None):
+    """The list as a person sees it: the page, after its counts came in."""
+    client.get(reverse("sessions:counts"), query or {}, **HX)
+    return client.get(reverse("sessions:list"), query or {})
 
 
 def test_the_list_says_where_it_is_and_pages_both_ways(client, users):
     make_sessions(120)
     client.force_login(users["viewer"])
+    # Counts not yet counted: the page does not wait for them; their fragment says.
+    cold = client.get(reverse("sessions:list")).content.decode()
+    assert position(cold) == "1–50" and "counting…" in cold
+    counts = client.get(reverse("sessions:counts"), **HX).content.decode()
+    assert '<span id="listed" hx-swap-oob="true">of 120</span>' in counts
     first = client.get(reverse("sessions:list"))
     assert position(first.content.decode()) == "1–50 of 120"
     assert first.context["prev_query"] is None
@@ -73,11 +85,9 @@ def test_the_list_says_where_it_is_and_pages_both_ways(client, users):
 def test_large_totals_are_approximate_and_searches_capped(client, users, monkeypatch):
     make_sessions(1200, title="bulk")
     client.force_login(users["viewer"])
-    assert position(client.get(reverse("sessions:list")).content.decode()) == (
-        "1–50 of about 1,200"
-    )
+    assert position(list_page(client).content.decode()) == "1–50 of about 1,200"
     monkeypatch.setattr(selectors, "SEARCH_COUNT_CAP", 100)
-    body = client.get(reverse("sessions:list"), {"q": "bulk"}).content.decode()
+    body = list_page(client, {"q": "bulk"}).content.decode()
     assert position(body) == "1–50 of more than 100"
     assert "all <b>101+</b>" in body
 
@@ -87,7 +97,7 @@ def test_counts_follow_the_filters_and_agree_with_the_rows(client, users):
     make_sessions(5, agent="echo", status=Status.COMPLETED)
     make_sessions(30, agent="demo", status=Status.FAILED)
     client.force_login(users["viewer"])
-    response = client.get(reverse("sessions:list"), {"agent": "echo", "status": "failed"})
+    response = list_page(client, {"agent": "echo", "status": "failed"})
     counts = {value: n for value, _, n in response.context["counts"]}
     assert counts["failed"] == 7 and counts["completed"] == 5 and response.context["total"] == 12
     assert len(response.context["sessions"]) == 7
@@ -95,7 +105,7 @@ def test_counts_follow_the_filters_and_agree_with_the_rows(client, users):
     body = response.content.decode()
     # The chips keep the other filters; the polled fragment asks with them too.
     assert 'href="/sessions/?agent=echo&amp;status=completed"' in body
-    assert 'hx-get="/sessions/counts/?agent=echo"' in body
+    assert 'hx-get="/sessions/counts/?status=failed&amp;agent=echo"' in body
     fragment = client.get(reverse("sessions:counts"), {"agent": "echo"}, **HX).content.decode()
     assert "<html" not in fragment and 'data-status="failed">failed <b>7</b>' in fragment
 
