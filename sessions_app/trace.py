@@ -489,10 +489,11 @@ def _timeline(
     previous_of = _steps_before(session, {r.seq for r in rows if r.event == "run_started"})
     window_axis = _axis_for(rows, previous_of) if rows else ActiveAxis([])
     if out.total_steps > TIMELINE_WINDOW:
-        if connection.vendor == "postgresql":
-            axis, out.overview = _overview_in_sql(session, filters)
-        else:
-            axis, out.overview = _overview_in_python(session, filters)
+        draw = _overview_in_sql if connection.vendor == "postgresql" else _overview_in_python
+        # Kept apart from the rows below: zooming to other steps draws the same overview.
+        axis, out.overview = _cached_while_settled(
+            session, f"overview:{int(filters.superseded)}", lambda: draw(session, filters)
+        )
     else:
         axis = window_axis  # the window is the whole session
     out.active = format_duration(axis.active_seconds)
