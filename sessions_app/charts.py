@@ -15,7 +15,7 @@ from django.db.models.functions import TruncDay, TruncHour
 from django.utils import timezone
 
 from .models import AgentSession, Status, Step
-from .presenters import format_count, format_ms
+from .presenters import format_count, format_ms, rounded
 
 CACHE_SECONDS = 60
 # Latency is read from the latest steps by id (the primary key), not by a time index: the
@@ -234,9 +234,9 @@ def _lines(
     ]
     grid = [{"y": y(peak * f), "label": value(peak * f)} for f in (0, 0.5, 1)]
     return {
-        "lines": lines,
-        "ticks": ticks,
-        "grid": grid,
+        "lines": rounded(lines, 1),
+        "ticks": rounded(ticks, 1),
+        "grid": rounded(grid, 1),
         "width": WIDTH,
         "height": HEIGHT,
         "left": LEFT,

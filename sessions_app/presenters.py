@@ -827,6 +827,19 @@ class Scale:
         return self.left + (offset + end - start) * self.per_second + index * self.break_px
 
 
+def rounded(value: Any, digits: int = 2) -> Any:
+    """Floats in nested dicts and lists rounded for drawing: SVG coordinates to a hundredth
+    of a pixel (templates print them as they are; floatformat over thousands of them cost
+    more than drawing the chart)."""
+    if isinstance(value, float):
+        return round(value, digits)
+    if isinstance(value, dict):
+        return {k: rounded(v, digits) for k, v in value.items()}
+    if isinstance(value, list):
+        return [rounded(v, digits) for v in value]
+    return value
+
+
 def nice_ticks(seconds: float, count: int = 5) -> list[float]:
     """Round tick values (in active seconds) across [0, seconds]."""
     if seconds <= 0:

@@ -48,6 +48,7 @@ from .presenters import (
     format_ms,
     nice_ticks,
     present_step,
+    rounded,
     run_reason,
 )
 
@@ -534,6 +535,12 @@ def _timeline(
         if scale.x_active(t) <= usable + 0.5
     ]
     out.height = top + len(rows) * row_h + 8
+    out.bars, out.gaps, out.ticks, out.runs = (
+        rounded(out.bars),
+        rounded(out.gaps),
+        rounded(out.ticks),
+        rounded(out.runs),
+    )
     return out
 
 
@@ -778,9 +785,9 @@ def _overview_view(
     for i in longest[5:]:
         gaps[i]["short"] = ""
     return {
-        "columns": columns,
-        "runs": run_marks,
-        "gaps": gaps,
+        "columns": rounded(columns),
+        "runs": rounded(run_marks),
+        "gaps": rounded(gaps),
         "top": top,
         "height": top + height + 16,
         "base": base,
@@ -867,7 +874,7 @@ def _usage_per_turn(session: AgentSession, filters: TraceFilters) -> dict[str, A
             cost_points.append(f"{x + bar_w / 2:.1f},{top + height - height * c / peak_cost:.1f}")
     return {
         "empty": False,
-        "bars": bars,
+        "bars": rounded(bars),
         "turns": span["turns"],
         "per_bar": per_bar,
         "peak": format_count(peak),
