@@ -270,6 +270,7 @@ def main() -> None:
     failed_first = session_page(SessionFilters(status="failed"), None, 50)
     some = AgentSession.objects.filter(status="completed").values_list("id", flat=True).first()
     last = AgentSession.objects.get(id=big).last_seq
+    args.steps = Step.objects.filter(session_id=big).count()  # as seeded (--reuse: earlier)
     crash = (
         Step.objects.filter(session_id=big, kind="system", payload__event="run_started")
         .order_by("-seq")
