@@ -7,6 +7,9 @@ The public API for writing agents is what this module exports:
 
     from agent_runtime import Agent, AgentState, Limits, ToolContext, ToolError, tool
 
+An agent whose turn loop is another framework's takes a `runner` instead of a model and
+tools (`agent_runtime.runners`: Runner, RunContext, RunnerResult, RunnerCancelled).
+
 Agents are found by the Django side from `RESPAWN_AGENTS` (`module:attribute` paths) and
 the `respawn.agents` entry-point group (see `agent_runtime.discovery`).
 """
@@ -31,6 +34,7 @@ from .providers import (
     register_provider,
 )
 from .providers.scripted import scripted_model
+from .runners import RunContext, Runner, RunnerCancelled, RunnerResult, RunnerStatus
 from .state import SessionState
 from .tools import Tool, ToolContext, ToolError, tool
 
@@ -45,6 +49,11 @@ __all__ = [
     "ModelSettings",
     "ModelTurn",
     "ProviderError",
+    "RunContext",
+    "Runner",
+    "RunnerCancelled",
+    "RunnerResult",
+    "RunnerStatus",
     "SessionState",
     "Tool",
     "ToolCall",

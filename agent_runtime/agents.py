@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from .tools import Tool, ToolRegistry
 
 if TYPE_CHECKING:
+    from .runners import Runner
     from .state import SessionState
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
@@ -184,10 +185,15 @@ class Agent:
     session's `SessionState` returning it (called before every model call, so it may read
     the plan or `state.agent_data`). `compatible_since`: sessions started on an older
     version of this agent are refused by this one (marked incompatible), for a change that
-    cannot continue them."""
+    cannot continue them.
+
+    `runner`: an agent whose turn loop is not Respawn's model/tool loop but a foreign
+    runner (a LangGraph graph, another SDK) that the worker calls under the session's
+    lease (see `agent_runtime.runners`); such an agent has no model, instructions, tools
+    or state of Respawn's."""
 
     name: str
-    model: str
+    model: str = ""
     instructions: Instructions = ""
     tools: Sequence[Tool] | ToolRegistry = ()
     version: str = "1"
@@ -195,6 +201,7 @@ class Agent:
     limits: Limits = field(default_factory=Limits)
     state: AgentState | None = None
     compatible_since: str | None = None
+    runner: Runner | None = None
 
     def __post_init__(self) -> None:
         problems = self.problems()
@@ -221,7 +228,9 @@ class Agent:
                 f"version must be a non-empty string of at most {MAX_VERSION_CHARS} "
                 f"characters, got {self.version!r}"
             )
-        if not isinstance(self.model, str) or ":" not in self.model.strip(":"):
+        if self.runner is not None:
+            out.extend(self._runner_problems())
+        elif not isinstance(self.model, str) or ":" not in self.model.strip(":"):
             out.append(f"model must look like 'provider:model', got {self.model!r}")
         if not (isinstance(self.instructions, str) or callable(self.instructions)):
             out.append(
@@ -250,6 +259,29 @@ class Agent:
                     f"compatible_since ({self.compatible_since}) is newer than the agent's "
                     f"own version ({self.version})"
                 )
+        return out
+
+    def _runner_problems(self) -> list[str]:
+        from .runners import Runner
+
+        out = []
+        if not isinstance(self.runner, Runner):
+            out.append(f"runner must have a run(context) method, got {type(self.runner).__name__}")
+        unused = [
+            what
+            for what, value in (
+                ("a model", self.model),
+                ("instructions", self.instructions),
+                ("tools", list(self.tools) if not isinstance(self.tools, ToolRegistry) else []),
+                ("state", self.state),
+            )
+            if value
+        ]
+        if unused:
+            out.append(
+                f"an agent with a runner has no {', '.join(unused)} of Respawn's: its runner "
+                "runs the turn (leave them out)"
+            )
         return out
 
     def render_instructions(self, state: SessionState) -> str:

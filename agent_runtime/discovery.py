@@ -70,6 +70,8 @@ def discover(paths: Iterable[str], *, entry_points: bool = True) -> Discovery:
             source = f"entry point {ep.name!r}{where} ({ep.value})"
             _load_source(found, source, ep.value, ep.load)
     for agent in found.agents:
+        if agent.runner is not None:
+            continue  # its runner runs the turn: no model of Respawn's
         try:
             split_model_name(agent.model)
         except ValueError as exc:

@@ -1102,6 +1102,12 @@ def run_session(
             release=True,
         )
         return RunResult(session_id, Outcome.FAILED, error=message)
+    if agent.runner is not None:
+        # A foreign turn loop (agent_runtime.runners): the lease, the run_started step, the
+        # heartbeat and the closing status stay the engine's.
+        from .runners import run_with_runner
+
+        return run_with_runner(store=store, agent=agent, config=config, lease=lease, head=head)
     try:
         run = _Run(
             store=store,

@@ -212,6 +212,10 @@ class DecisionIn(Schema):
     reason: str = Field("", max_length=2000)
 
 
+class AnswerIn(Schema):
+    value: Any = Field(description="what the graph's interrupt() returns when it resumes")
+
+
 # --- Helpers ----------------------------------------------------------------------------
 
 STATUS_CODES = {
@@ -585,6 +589,22 @@ def approve(request: HttpRequest, session_id: UUID, body: DecisionIn | None = No
         actor=request.auth,
         reason=(body.reason if body else ""),
         request_meta=_meta(request),
+    )
+    return Reply(202, _detail(session))
+
+
+@api.post(
+    "/sessions/{session_id}/answer",
+    response={202: SessionOut, **ERRORS},
+    summary="Answer a LangGraph interrupt",
+)
+def answer(request: HttpRequest, session_id: UUID, body: AnswerIn):
+    """Resume a LangGraph session waiting in `interrupt()` with `value`."""
+    from .graph_services import session_answer_interrupt
+
+    _require_operate(request)
+    session = session_answer_interrupt(
+        session_id=session_id, value=body.value, actor=request.auth, request_meta=_meta(request)
     )
     return Reply(202, _detail(session))
 

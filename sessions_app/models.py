@@ -192,6 +192,13 @@ class AgentSession(models.Model):
     def can_cancel(self) -> bool:
         return self.status not in FINAL
 
+    def graph_thread_or_none(self):
+        """The LangGraph thread this session is (sessions_app.langgraph), or None."""
+        try:
+            return self.graph_thread
+        except models.ObjectDoesNotExist:
+            return None
+
 
 class Step(models.Model):
     # No index of its own: step_session_seq_unique starts with session_id and serves every
@@ -434,3 +441,7 @@ class LoginFailure(models.Model):
             models.Index(fields=["username", "created_at"], name="loginfail_user"),
             models.Index(fields=["ip", "created_at"], name="loginfail_ip"),
         ]
+
+
+# LangGraph threads (sessions_app.langgraph) keep their graph-specific rows beside these.
+from .graph_models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite  # noqa: E402,F401

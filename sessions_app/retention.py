@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,16 @@ from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import Length
 from django.utils import timezone
 
-from .models import FINAL, AgentSession, Checkpoint, Status, Step
-from .services import _actor, audit
+from .models import FINAL, AgentSession, AuditEvent, Checkpoint, Status, Step
+from .runtime import redactor
+from .services import _actor
 
 SETTINGS = ("delete_after_days", "checkpoints", "superseded_after_days")
 CHECKPOINT_KEYS = {"after_days", "keep_last", "keep_daily"}
 DEFAULT_BATCH_SIZE = 100
+# Rows one transaction deletes when thinning checkpoints or compacting steps: a session
+# with 25,000 old checkpoints is thinned in short transactions, not one long one.
+CHUNK_ROWS = 1000
 
 
 class PolicyError(ValueError):
@@ -208,17 +213,18 @@ class Summary:
 Progress = Callable[[str, int, int], None]  # (what, done, total)
 
 
-def _row_bytes(queryset: QuerySet, blob: str) -> int:
-    """The stored size of the rows (their blobs as the database keeps them: compressed
-    and out of line on PostgreSQL); indexes shrink with them but are not counted."""
+def _sizes(queryset: QuerySet, blob: str) -> dict[Any, tuple[int, int]]:
+    """Per session: (rows, stored bytes) of the rows, in one query. Bytes are the blobs as
+    the database keeps them (compressed and out of line on PostgreSQL) plus each row's
+    fixed part; indexes shrink with them but are not counted."""
     if connection.vendor == "postgresql":
         from django.db.models import Func, IntegerField
 
         size = Func(F(blob), function="pg_column_size", output_field=IntegerField())
-        total = queryset.aggregate(n=Sum(size))["n"]
     else:
-        total = queryset.aggregate(n=Sum(Length(F(blob))))["n"]
-    return int(total or 0) + 60 * queryset.count()  # and each row's fixed part
+        size = Length(F(blob))
+    rows = queryset.order_by().values_list("session_id").annotate(n=Count("id"), b=Sum(size))
+    return {sid: (n, int(b or 0) + 60 * n) for sid, n, b in rows}
 
 
 def _archive(session: AgentSession, directory: Path, what: str) -> str:
@@ -238,6 +244,12 @@ def _archive(session: AgentSession, directory: Path, what: str) -> str:
 
 
 class _Runner:
+    """Works through candidate sessions in batches of `batch_size`; each batch is one short
+    transaction that locks the batch's session rows, checks the rule again for each (a
+    session resumed or held since it was selected is left alone) and deletes what is
+    left, with one audit record per session. Thinning and compaction delete at most
+    CHUNK_ROWS rows a transaction."""
+
     def __init__(
         self,
         policy: Policy,
@@ -257,6 +269,9 @@ class _Runner:
         self.progress = progress or (lambda what, done, total: None)
         self.actor = _actor(actor, None if actor else "retention")
         self.summary = Summary(dry_run=dry_run)
+        # In a dry run nothing is deleted: what the first part would delete is left out
+        # of the later parts' counts, as a real run would find it gone.
+        self.would_delete: set[Any] = set()
 
     def _timed(self, work: Callable[[], Any]) -> Any:
         started = time.monotonic()
@@ -268,23 +283,38 @@ class _Runner:
         return result
 
     def _batches(self, queryset: QuerySet, what: str) -> Iterator[list[Any]]:
-        """Session ids in keyset batches, with progress and the pause between them."""
-        total = queryset.count()
-        done = 0
-        last = None
-        while True:
-            page = queryset.order_by("id")
-            if last is not None:
-                page = page.filter(id__gt=last)
-            ids = list(page.values_list("id", flat=True)[: self.batch_size])
-            if not ids:
-                break
-            yield ids
-            done += len(ids)
-            last = ids[-1]
-            self.progress(what, min(done, total), total)
+        """The candidates' ids, read once, in batches, with progress and the pause."""
+        ids = [i for i in queryset.order_by("id").values_list("id", flat=True)]
+        ids = [i for i in ids if i not in self.would_delete]
+        for start in range(0, len(ids), self.batch_size):
+            yield ids[start : start + self.batch_size]
+            self.progress(what, min(start + self.batch_size, len(ids)), len(ids))
             if self.pause and not self.dry_run:
                 time.sleep(self.pause)
+
+    def _audit(self, action: str, rows: list[tuple[Any, dict[str, Any]]]) -> None:
+        clean = redactor().redact
+        AuditEvent.objects.bulk_create(
+            AuditEvent(
+                actor=self.actor.user,
+                actor_label=self.actor.label,
+                action=action,
+                session_id=session_id,
+                before={},
+                after=clean(after),
+                request_meta={},
+            )
+            for session_id, after in rows
+        )
+
+    def _archive_all(self, ids: list[Any], what: str) -> dict[Any, str]:
+        if self.policy.archive_dir is None or self.dry_run:
+            return {}
+        paths = {}
+        for session in AgentSession.objects.filter(id__in=ids):
+            paths[session.id] = _archive(session, self.policy.archive_dir, what)
+            self.summary.archived.append(paths[session.id])
+        return paths
 
     # -- finished sessions -----------------------------------------------------------------
     def delete_sessions(self) -> None:
@@ -293,56 +323,66 @@ class _Runner:
             cutoff = self.now - timedelta(days=days)
             matched = AgentSession.objects.filter(scope, status__in=FINAL, updated_at__lt=cutoff)
             part.held += matched.filter(legal_hold=True).count()
-            candidates = matched.filter(legal_hold=False)
-            for ids in self._batches(candidates, "finished sessions"):
-                for session_id in ids:
-                    self._delete_session(session_id, scope, cutoff, days)
+            eligible = Q(scope, status__in=FINAL, updated_at__lt=cutoff, legal_hold=False)
+            for ids in self._batches(matched.filter(legal_hold=False), "finished sessions"):
+                if self.dry_run:
+                    self._count_sessions(ids)
+                    self.would_delete.update(ids)
+                    continue
+                archived = self._archive_all(ids, "deleted")
+                self._timed(partial(self._delete_sessions, ids, eligible, days, archived))
 
-    def _delete_session(self, session_id: Any, scope: Q, cutoff: datetime, days: float) -> None:
+    def _count_sessions(self, ids: list[Any]) -> None:
         part = self.summary.deleted_sessions
-        steps = Step.objects.filter(session_id=session_id)
-        checkpoints = Checkpoint.objects.filter(session_id=session_id)
-        if self.dry_run:
-            part.sessions += 1
-            part.rows += steps.count() + checkpoints.count()
-            part.bytes += _row_bytes(steps, "payload") + _row_bytes(checkpoints, "state")
-            return
-        session = AgentSession.objects.filter(id=session_id).first()
-        if session is None:
-            return
-        archived = ""
-        if self.policy.archive_dir is not None:
-            archived = _archive(session, self.policy.archive_dir, "deleted")
-            self.summary.archived.append(archived)
+        part.sessions += len(ids)
+        for sizes in (
+            _sizes(Step.objects.filter(session_id__in=ids), "payload"),
+            _sizes(Checkpoint.objects.filter(session_id__in=ids), "state"),
+        ):
+            part.rows += sum(n for n, _ in sizes.values())
+            part.bytes += sum(b for _, b in sizes.values())
 
-        def delete() -> None:
-            # Under the row's lock, the rule once more: resumed, messaged or put on hold
-            # since it was selected, it stays.
-            locked = (
-                AgentSession.objects.select_for_update()
-                .filter(scope, id=session_id, status__in=FINAL, updated_at__lt=cutoff)
-                .filter(legal_hold=False)
-                .first()
-            )
-            if locked is None:
-                return
-            counts = {"steps": steps.count(), "checkpoints": checkpoints.count()}
-            size = _row_bytes(steps, "payload") + _row_bytes(checkpoints, "state")
-            audit(
-                actor=self.actor,
-                action="retention_delete",
-                session=locked,
-                before={"status": locked.status, "updated_at": locked.updated_at.isoformat()},
-                after={**counts, "bytes": size, "after_days": days, "archive": archived},
-            )
-            steps.delete()
-            checkpoints.delete()
-            AgentSession.objects.filter(id=session_id).delete()
-            part.sessions += 1
-            part.rows += counts["steps"] + counts["checkpoints"]
-            part.bytes += size
-
-        self._timed(delete)
+    def _delete_sessions(
+        self, ids: list[Any], eligible: Q, days: float, archived: dict[Any, str]
+    ) -> None:
+        part = self.summary.deleted_sessions
+        # Under the rows' locks, the rule once more: resumed, messaged or put on hold since
+        # they were selected, they stay.
+        locked = list(
+            AgentSession.objects.select_for_update()
+            .filter(eligible, id__in=ids)
+            .values_list("id", "status", "updated_at")
+        )
+        keep = [row[0] for row in locked]
+        if not keep:
+            return
+        steps = _sizes(Step.objects.filter(session_id__in=keep), "payload")
+        checkpoints = _sizes(Checkpoint.objects.filter(session_id__in=keep), "state")
+        self._audit(
+            "retention_delete",
+            [
+                (
+                    sid,
+                    {
+                        "status": status,
+                        "updated_at": updated.isoformat(),
+                        "steps": steps.get(sid, (0, 0))[0],
+                        "checkpoints": checkpoints.get(sid, (0, 0))[0],
+                        "bytes": steps.get(sid, (0, 0))[1] + checkpoints.get(sid, (0, 0))[1],
+                        "after_days": days,
+                        "archive": archived.get(sid, ""),
+                    },
+                )
+                for sid, status, updated in locked
+            ],
+        )
+        Step.objects.filter(session_id__in=keep)._raw_delete(Step.objects.db)
+        Checkpoint.objects.filter(session_id__in=keep)._raw_delete(Checkpoint.objects.db)
+        AgentSession.objects.filter(id__in=keep)._raw_delete(AgentSession.objects.db)
+        part.sessions += len(keep)
+        for sizes in (steps, checkpoints):
+            part.rows += sum(n for n, _ in sizes.values())
+            part.bytes += sum(b for _, b in sizes.values())
 
     # -- old checkpoints -------------------------------------------------------------------
     def thin_checkpoints(self) -> None:
@@ -358,69 +398,104 @@ class _Runner:
             )
             part.held += sessions.filter(legal_hold=True).count()
             for ids in self._batches(sessions.filter(legal_hold=False), "checkpoints"):
-                for session_id in ids:
-                    self._thin(session_id, scope, spec, cutoff)
+                if self.dry_run:
+                    doomed = self._doomed(ids, scope, spec, cutoff, lock=False)
+                    part.sessions += len(doomed)
+                    flat = [cid for cids in doomed.values() for cid in cids]
+                    sizes = _sizes(Checkpoint.objects.filter(id__in=flat), "state")
+                    part.rows += len(flat)
+                    part.bytes += sum(b for _, b in sizes.values())
+                    continue
+                archived = self._archive_all(
+                    list(self._doomed(ids, scope, spec, cutoff, lock=False)), "checkpoints"
+                )
+                touched: set[Any] = set()
+                thin = partial(self._thin, ids, scope, spec, cutoff, archived, touched)
+                while self._timed(thin):
+                    pass
+                part.sessions += len(touched)
 
-    def _doomed_checkpoints(self, session: AgentSession, spec: CheckpointPolicy, cutoff) -> list:
-        rows = list(
-            Checkpoint.objects.filter(session=session)
-            .order_by("-seq", "-id")
-            .values_list("id", "seq", "created_at")
-        )
-        keep = {row[0] for row in rows[: spec.keep_last]}
-        keep |= {cid for cid, seq, _ in rows if seq == session.head}
-        if spec.keep_daily:
-            seen_days: set[Any] = set()
-            for cid, _, created in rows:  # newest first: the day's last one is kept
-                day = created.date()
-                if day not in seen_days:
-                    seen_days.add(day)
-                    keep.add(cid)
-        return [cid for cid, _, created in rows if cid not in keep and created < cutoff]
+    def _doomed(
+        self, ids: list[Any], scope: Q, spec: CheckpointPolicy, cutoff: datetime, *, lock: bool
+    ) -> dict[Any, list[int]]:
+        """Per session of the batch: the ids of the checkpoints the policy removes (older
+        than the cutoff, not the head, not among the last K, not a day's last one)."""
+        sessions = AgentSession.objects.filter(scope, id__in=ids, legal_hold=False)
+        if lock:
+            sessions = sessions.select_for_update()
+        heads = dict(sessions.values_list("id", "head"))
+        rows: dict[Any, list[tuple[int, int, datetime]]] = {}
+        for cid, sid, seq, created in (
+            Checkpoint.objects.filter(session_id__in=list(heads))
+            .order_by("session_id", "-seq", "-id")
+            .values_list("id", "session_id", "seq", "created_at")
+        ):
+            rows.setdefault(sid, []).append((cid, seq, created))
+        doomed: dict[Any, list[int]] = {}
+        for sid, checkpoints in rows.items():
+            keep = {cid for cid, _, _ in checkpoints[: spec.keep_last]}
+            keep |= {cid for cid, seq, _ in checkpoints if seq == heads[sid]}
+            if spec.keep_daily:
+                seen: set[Any] = set()
+                for cid, _, created in checkpoints:  # newest first: the day's last one
+                    if created.date() not in seen:
+                        seen.add(created.date())
+                        keep.add(cid)
+            gone = [cid for cid, _, created in checkpoints if cid not in keep and created < cutoff]
+            if gone:
+                doomed[sid] = gone
+        return doomed
 
-    def _thin(self, session_id: Any, scope: Q, spec: CheckpointPolicy, cutoff) -> None:
+    def _thin(
+        self,
+        ids: list[Any],
+        scope: Q,
+        spec: CheckpointPolicy,
+        cutoff: datetime,
+        archived: dict[Any, str],
+        touched: set[Any],
+    ) -> bool:
+        """One transaction: up to CHUNK_ROWS doomed checkpoints of the batch. True when
+        there may be more."""
         part = self.summary.checkpoints
-        session = AgentSession.objects.filter(scope, id=session_id, legal_hold=False).first()
-        if session is None:
-            return
-        doomed = self._doomed_checkpoints(session, spec, cutoff)
-        if not doomed:
-            return
-        if self.dry_run:
-            part.sessions += 1
-            part.rows += len(doomed)
-            part.bytes += _row_bytes(Checkpoint.objects.filter(id__in=doomed), "state")
-            return
-        archived = ""
-        if self.policy.archive_dir is not None:
-            archived = _archive(session, self.policy.archive_dir, "checkpoints")
-            self.summary.archived.append(archived)
-
-        def delete() -> None:
-            locked = (
-                AgentSession.objects.select_for_update()
-                .filter(scope, id=session_id, legal_hold=False)
-                .first()
-            )
-            if locked is None:
-                return
-            # The head may have moved (a run, a rollback) since the list was made.
-            ids = self._doomed_checkpoints(locked, spec, cutoff)
-            rows = Checkpoint.objects.filter(id__in=ids)
-            size = _row_bytes(rows, "state")
-            seqs = sorted(rows.values_list("seq", flat=True))
-            deleted = rows.delete()[0]
-            audit(
-                actor=self.actor,
-                action="retention_checkpoints",
-                session=locked,
-                after={"deleted": deleted, "seqs": seqs, "bytes": size, "archive": archived},
-            )
-            part.sessions += 1
-            part.rows += deleted
-            part.bytes += size
-
-        self._timed(delete)
+        # The head may have moved (a run, a rollback) since the batch was chosen: the
+        # doomed ones are worked out again under the rows' locks.
+        doomed = self._doomed(ids, scope, spec, cutoff, lock=True)
+        chunk: dict[Any, list[int]] = {}
+        taken = 0
+        for sid, cids in doomed.items():
+            if taken >= CHUNK_ROWS:
+                break
+            chunk[sid] = cids[: CHUNK_ROWS - taken]
+            taken += len(chunk[sid])
+        if not chunk:
+            return False
+        flat = [cid for cids in chunk.values() for cid in cids]
+        rows = Checkpoint.objects.filter(id__in=flat)
+        sizes = _sizes(rows, "state")
+        seqs: dict[Any, list[int]] = {}
+        for sid, seq in rows.values_list("session_id", "seq"):
+            seqs.setdefault(sid, []).append(seq)
+        self._audit(
+            "retention_checkpoints",
+            [
+                (
+                    sid,
+                    {
+                        "deleted": len(cids),
+                        "seqs": sorted(seqs.get(sid, [])),
+                        "bytes": sizes.get(sid, (0, 0))[1],
+                        "archive": archived.get(sid, ""),
+                    },
+                )
+                for sid, cids in chunk.items()
+            ],
+        )
+        rows._raw_delete(Checkpoint.objects.db)
+        touched.update(chunk)
+        part.rows += len(flat)
+        part.bytes += sum(b for _, b in sizes.values())
+        return taken >= CHUNK_ROWS
 
     # -- superseded steps ------------------------------------------------------------------
     def compact_superseded(self) -> None:
@@ -432,59 +507,75 @@ class _Runner:
             )
             part.held += sessions.filter(legal_hold=True).count()
             for ids in self._batches(sessions.filter(legal_hold=False), "superseded steps"):
-                for session_id in ids:
-                    self._compact(session_id, scope, cutoff, days)
+                old = Step.objects.filter(session_id__in=ids, superseded_at__lt=cutoff)
+                if self.dry_run:
+                    sizes = _sizes(old, "payload")
+                    part.sessions += len(sizes)
+                    part.rows += sum(n for n, _ in sizes.values())
+                    part.bytes += sum(b for _, b in sizes.values())
+                    continue
+                archived = self._archive_all(ids, "superseded")
+                touched: set[Any] = set()
+                compact = partial(self._compact, ids, scope, cutoff, days, archived, touched)
+                while self._timed(compact):
+                    pass
+                part.sessions += len(touched)
 
-    def _compact(self, session_id: Any, scope: Q, cutoff: datetime, days: float) -> None:
+    def _compact(
+        self,
+        ids: list[Any],
+        scope: Q,
+        cutoff: datetime,
+        days: float,
+        archived: dict[Any, str],
+        touched: set[Any],
+    ) -> bool:
         part = self.summary.superseded_steps
-        rows = Step.objects.filter(session_id=session_id, superseded_at__lt=cutoff)
-        if self.dry_run:
-            part.sessions += 1
-            part.rows += rows.count()
-            part.bytes += _row_bytes(rows, "payload")
-            return
-        session = AgentSession.objects.filter(scope, id=session_id, legal_hold=False).first()
-        if session is None:
-            return
-        archived = ""
-        if self.policy.archive_dir is not None:
-            archived = _archive(session, self.policy.archive_dir, "superseded")
-            self.summary.archived.append(archived)
-
-        def delete() -> None:
-            locked = (
-                AgentSession.objects.select_for_update()
-                .filter(scope, id=session_id, legal_hold=False)
-                .first()
-            )
-            if locked is None:
-                return
-            size = _row_bytes(rows, "payload")
-            seqs = list(rows.order_by("seq").values_list("seq", flat=True))
-            deleted = rows.delete()[0]
+        locked = list(
+            AgentSession.objects.select_for_update()
+            .filter(scope, id__in=ids, legal_hold=False)
+            .values_list("id", flat=True)
+        )
+        chunk = list(
+            Step.objects.filter(session_id__in=locked, superseded_at__lt=cutoff)
+            .order_by("session_id", "seq")
+            .values_list("id", "session_id", "seq")[:CHUNK_ROWS]
+        )
+        if not chunk:
+            return False
+        rows = Step.objects.filter(id__in=[row[0] for row in chunk])
+        sizes = _sizes(rows, "payload")
+        seqs: dict[Any, list[int]] = {}
+        for _, sid, seq in chunk:
+            seqs.setdefault(sid, []).append(seq)
+        self._audit(
+            "retention_compact",
+            [
+                (
+                    sid,
+                    {
+                        "deleted": len(numbers),
+                        "first_seq": numbers[0],
+                        "last_seq": numbers[-1],
+                        "bytes": sizes.get(sid, (0, 0))[1],
+                        "after_days": days,
+                        "archive": archived.get(sid, ""),
+                    },
+                )
+                for sid, numbers in seqs.items()
+            ],
+        )
+        rows._raw_delete(Step.objects.db)
+        for sid, numbers in seqs.items():
             # Their seqs stay taken: the session keeps counting them, and a reader can
             # tell a compacted gap from a lost step.
-            AgentSession.objects.filter(id=session_id).update(
-                compacted_steps=F("compacted_steps") + deleted
+            AgentSession.objects.filter(id=sid).update(
+                compacted_steps=F("compacted_steps") + len(numbers)
             )
-            audit(
-                actor=self.actor,
-                action="retention_compact",
-                session=locked,
-                after={
-                    "deleted": deleted,
-                    "first_seq": seqs[0] if seqs else None,
-                    "last_seq": seqs[-1] if seqs else None,
-                    "bytes": size,
-                    "after_days": days,
-                    "archive": archived,
-                },
-            )
-            part.sessions += 1
-            part.rows += deleted
-            part.bytes += size
-
-        self._timed(delete)
+        touched.update(seqs)
+        part.rows += len(chunk)
+        part.bytes += sum(b for _, b in sizes.values())
+        return len(chunk) == CHUNK_ROWS
 
 
 def apply_retention(

@@ -408,7 +408,7 @@ def agents_overview() -> AgentsOverview:
                 name=agent.name,
                 version=agent.version,
                 description=agent.description,
-                model=agent.model,
+                model=agent.model or f"runner: {type(agent.runner).__name__}",
                 instructions=instructions,
                 source=found.sources.get(agent.name, ""),
                 limits=agent.limits,

@@ -606,6 +606,11 @@ def session_fork(
                 for index, s in enumerate(steps, start=1)
             ]
         )
+        if parent.graph_thread_or_none() is not None:
+            from .graph_services import copy_graph_rows
+
+            seq_map = {s.seq: index for index, s in enumerate(steps, start=1)}
+            copy_graph_rows(parent=parent, fork=fork, seq_map=seq_map)
         Checkpoint.objects.create(
             session=fork,
             seq=len(steps),

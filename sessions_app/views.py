@@ -344,6 +344,14 @@ def _trace_context(
     }
 
 
+def _graph_interrupts(session: AgentSession) -> list[dict[str, Any]]:
+    if session.status != Status.WAITING_INPUT:
+        return []
+    from .graph_services import pending_interrupts
+
+    return pending_interrupts(session)
+
+
 def _detail_context(
     request: HttpRequest, session: AgentSession, part: str = "page"
 ) -> dict[str, Any]:
@@ -368,6 +376,8 @@ def _detail_context(
         if session.status == Status.WAITING_INPUT
         else None,
         "uncertain": selectors.uncertain_call(session, state),
+        # A LangGraph session stopped in interrupt(): what the graph asked.
+        "interrupts": _graph_interrupts(session),
     }
     if part in ("page", "panel", "actions") and operate:
         context["tool_results"] = list(
@@ -656,6 +666,18 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
                 session_id=session.id, actor=who, reason=post.get("reason", ""), request_meta=meta
             )
             text = "Rejected: the model is told, and the session goes on."
+        elif action == "answer":
+            from .graph_services import session_answer_interrupt
+
+            raw = post.get("value", "")
+            try:
+                value = json.loads(raw)
+            except json.JSONDecodeError:
+                value = raw  # plain text is the answer as it is
+            session_answer_interrupt(
+                session_id=session.id, value=value, actor=who, request_meta=meta
+            )
+            text = "Answered: the graph resumes with it."
         elif action == "uncertain":
             resolution = post.get("resolution", "")
             output = None

@@ -1,0 +1,157 @@
+"""LangGraph on Respawn: the same graph with RespawnSaver and with the official
+PostgresSaver, side by side in one run.
+
+    python -m bench.langgraph                  # 50, 500 and 5,000 steps
+    python -m bench.langgraph --steps 50 500   # some of them
+
+The graph is bench/_peers.py's: a model node and a tools node in a loop (zero-latency,
+scripted), the conversation in a list channel, durability="sync" (a checkpoint committed
+after every node). A step is one node run; ms per step is the time from one node start to
+the next (p50, p99); bytes per step is what the saver's tables grew by, divided by the
+steps. Each saver has a database of its own (BENCH_DATABASE_URL or DATABASE_URL names the
+server), its tables emptied before every run. Needs the `bench` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import operator
+import uuid
+from typing import Annotated, Any, TypedDict
+
+import psycopg
+
+from ._db import fresh_database, setup_django
+from ._workload import Timings, model_text, table_bytes, tool_output, warm
+
+RESPAWN_TABLES = [
+    "sessions_app_agentsession",
+    "sessions_app_step",
+    "sessions_app_checkpoint",
+    "sessions_app_graphthread",
+    "sessions_app_graphcheckpoint",
+    "sessions_app_graphblob",
+    "sessions_app_graphwrite",
+]
+POSTGRES_TABLES = ["checkpoints", "checkpoint_blobs", "checkpoint_writes"]
+
+
+class _State(TypedDict):
+    messages: Annotated[list, operator.add]
+    turn: int
+    turns: int
+
+
+def build_graph(saver: Any, payload_bytes: int, clock: dict[str, Timings]) -> Any:
+    from langgraph.graph import END, START, StateGraph
+
+    def model(state: _State) -> dict[str, Any]:
+        clock["t"].mark()
+        turn = state["turn"]
+        calls = (
+            [{"id": f"call_{turn}", "name": "echo_n", "args": {"n": turn}}]
+            if turn < state["turns"]
+            else []
+        )
+        return {
+            "messages": [
+                {
+                    "role": "assistant",
+                    "content": model_text(turn, payload_bytes),
+                    "tool_calls": calls,
+                }
+            ]
+        }
+
+    def tools(state: _State) -> dict[str, Any]:
+        clock["t"].mark()
+        call = state["messages"][-1]["tool_calls"][0]
+        content = json.dumps(tool_output(call["args"]["n"], payload_bytes))
+        return {
+            "messages": [{"role": "tool", "tool_call_id": call["id"], "content": content}],
+            "turn": state["turn"] + 1,
+        }
+
+    def route(state: _State) -> str:
+        return "tools" if state["messages"][-1]["tool_calls"] else END
+
+    graph = StateGraph(_State)
+    graph.add_node("model", model)
+    graph.add_node("tools", tools)
+    graph.add_edge(START, "model")
+    graph.add_conditional_edges("model", route, ["tools", END])
+    graph.add_edge("tools", "model")
+    return graph.compile(checkpointer=saver)
+
+
+def run_once(graph: Any, url: str, tables: list[str], steps: int, clock: dict) -> dict[str, float]:
+    turns = (steps - 1) // 2  # 2 nodes a turn and the final answer
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
+        before = table_bytes(conn, tables)
+    timings = Timings()
+    clock["t"] = timings
+    config = {"configurable": {"thread_id": str(uuid.uuid4())}, "recursion_limit": 2 * turns + 10}
+    timings.start()
+    state = graph.invoke(
+        {"messages": [{"role": "user", "content": f"run {turns}"}], "turn": 0, "turns": turns},
+        config,
+        durability="sync",
+    )
+    nodes = len(state["messages"]) - 1
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CHECKPOINT")
+        grown = table_bytes(conn, tables) - before
+    return {"steps": nodes, "p50": timings.p50, "p99": timings.p99, "bytes_per_step": grown / nodes}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, nargs="+", default=[50, 500, 5000])
+    parser.add_argument("--payload-bytes", type=int, default=200)
+    args = parser.parse_args()
+
+    respawn_url = fresh_database("bench_langgraph_respawn")
+    postgres_url = fresh_database("bench_langgraph_postgres", migrate=False)
+    setup_django(respawn_url)
+    from langgraph.checkpoint.postgres import PostgresSaver
+
+    from sessions_app.langgraph import RespawnSaver
+
+    warm(max(args.steps), args.payload_bytes)
+    clock: dict[str, Timings] = {}
+    print(f"payload {args.payload_bytes} B per message; durability=sync\n")
+    print(f"{'steps':>6}  {'saver':<14} {'p50 ms':>8} {'p99 ms':>8} {'bytes/step':>12}")
+    with (
+        PostgresSaver.from_conn_string(postgres_url) as postgres,
+        RespawnSaver.from_conn_string(respawn_url) as respawn,
+    ):
+        postgres.setup()
+        respawn.setup()
+        contenders = [
+            (
+                "RespawnSaver",
+                build_graph(respawn, args.payload_bytes, clock),
+                respawn_url,
+                RESPAWN_TABLES,
+            ),
+            (
+                "PostgresSaver",
+                build_graph(postgres, args.payload_bytes, clock),
+                postgres_url,
+                POSTGRES_TABLES,
+            ),
+        ]
+        for steps in args.steps:
+            for name, graph, url, tables in contenders:
+                result = run_once(graph, url, tables, steps, clock)
+                print(
+                    f"{result['steps']:>6}  {name:<14} {result['p50']:>8.2f} {result['p99']:>8.2f}"
+                    f" {result['bytes_per_step']:>12,.0f}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

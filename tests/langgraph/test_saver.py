@@ -1,0 +1,263 @@
+"""RespawnSaver with real graphs: a thread is a session the dashboard shows, storage grows
+with the steps, interrupts and time travel work, and one writer at a time."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+
+import pytest
+from acme_graphs import builder
+from django.urls import reverse
+from langchain_core.messages import HumanMessage
+from langgraph.checkpoint.base import empty_checkpoint
+from langgraph.types import Command
+
+from sessions_app.langgraph import RespawnSaver, ThreadLeaseLost, session_id_for
+from sessions_app.models import (
+    AgentSession,
+    AuditEvent,
+    Checkpoint,
+    GraphBlob,
+    GraphCheckpoint,
+    GraphThread,
+    Step,
+)
+
+from ..conftest import ROOT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _config(thread: str) -> dict:
+    return {"configurable": {"thread_id": thread}}
+
+
+def _say(text: str) -> dict:
+    return {"messages": [HumanMessage(text)]}
+
+
+def test_a_thread_is_a_session_with_its_trace_and_checkpoints(client, users, make_saver):
+    saver = make_saver()
+    graph = builder().compile(checkpointer=saver)
+    result = graph.invoke(_say("loop 3"), _config("ticket-42"))
+    assert result["messages"][-1].content == "Worked 3 steps."
+
+    session = AgentSession.objects.get(id=session_id_for("ticket-42"))
+    assert GraphThread.objects.get(session=session).thread_id == "ticket-42"
+    assert session.agent == "langgraph" and session.status == "waiting_input"
+    checkpoints = GraphCheckpoint.objects.filter(session=session)
+    # Every LangGraph checkpoint is a Respawn checkpoint at its step's seq.
+    assert checkpoints.count() == Checkpoint.objects.filter(session=session).count() > 8
+    events = list(Step.objects.filter(session=session).values_list("payload__event", flat=True))
+    assert events.count("graph_checkpoint") == checkpoints.count()
+    nodes = [
+        p["node"]
+        for p in Step.objects.filter(session=session, payload__event="graph_writes").values_list(
+            "payload", flat=True
+        )
+    ]
+    assert nodes.count("tools") == 3 and nodes.count("model") == 4
+    latest = checkpoints.order_by("-checkpoint_id").first()
+    assert session.head == latest.seq  # the head is the thread's latest checkpoint
+    state = Checkpoint.objects.get(session=session, seq=session.head).state
+    assert state["agent_state"]["data"]["langgraph"]["checkpoint_id"] == latest.checkpoint_id
+
+    client.force_login(users["operator"])
+    page = client.get(reverse("sessions:detail", args=[session.id]))
+    assert page.status_code == 200
+    assert b"graph_writes" in page.content and b"Worked 3 steps." in page.content
+    first = Checkpoint.objects.filter(session=session).order_by("seq").first()
+    diff = client.get(reverse("sessions:diff", args=[session.id]), {"a": first.pk, "b": "head"})
+    assert diff.status_code == 200
+    # What changed between two checkpoints of the graph: its channels' versions.
+    assert b"channel_versions.messages" in diff.content
+
+
+def test_storage_grows_with_the_steps_not_with_the_history(make_saver):
+    saver = make_saver()
+    graph = builder().compile(checkpointer=saver)
+    graph.invoke(_say("loop 40"), _config("long"))
+    session_id = session_id_for("long")
+    blobs = list(
+        GraphBlob.objects.filter(session_id=session_id, channel="messages").order_by("version")
+    )
+    # The first version of the list is stored whole, every later one as what was added.
+    assert blobs[0].base_version is None
+    assert all(b.base_version is not None for b in blobs[1:])
+    sizes = [len(bytes(b.blob)) for b in blobs[1:]]
+    assert max(sizes[-10:]) <= 2 * max(sizes[:10])  # flat, not growing with the list
+
+    # A fresh saver (no cache) reads back what the run had, message for message.
+    fresh = builder().compile(checkpointer=make_saver())
+    values = fresh.get_state(_config("long")).values["messages"]
+    assert len(values) == 1 + 40 * 2 + 1
+    assert values[-1].content == "Worked 40 steps."
+    assert [m.id for m in values] == [
+        m.id for m in graph.get_state(_config("long")).values["messages"]
+    ]
+    # And every checkpoint in the history, each with its own length.
+    lengths = [len(s.values.get("messages", [])) for s in fresh.get_state_history(_config("long"))]
+    assert lengths[0] == 82 and sorted(lengths, reverse=True) == lengths
+
+
+def test_interrupt_then_resume_with_a_value(make_saver):
+    graph = builder().compile(checkpointer=make_saver())
+    out = graph.invoke(_say("approve the refund"), _config("approval"))
+    assert out["__interrupt__"][0].value == {"question": "may I the refund?"}
+    # Another saver (another process) answers it.
+    again = builder().compile(checkpointer=make_saver())
+    out = again.invoke(Command(resume="yes, go"), _config("approval"))
+    assert out["messages"][-1].content == "the refund: yes, go"
+
+
+def test_time_travel_from_an_earlier_checkpoint_branches_the_thread(make_saver):
+    graph = builder().compile(checkpointer=make_saver())
+    graph.invoke(_say("loop 2"), _config("travel"))
+    history = list(graph.get_state_history(_config("travel")))
+    earlier = next(s for s in history if s.next == ("tools",))
+    graph.invoke(None, earlier.config)
+    after = list(graph.get_state_history(_config("travel")))
+    assert len(after) > len(history)
+    branched = [
+        s
+        for s in after
+        if s.parent_config
+        and s.parent_config["configurable"]["checkpoint_id"]
+        == earlier.config["configurable"]["checkpoint_id"]
+    ]
+    assert len(branched) == 2  # the first run's next checkpoint and the new branch's
+
+
+def _put(saver, thread, parent=None):
+    checkpoint = empty_checkpoint()
+    config = {"configurable": {"thread_id": thread, "checkpoint_ns": ""}}
+    if parent:
+        config["configurable"]["checkpoint_id"] = parent
+    return saver.put(config, checkpoint, {"source": "loop", "step": 0}, {})
+
+
+def _rows(thread):
+    sid = session_id_for(thread)
+    return (
+        Step.objects.filter(session_id=sid).count(),
+        GraphCheckpoint.objects.filter(session_id=sid).count(),
+        Checkpoint.objects.filter(session_id=sid).count(),
+    )
+
+
+def test_a_superseded_writer_is_refused_and_writes_nothing(make_saver):
+    first, second = make_saver(), make_saver()
+    c1 = _put(first, "shared")
+    # A second writer takes the thread over (the first stalled, say).
+    c2 = _put(second, "shared", c1["configurable"]["checkpoint_id"])
+    before = _rows("shared")
+    with pytest.raises(ThreadLeaseLost, match="superseded"):
+        _put(first, "shared", c1["configurable"]["checkpoint_id"])
+    with pytest.raises(ThreadLeaseLost, match="superseded"):
+        first.put_writes(c1, [("messages", ["late"])], "task-1")
+    assert _rows("shared") == before
+    # The second writer goes on; its chain is the thread's.
+    _put(second, "shared", c2["configurable"]["checkpoint_id"])
+    assert _rows("shared")[1] == before[1] + 1
+    session = AgentSession.objects.get(id=session_id_for("shared"))
+    assert session.fencing_token == 2 and session.lease_owner == second._owner
+
+
+def test_two_writers_running_one_thread_cannot_both_commit(make_saver):
+    """Two processes invoke the same thread at once (langgraph issue 8796): one wins, the
+    other is refused, and the chain of checkpoints stays a chain."""
+    setup = builder().compile(checkpointer=make_saver())
+    setup.invoke(_say("hello"), _config("race"))
+    results: dict[str, object] = {}
+    barrier = threading.Barrier(2)
+
+    def run(name):
+        from django.db import connection
+
+        graph = builder().compile(checkpointer=make_saver())
+        graph.get_state(_config("race"))  # both read the same latest checkpoint
+        barrier.wait()
+        try:
+            results[name] = graph.invoke(_say(f"loop 3 {name}"), _config("race"))
+        except ThreadLeaseLost as exc:
+            results[name] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in ("a", "b")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert set(results) == {"a", "b"}, results
+    refused = [r for r in results.values() if isinstance(r, ThreadLeaseLost)]
+    done = [r for r in results.values() if isinstance(r, dict)]
+    assert refused and len(done) <= 1, results
+    parents = list(
+        GraphCheckpoint.objects.filter(session_id=session_id_for("race"), ns="").values_list(
+            "parent_id", flat=True
+        )
+    )
+    assert len(parents) == len(set(parents)), "two checkpoints share a parent: the chain forked"
+    if done:
+        final = builder().compile(checkpointer=make_saver()).get_state(_config("race"))
+        assert final.values["messages"][-1].content == "Worked 3 steps."
+
+
+def test_a_worker_running_the_thread_keeps_other_writers_out(settings, make_saver):
+    from agent_runtime.store import Lease
+
+    saver = make_saver()
+    _put(saver, "worked")
+    session = AgentSession.objects.get(id=session_id_for("worked"))
+    from django.utils import timezone
+
+    AgentSession.objects.filter(id=session.id).update(
+        lease_owner="host:1:worker",
+        fencing_token=7,
+        lease_expires_at=timezone.now() + timezone.timedelta(minutes=1),
+    )
+    with pytest.raises(ThreadLeaseLost, match="run by worker host:1:worker"):
+        _put(make_saver(), "worked")
+    bound = RespawnSaver(lease=Lease(str(session.id), "host:1:worker", 7))
+    _put(bound, "worked")
+    assert _rows("worked")[1] == 2
+
+
+def test_delete_thread_leaves_an_audit_record(make_saver):
+    saver = make_saver()
+    _put(saver, "gone")
+    saver.delete_thread("gone")
+    assert not AgentSession.objects.filter(id=session_id_for("gone")).exists()
+    assert AuditEvent.objects.filter(
+        session_id=session_id_for("gone"), action="graph_delete_thread"
+    ).exists()
+
+
+def test_from_conn_string_uses_the_projects_database():
+    from django.db import connection
+
+    db = connection.settings_dict
+    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    with RespawnSaver.from_conn_string(url) as saver:
+        saver.setup()
+        assert saver._db == "default"
+        _put(saver, "by-url")
+    assert _rows("by-url")[1] == 1
+
+
+def test_importing_without_langgraph_says_what_to_install():
+    code = (
+        "import sys; sys.modules['langgraph'] = None; sys.modules['langgraph.checkpoint'] = None\n"
+        "import sessions_app.langgraph"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert (
+        "sessions_app.langgraph needs LangGraph: install it with `pip install langgraph`"
+        in done.stderr
+    )
