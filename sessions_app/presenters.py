@@ -193,7 +193,8 @@ TURN_EVENTS = {"fan_out", "joined", "waiting_for_approval", "uncertain_call"}
 # Steps after which a run has nothing more to do: a run whose last step is anything else
 # stopped in the middle (its worker died or lost its lease).
 RUN_END_EVENTS = {"waiting_for_approval", "uncertain_call", "cancelled", "fan_out", "joined"}
-RUN_END_EVENTS |= {"already_answered"}
+# ...and a runner's (an agent with a turn loop of its own, e.g. a LangGraph graph).
+RUN_END_EVENTS |= {"already_answered", "run_finished"}
 
 
 @dataclass
@@ -496,6 +497,12 @@ def _present_system(view: StepView, step: Step, payload: dict[str, Any]) -> None
         view.summary = f"stopped by a cancel request on {payload.get('worker', 'its worker')}"
     elif event == "run_started":
         view.summary = f"run started on {payload.get('worker', 'a worker')}"
+    elif event == "run_finished":
+        outcome = str(payload.get("outcome") or "finished")
+        view.status = "ok" if outcome == "completed" else "waiting" if outcome else ""
+        view.status_label = outcome
+        view.noise = False
+        view.summary = one_line(payload.get("final_answer") or f"the run ended: {outcome}")
     else:
         view.summary = (
             one_line({k: v for k, v in payload.items() if k != "event"}) if payload else ""

@@ -32,7 +32,7 @@ class AddIndexConcurrentlyOnPostgres(migrations.AddIndex):
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("sessions_app", "0016_retention")]
+    dependencies = [("sessions_app", "0017_langgraph_threads")]
 
     operations = [
         AddIndexConcurrentlyOnPostgres(

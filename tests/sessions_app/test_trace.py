@@ -128,6 +128,8 @@ def test_why_a_run_started_comes_from_the_step_before_it():
     answer = _step(7, "model", {"content": [], "tool_calls": []})
     assert run_reason(2, _step(8, "user", {"content": []}), "w1", None).reason == "message"
     assert run_reason(2, answer, "w1", None).reason == "continue"
+    finished = _step(8, "system", {"event": "run_finished", "outcome": "waiting_input"})
+    assert run_reason(2, finished, "w1", None).reason == "continue"  # a runner's clean end
     joined = _step(8, "system", {"event": "joined", "results": 3})
     assert run_reason(2, joined, "w1", None).text == "after the fan-out joined"
     branch = _step(8, "tool_result", {"status": "ok", "branch": {"index": 1, "of": 3}})
