@@ -14,7 +14,13 @@ from typing import Any
 from ._workload import Timings, model_text, tool_output
 
 AGENT = "bench"
-TABLES = ["sessions_app_agentsession", "sessions_app_step", "sessions_app_checkpoint"]
+# The search index (written off the append, by the workers' indexer) counts as storage.
+TABLES = [
+    "sessions_app_agentsession",
+    "sessions_app_step",
+    "sessions_app_checkpoint",
+    "sessions_app_stepsearch",
+]
 
 
 class BenchModel:
@@ -132,3 +138,4 @@ def truncate() -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(f"TRUNCATE {', '.join(TABLES)} CASCADE")
+        cursor.execute("DELETE FROM sessions_app_searchcursor")

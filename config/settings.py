@@ -236,6 +236,10 @@ RESPAWN_APPROVAL_SLA = env_float("RESPAWN_APPROVAL_SLA", 3600)
 # The reconciler dispatches at most this many sessions per pass: bulk resumes of
 # thousands reach the workers (and the model provider) in waves, not all at once.
 RESPAWN_RECONCILE_BATCH = int(env_float("RESPAWN_RECONCILE_BATCH", 200))
+# How often each worker indexes new steps for the dashboard's search (PostgreSQL; one
+# worker at a time does it, off the append path): a step is searchable about this many
+# seconds after it is written. 0: off (run `manage.py index_search` instead).
+RESPAWN_SEARCH_INTERVAL = env_float("RESPAWN_SEARCH_INTERVAL", 2.0)
 RESPAWN_MODEL = os.environ.get("RESPAWN_MODEL", "")
 OPENAI_BASE_URL = os.environ.get("OPENAI_BASE_URL", "")
 OPENAI_API_KEY = os.environ.get("OPENAI_API_KEY", "")

@@ -6,6 +6,7 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
+from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
@@ -226,7 +227,14 @@ class Step(models.Model):
         ]
         indexes = [
             # "Jump to first error" and per-kind filters inside one trace.
-            models.Index(fields=["session", "kind", "seq"], name="step_session_kind_seq"),
+            # Partial (model and error steps only, a third of them): a run's tail finds the
+            # last model step, "jump to first error" the first error; other kinds are found
+            # within a session on step_session_seq_unique.
+            models.Index(
+                fields=["session", "kind", "seq"],
+                name="step_session_kind_seq",
+                condition=Q(kind__in=["model", "error"]),
+            ),
             # Superseded steps of a session (the toggle's count), a small set: partial.
             models.Index(
                 fields=["session", "seq"],
@@ -234,7 +242,13 @@ class Step(models.Model):
                 condition=Q(superseded_at__isnull=False),
             ),
             # The admin's step list across sessions, newest first, by kind.
-            models.Index(fields=["kind", "-id"], name="step_kind_id"),
+            # Partial, for the kinds that are rare and sought (errors, operators' steps):
+            # the common kinds are found at once walking the primary key backwards.
+            models.Index(
+                fields=["kind", "-id"],
+                name="step_kind_id",
+                condition=Q(kind__in=["error", "operator"]),
+            ),
             # Steps at a rare schema version (old, or newer than the code); nearly every
             # row has the same value, which B-tree deduplication stores in little space.
             models.Index(fields=["schema_version"], name="step_version"),
@@ -245,6 +259,14 @@ class Step(models.Model):
                 fields=["session", "seq"],
                 name="step_failed",
                 condition=Q(kind="error") | Q(kind="tool_result", payload__status="error"),
+            ),
+            # The runs of a session (their run_started steps): the trace's run numbers and
+            # the worker of the run a page starts in, the timeline's run marks. One entry
+            # per run.
+            models.Index(
+                fields=["session", "seq"],
+                name="step_run_started",
+                condition=Q(kind="system", payload__event="run_started"),
             ),
         ]
         ordering = ["session", "seq"]
@@ -277,7 +299,12 @@ class Checkpoint(models.Model):
         ]
         indexes = [
             # The admin's checkpoint list, newest first, by reason.
-            models.Index(fields=["reason", "-id"], name="checkpoint_reason_id"),
+            # Partial: the reasons other than "auto" are the rare ones a filter looks for.
+            models.Index(
+                fields=["reason", "-id"],
+                name="checkpoint_reason_id",
+                condition=~Q(reason="auto"),
+            ),
             # Checkpoints at a rare schema version, for the checkpoint list and the session
             # list's "head schema version" filter (deduplicated, like step_version).
             models.Index(fields=["schema_version"], name="checkpoint_version"),
@@ -286,6 +313,40 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id} @{self.seq} ({self.reason})"
+
+
+class StepSearch(models.Model):
+    """The full-text index of CHUNK consecutive steps of a session (sessions_app.search):
+    the stripped tsvector of their payloads, written in batches after the steps, on
+    PostgreSQL only. A GIN index on `tsv` (migration 0018_step_search_off_the_append, not
+    expressible portably here) serves the session list's search."""
+
+    # No constraint: a session's index rows go with it (retention deletes both), and a
+    # row left behind matches no session.
+    session = models.ForeignKey(
+        AgentSession,
+        on_delete=models.DO_NOTHING,
+        db_constraint=False,
+        db_index=False,
+        related_name="+",
+    )
+    chunk = models.PositiveIntegerField()
+    first_seq = models.PositiveIntegerField()
+    last_seq = models.PositiveIntegerField()
+    tsv = SearchVectorField()
+
+    class Meta:
+        constraints = [
+            # One row per chunk; also the indexer's high-water mark per session.
+            models.UniqueConstraint(fields=["session", "chunk"], name="stepsearch_chunk_unique"),
+        ]
+
+
+class SearchCursor(models.Model):
+    """How far (by step id) the search indexer has read: one row."""
+
+    step_id = models.BigIntegerField(default=0)
+    updated_at = models.DateTimeField(auto_now=True)
 
 
 class AuditEvent(models.Model):

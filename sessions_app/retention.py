@@ -44,6 +44,7 @@ from django.db.models import Count, F, Q, QuerySet, Sum
 from django.db.models.functions import Length
 from django.utils import timezone
 
+from . import search
 from .models import FINAL, AgentSession, AuditEvent, Checkpoint, Status, Step
 from .runtime import redactor
 from .services import _actor
@@ -378,6 +379,7 @@ class _Runner:
         )
         Step.objects.filter(session_id__in=keep)._raw_delete(Step.objects.db)
         Checkpoint.objects.filter(session_id__in=keep)._raw_delete(Checkpoint.objects.db)
+        search.forget_sessions(keep)
         AgentSession.objects.filter(id__in=keep)._raw_delete(AgentSession.objects.db)
         part.sessions += len(keep)
         for sizes in (steps, checkpoints):
@@ -519,6 +521,9 @@ class _Runner:
                 compact = partial(self._compact, ids, scope, cutoff, days, archived, touched)
                 while self._timed(compact):
                     pass
+                for session_id in touched:
+                    # The compacted steps' words leave the search with them.
+                    search.reindex_session(session_id)
                 part.sessions += len(touched)
 
     def _compact(

@@ -21,7 +21,7 @@ from agent_runtime.compat import session_problems
 from agent_runtime.state import SCHEMA_VERSION, describe_step
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
-from .models import FINAL, RUNNABLE, AgentSession, Checkpoint, Status, Step
+from .models import FINAL, RUNNABLE, AgentSession, Checkpoint, Status, Step, StepSearch
 from .runtime import agent_registry
 from .store import DjangoSessionStore
 
@@ -127,15 +127,15 @@ def _day_start(day: date) -> datetime:
     return timezone.make_aware(datetime.combine(day, time.min), timezone.get_current_timezone())
 
 
-def step_search_matches(q: str) -> QuerySet[Step]:
-    """Steps whose payload contains the words of q: PostgreSQL full-text search over the
-    payload text (served by the step_payload_search GIN index); icontains elsewhere."""
+def step_search_matches(q: str) -> QuerySet:
+    """Rows with a `session` whose steps contain the words of q: on PostgreSQL the search
+    index the workers keep (StepSearch, served by its GIN index; the newest few seconds
+    of steps may not be in it yet: sessions_app.search.lag), icontains over the steps
+    themselves elsewhere."""
     if connection.vendor == "postgresql":
-        from django.contrib.postgres.search import SearchQuery, SearchVector
+        from django.contrib.postgres.search import SearchQuery
 
-        return Step.objects.annotate(
-            search=SearchVector(Cast("payload", TextField()), config="simple")
-        ).filter(search=SearchQuery(q, config="simple", search_type="plain"))
+        return StepSearch.objects.filter(tsv=SearchQuery(q, config="simple", search_type="plain"))
     return Step.objects.annotate(text=Cast("payload", TextField())).filter(text__icontains=q)
 
 

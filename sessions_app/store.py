@@ -312,17 +312,19 @@ class DjangoSessionStore:
         start = 1
         if tail:
             # Three lookups, each on an index: superseded steps (step_superseded), the last
-            # model step (step_session_kind_seq), a live step at another schema version
-            # than this code's (step_version: rare versions are few rows).
+            # model step (step_session_kind_seq, partial: the kind is a literal, so a
+            # prepared statement's generic plan can still use it), a live step at another
+            # schema version than this code's (step_version: rare versions are few rows).
             superseded, last_model, other_version = _execute_prepared(
                 f"SELECT (SELECT count(*) FROM {STEP_TABLE}"
                 "  WHERE session_id = %s::uuid AND superseded_at IS NOT NULL),"
                 f" (SELECT max(seq) FROM {STEP_TABLE}"
-                "  WHERE session_id = %s::uuid AND kind = %s AND superseded_at IS NULL),"
+                f"  WHERE session_id = %s::uuid AND kind = '{StepKind.MODEL.value}'"
+                "  AND superseded_at IS NULL),"
                 f" EXISTS (SELECT 1 FROM {STEP_TABLE} WHERE session_id = %s::uuid"
                 "  AND superseded_at IS NULL"
                 f"  AND (schema_version < {SCHEMA_VERSION} OR schema_version > {SCHEMA_VERSION}))",
-                [session_id, session_id, StepKind.MODEL.value, session_id],
+                [session_id, session_id, session_id],
             )
             if other_version:
                 return self._load_head_postgresql(session_id)

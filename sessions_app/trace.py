@@ -55,8 +55,8 @@ from .presenters import (
 TRACE_PAGE = 50
 
 # A step that failed: an error step, or a tool result with an error. Served by the
-# step_failed partial index (migration 0101_dashboard_step_failed), whose condition is this
-# same expression.
+# step_failed partial index (migration 0101_dashboard_step_indexes), whose condition is
+# this same expression.
 FAILED = Q(kind="error") | Q(kind="tool_result", payload__status="error")
 
 KIND_FILTERS = {
@@ -136,8 +136,9 @@ class TracePage:
 
 def trace_context(session: AgentSession, after: int, filters: TraceFilters) -> TraceContext:
     """Turns and runs before step `after`. Model steps are counted from the (session, kind,
-    seq) index alone, less the few superseded ones (the step_superseded index): one
-    aggregate reading every row before `after` took 80 ms at step 100,000."""
+    seq) index alone, less the few superseded ones (the step_superseded index), runs from
+    the step_run_started index: one aggregate reading every row before `after` took 80 ms
+    at step 100,000."""
     if after <= 0 or not filters.grouped:
         return TraceContext()
     before = Step.objects.filter(session=session, seq__lte=after)

@@ -24,7 +24,7 @@ from django_htmx.http import (
     trigger_client_event,
 )
 
-from . import charts, selectors, services, trace
+from . import charts, search, selectors, services, trace
 from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Checkpoint, Status, Step
 from .permissions import can_operate, can_view
 from .presenters import TraceContext, diff_states, status_view
@@ -148,6 +148,8 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
         "can_operate": can_operate(request.user),
         "now": timezone.now(),
         "live_statuses": [s.value for s in RUNNABLE],
+        # Step ids the search index has not reached yet (steps are indexed off the append).
+        "search_lag": search.lag() if filters.q else 0,
     }
 
 

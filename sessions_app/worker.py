@@ -86,6 +86,29 @@ class Reconciler(threading.Thread):
         connections.close_all()
 
 
+class SearchIndexer(threading.Thread):
+    """Indexes the steps written since its last pass for the dashboard's search, every
+    `interval` seconds (sessions_app.search; an advisory lock lets one worker at a time)."""
+
+    def __init__(self, interval: float) -> None:
+        super().__init__(name="respawn-search-indexer", daemon=True)
+        self.interval = interval
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        from .search import enabled, index_pending
+
+        while not self.stopped.wait(self.interval * random.uniform(0.8, 1.2)):
+            try:
+                if not enabled():
+                    break
+                index_pending()
+            except Exception:
+                log.exception("search indexer pass failed")
+                connections.close_all()
+        connections.close_all()
+
+
 class RespawnWorker(SimpleWorker):
     def work(self, *args, **kwargs):  # type: ignore[override]
         if settings.RESPAWN_WORKER_SUPERVISE:
@@ -99,11 +122,17 @@ class RespawnWorker(SimpleWorker):
                 settings.RESPAWN_RECONCILE_INTERVAL, watch=settings.RESPAWN_LEASE_TTL / 2
             )
             reconciler.start()
+        indexer = None
+        if settings.RESPAWN_SEARCH_INTERVAL > 0:
+            indexer = SearchIndexer(settings.RESPAWN_SEARCH_INTERVAL)
+            indexer.start()
         try:
             return super().work(*args, **kwargs)
         finally:
             if reconciler is not None:
                 reconciler.stopped.set()
+            if indexer is not None:
+                indexer.stopped.set()
 
 
 class Supervisor:

@@ -4,6 +4,7 @@ savers, every capability the installed version knows, on the test database."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 
 import pytest
@@ -24,7 +25,10 @@ def _run_suite(cls):
         finally:
             await asyncio.to_thread(saver.close)
 
-    return asyncio.run(validate(factory))
+    # On a thread of its own: an earlier test in this process (Playwright's sync API, for
+    # the browser tests) may leave an event loop running on the main thread.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, validate(factory)).result()
 
 
 @pytest.mark.parametrize("cls", [RespawnSaver, AsyncRespawnSaver], ids=lambda c: c.__name__)

@@ -258,6 +258,29 @@ def test_failures_come_from_the_step_failed_index(long):
     assert "step_failed" in plan, plan
 
 
+def test_turns_and_runs_before_a_page_are_counted_from_indexes(long):
+    """The counts behind a page deep in a session read indexes, not every step before it."""
+
+    def plan(queryset):
+        with connection.cursor() as cursor:
+            cursor.execute("SET LOCAL enable_seqscan = off")
+            sql, params = queryset.query.sql_with_params()
+            cursor.execute("EXPLAIN " + sql, params)
+            return "\n".join(row[0] for row in cursor.fetchall())
+
+    before = Step.objects.filter(session=long.session, seq__lte=4000)
+    models = plan(before.filter(kind="model").values("seq"))
+    assert "Index Only Scan using step_session_kind_seq" in models, models
+    runs = plan(
+        before.filter(kind="system", payload__event="run_started", superseded_at__isnull=True)
+    )
+    assert "step_run_started" in runs, runs
+    context = trace.trace_context(long.session, 4000, trace.TraceFilters())
+    assert context.runs_before == len([s for s in long.run_seqs if s <= 4000])
+    assert context.turns_before == before.filter(kind="model").count()
+    assert context.worker == "w3-host-c"
+
+
 def test_the_plan_shown_is_the_latest_one(db):
     session = run_inline(session_start(agent="demo", input="what is (12*7)+3, then save it"))
     plan = trace.current_plan(session, {"plan": []})

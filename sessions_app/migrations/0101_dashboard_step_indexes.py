@@ -1,6 +1,11 @@
-"""The step_failed partial index: the failed steps of a session (error steps and tool
-results with an error), for the trace's "first error", its "failed" filter and the session
-header's failure count.
+"""Two small partial indexes for a session's trace:
+
+- step_failed: the failed steps of a session (error steps and tool results with an
+  error), for the trace's "first error", its "failed" filter and the header's count;
+- step_run_started: the run_started steps of a session, for the trace's run numbers and
+  the timeline's run marks.
+
+Only failed steps and run starts enter them: an append of anything else costs nothing.
 
 Built with CREATE INDEX CONCURRENTLY on PostgreSQL, as in 0011_admin_indexes: a plain build
 would hold a write lock on the step table, and every worker's append would wait behind it."""
@@ -32,7 +37,7 @@ class AddIndexConcurrentlyOnPostgres(migrations.AddIndex):
 class Migration(migrations.Migration):
     atomic = False
 
-    dependencies = [("sessions_app", "0017_langgraph_threads")]
+    dependencies = [("sessions_app", "0019_leaner_step_indexes")]
 
     operations = [
         AddIndexConcurrentlyOnPostgres(
@@ -42,6 +47,14 @@ class Migration(migrations.Migration):
                 | Q(("kind", "tool_result"), ("payload__status", "error")),
                 fields=["session", "seq"],
                 name="step_failed",
+            ),
+        ),
+        AddIndexConcurrentlyOnPostgres(
+            model_name="step",
+            index=models.Index(
+                condition=Q(("kind", "system"), ("payload__event", "run_started")),
+                fields=["session", "seq"],
+                name="step_run_started",
             ),
         ),
     ]
