@@ -55,7 +55,7 @@ from .presenters import (
 TRACE_PAGE = 50
 
 # A step that failed: an error step, or a tool result with an error. Served by the
-# step_failed partial index (migration 0101_dashboard_step_indexes), whose condition is
+# step_failed partial index (migration 0020_dashboard_step_indexes), whose condition is
 # this same expression.
 FAILED = Q(kind="error") | Q(kind="tool_result", payload__status="error")
 
