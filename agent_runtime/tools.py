@@ -158,6 +158,9 @@ class ToolOutcome:
     output: Any = None
     error: str | None = None
     attempts: int = 1
+    # The errors of the attempts before the last one (retried errors), oldest first: a
+    # result "ok after 3 attempts" says what went wrong twice.
+    attempt_errors: tuple[str, ...] = ()
     memory_added: tuple[str, ...] = ()
     plan_update: tuple[tuple[str, str], ...] | None = None
     batch_cursor: dict[str, Any] | None = None
@@ -165,7 +168,7 @@ class ToolOutcome:
 
     def payload(self, call_id: str, name: str) -> dict[str, Any]:
         """The tool_result step payload (current schema version)."""
-        return {
+        payload = {
             "call_id": call_id,
             "name": name,
             "status": "ok" if self.ok else "error",
@@ -173,6 +176,10 @@ class ToolOutcome:
             "error": self.error,
             "attempts": self.attempts,
         }
+        if self.attempt_errors:
+            # Optional and for people (the trace lists each attempt); the model is not shown it.
+            payload["attempt_errors"] = list(self.attempt_errors)
+        return payload
 
 
 @dataclass(frozen=True)
@@ -237,6 +244,7 @@ class Tool:
         except ToolError as exc:
             return ToolOutcome(ok=False, error=str(exc))
         attempt = 0
+        retried: list[str] = []
         while True:
             attempt += 1
             ctx = ctx_factory(attempt)
@@ -246,6 +254,7 @@ class Tool:
                     ok=True,
                     output=output,
                     attempts=attempt,
+                    attempt_errors=tuple(retried),
                     memory_added=tuple(ctx.memory_added),
                     plan_update=tuple(ctx.plan_update) if ctx.plan_update is not None else None,
                     batch_cursor=ctx.batch_cursor,
@@ -253,20 +262,25 @@ class Tool:
                 )
             except ToolError as exc:
                 if exc.retryable and attempt <= self.retries:
+                    retried.append(str(exc))
                     time.sleep(self.retry_backoff * (2 ** (attempt - 1)))
                     continue
-                return ToolOutcome(ok=False, error=str(exc), attempts=attempt)
+                return ToolOutcome(
+                    ok=False, error=str(exc), attempts=attempt, attempt_errors=tuple(retried)
+                )
             except TimeoutError:
                 return ToolOutcome(
                     ok=False,
                     error=f"{self.name} timed out after {self.timeout:g}s",
                     attempts=attempt,
+                    attempt_errors=tuple(retried),
                 )
             except Exception as exc:  # a tool's bug is the model's problem to see, not a crash
                 return ToolOutcome(
                     ok=False,
                     error=f"{self.name} raised {type(exc).__name__}: {exc}",
                     attempts=attempt,
+                    attempt_errors=tuple(retried),
                 )
 
 

@@ -1,10 +1,14 @@
 """Dashboard latency at scale: 1,000,000 sessions and one session of 100,000 steps.
 
     python -m bench.dashboard [--sessions 1000000] [--steps 100000] [--rounds 30] [--reuse]
+                              [--database respawn_bench_dashboard]
 
-Seeds a database of its own (respawn_bench_dashboard) with COPY, then renders each page
-with Django's test client (in process: server time, no network) and prints the median and
-p95 of each, with its query count. Not a test: it prints figures.
+Seeds a database of its own with COPY, then renders each page with Django's test client
+(in process: server time, no network) and prints the median and p95 of each, with its
+query count. The long session has what an operator looks for in one: several runs (one
+after a worker crashed mid-call), retried tool calls and failed steps. Pages marked
+"cold" are timed with the cache emptied first (their counts and charts are cached for
+seconds). Not a test: it prints figures.
 """
 
 from __future__ import annotations
@@ -78,6 +82,10 @@ def seed(url: str, sessions: int, steps: int) -> uuid.UUID:
             )
             started = time.perf_counter()
             t0 = now - timedelta(hours=3)
+            # Where the trouble is: a run that died after a tool call (the next run starts
+            # in its place), and failed and retried tool results along the way.
+            crash_at = (steps // 3) // 3 * 3 + 2  # a tool_call
+            failed = {seq for seq in range(steps // 4 // 3 * 3, steps, steps // 5 // 3 * 3 or 3)}
             with cur.copy(
                 "COPY sessions_app_step (session_id, seq, kind, payload, schema_version, started_at, "
                 "finished_at, tokens_in, tokens_out, idempotency_key, created_at) FROM STDIN"
@@ -85,7 +93,14 @@ def seed(url: str, sessions: int, steps: int) -> uuid.UUID:
                 for seq in range(1, steps + 1):
                     phase = seq % 3
                     at = t0 + timedelta(milliseconds=seq * 50)
-                    if phase == 1:
+                    if seq > crash_at:
+                        at += timedelta(seconds=40)  # the lease expired, another worker took over
+                    if seq in (2, crash_at + 1):
+                        kind, payload = (
+                            "system",
+                            {"event": "run_started", "worker": f"bench-w{1 if seq == 2 else 2}"},
+                        )
+                    elif phase == 1:
                         kind, payload = (
                             "model",
                             {
@@ -108,10 +123,10 @@ def seed(url: str, sessions: int, steps: int) -> uuid.UUID:
                             {
                                 "call_id": f"call_{seq - 2}",
                                 "name": "tick",
-                                "ok": True,
-                                "output": {"n": seq},
-                                "error": None,
-                                "attempts": 1,
+                                "ok": seq not in failed,
+                                "output": {"n": seq} if seq not in failed else None,
+                                "error": "tick refused" if seq in failed else None,
+                                "attempts": 3 if seq % 291 == 0 else 1,
                             },
                         )
                     if seq == 1:
@@ -173,17 +188,23 @@ def seed(url: str, sessions: int, steps: int) -> uuid.UUID:
     return big
 
 
-def measure(client, url: str, rounds: int):
+def measure(client, url: str, rounds: int, *, htmx: bool | str = False, cold: bool = False):
+    from django.core.cache import cache
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    client.get(url)  # warm caches and connections
+    headers = {"HTTP_HX_REQUEST": "true"} if htmx else {}
+    if isinstance(htmx, str):
+        headers["HTTP_HX_TARGET"] = htmx  # the part of the page the request redraws
+    client.get(url, **headers)  # warm caches and connections
     times = []
     queries = 0
     for _ in range(rounds):
+        if cold:
+            cache.clear()
         with CaptureQueriesContext(connection) as captured:
             started = time.perf_counter()
-            response = client.get(url)
+            response = client.get(url, **headers)
             times.append((time.perf_counter() - started) * 1000)
         queries = len(captured)
         assert response.status_code in (200, 286), (url, response.status_code)
@@ -201,9 +222,10 @@ def main() -> None:
     parser.add_argument(
         "--reuse", action="store_true", help="keep the seeded database from a previous run"
     )
+    parser.add_argument("--database", default=DB_NAME, help="the database to seed and use")
     args = parser.parse_args()
 
-    url = with_db(server_url(), DB_NAME)
+    url = with_db(server_url(), args.database)
     if args.reuse:
         import os
         import subprocess
@@ -223,17 +245,17 @@ def main() -> None:
         big = None
     else:
         print(
-            f"seeding {DB_NAME}: {args.sessions:,} sessions, one of {args.steps:,} steps",
+            f"seeding {args.database}: {args.sessions:,} sessions, one of {args.steps:,} steps",
             flush=True,
         )
-        url = fresh_database(DB_NAME)
+        url = fresh_database(args.database)
         big = seed(url, args.sessions, args.steps)
     setup_django(url)
 
     from django.contrib.auth.models import User
     from django.test import Client
 
-    from sessions_app.models import AgentSession
+    from sessions_app.models import AgentSession, Step
     from sessions_app.selectors import SessionFilters, session_page
 
     if big is None:
@@ -243,30 +265,73 @@ def main() -> None:
     )
     client = Client()
     client.force_login(user)
-    _, cursor = session_page(SessionFilters(), None, 50)
-    _, failed_cursor = session_page(SessionFilters(status="failed"), None, 50)
+    first = session_page(SessionFilters(), None, 50)
+    second = session_page(SessionFilters(), first.next_cursor, 50, position=51)
+    failed_first = session_page(SessionFilters(status="failed"), None, 50)
     some = AgentSession.objects.filter(status="completed").values_list("id", flat=True).first()
     last = AgentSession.objects.get(id=big).last_seq
+    args.steps = Step.objects.filter(session_id=big).count()  # as seeded (--reuse: earlier)
+    crash = (
+        Step.objects.filter(session_id=big, kind="system", payload__event="run_started")
+        .order_by("-seq")
+        .values_list("seq", flat=True)
+        .first()
+    )
     pages = [
-        ("list: first page", "/sessions/"),
-        ("list: next page (keyset)", f"/sessions/?cursor={cursor}"),
-        ("list: status=failed", "/sessions/?status=failed"),
-        ("list: status=failed, next page", f"/sessions/?status=failed&cursor={failed_cursor}"),
-        ("list: agent=flaky, oldest first", "/sessions/?agent=flaky&sort=created"),
-        ("list: live row fragment", f"/sessions/{big}/row/"),
-        ("list: status counts fragment", "/sessions/counts/"),
-        (f"detail: first screen ({args.steps:,} steps)", f"/sessions/{big}/"),
-        ("detail: latest steps", f"/sessions/{big}/?from={last - 49}"),
-        ("detail: live tail fragment", f"/sessions/{big}/steps/?after={last}"),
-        ("detail: next trace page", f"/sessions/{big}/steps/?after=50000"),
-        ("detail: header fragment", f"/sessions/{big}/panel/?part=header"),
-        ("detail: small session", f"/sessions/{some}/"),
-        ("needs attention", "/sessions/attention/"),
+        # name, path, htmx fragment (or the part it targets), timed with an empty cache
+        ("list: first page", "/sessions/", False, False),
+        ("list: first page (counts not cached)", "/sessions/", False, True),
+        ("list: next page (keyset)", f"/sessions/?cursor={first.next_cursor}&pos=51", False, False),
+        (
+            "list: previous page (keyset)",
+            f"/sessions/?before={second.prev_cursor}&pos=1",
+            False,
+            False,
+        ),
+        ("list: status=failed", "/sessions/?status=failed", False, False),
+        (
+            "list: status=failed, next page",
+            f"/sessions/?status=failed&cursor={failed_first.next_cursor}&pos=51",
+            False,
+            False,
+        ),
+        ("list: agent=flaky, oldest first", "/sessions/?agent=flaky&sort=created", False, False),
+        ("list: agent=flaky (counts not cached)", "/sessions/?agent=flaky", False, True),
+        ("list: search 'bench session 7'", "/sessions/?q=bench+session+7", False, True),
+        ("list: live row fragment", f"/sessions/{big}/row/", True, False),
+        ("list: status counts fragment", "/sessions/counts/", True, False),
+        ("list: status counts fragment (not cached)", "/sessions/counts/", True, True),
+        ("list: charts, 24 h (not cached)", "/sessions/charts/?span=24h", True, True),
+        ("list: charts, 30 d (not cached)", "/sessions/charts/?span=30d", True, True),
+        (f"detail: first screen ({args.steps:,} steps)", f"/sessions/{big}/", False, False),
+        ("detail: latest steps", f"/sessions/{big}/?from={last - 49}", False, False),
+        ("detail: from the crashed run", f"/sessions/{big}/?from={crash - 3}", False, False),
+        ("detail: failed steps only", f"/sessions/{big}/?status=failed", False, False),
+        ("detail: trace part (filter, jump)", f"/sessions/{big}/?from={last // 2}", "trace", False),
+        ("detail: live tail fragment", f"/sessions/{big}/steps/?after={last}", True, False),
+        (
+            "detail: next trace page",
+            f"/sessions/{big}/steps/?after={last // 2}&turns=1&runs=1",
+            True,
+            False,
+        ),
+        ("detail: header fragment", f"/sessions/{big}/panel/?part=header", True, False),
+        (f"detail: timeline ({args.steps:,} steps)", f"/sessions/{big}/timeline/", True, False),
+        (
+            "detail: timeline zoomed to 150 steps",
+            f"/sessions/{big}/timeline/?from={last // 2}&to={last // 2 + 149}",
+            True,
+            False,
+        ),
+        ("detail: tokens and cost per turn", f"/sessions/{big}/usage/", True, False),
+        ("detail: small session", f"/sessions/{some}/", False, False),
+        ("needs attention", "/sessions/attention/", False, False),
+        ("needs attention: one section's page", "/sessions/attention/?section=failed", True, False),
     ]
-    print(f"\n{'page':44} {'median ms':>10} {'p95 ms':>8} {'queries':>8}")
-    for name, path in pages:
-        median, p95, queries = measure(client, path, args.rounds)
-        print(f"{name:44} {median:10.2f} {p95:8.2f} {queries:8d}", flush=True)
+    print(f"\n{'page':46} {'median ms':>10} {'p95 ms':>8} {'queries':>8}")
+    for name, path, htmx, cold in pages:
+        median, p95, queries = measure(client, path, args.rounds, htmx=htmx, cold=cold)
+        print(f"{name:46} {median:10.2f} {p95:8.2f} {queries:8d}", flush=True)
 
 
 if __name__ == "__main__":

@@ -78,6 +78,8 @@ SECURE_SSL_REDIRECT = env_bool("RESPAWN_SSL_REDIRECT", PRODUCTION)
 SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = PRODUCTION
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True  # htmx reads the token from hx-headers, never from the cookie
+# A refused form says so in the dashboard's style (Django's own page needs inline styles).
+CSRF_FAILURE_VIEW = "sessions_app.views.csrf_failure"
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
 SECURE_HSTS_SECONDS = int(env_float("RESPAWN_HSTS_SECONDS", 31536000 if PRODUCTION else 0))
 SECURE_HSTS_INCLUDE_SUBDOMAINS = PRODUCTION

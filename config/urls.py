@@ -18,3 +18,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/", api.urls),
 ]
+
+# Error pages in the dashboard's own style (and as fragments for htmx requests).
+handler400 = "sessions_app.views.bad_request"
+handler403 = "sessions_app.views.permission_denied"
+handler404 = "sessions_app.views.page_not_found"
+handler500 = "sessions_app.views.server_error"

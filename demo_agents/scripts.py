@@ -15,8 +15,50 @@ from agent_runtime.providers.scripted import turn_number as _turn_number
 EXPRESSION = re.compile(r"what\s+is\s+(?P<expr>[-+*/().\d\s]+?)\s*(?:[,?;]|then\b|$)", re.I)
 
 
+INSTRUCTION = "[Operator instruction] "
+CORRECTION = "[Operator correction]"
+
+
+def _operator_edit(messages: list[Message]) -> ModelTurn | None:
+    """An answer that shows an operator's edit took effect: a correction is answered from
+    the corrected result, an instruction is followed (and said to be)."""
+    task, _ = _episode(messages)
+    if not task.startswith((INSTRUCTION, CORRECTION)):
+        return None
+    requests = [m.content or "" for m in messages if m.role == "user"]
+    original = next(
+        (r for r in reversed(requests) if not r.startswith((INSTRUCTION, CORRECTION))), ""
+    )
+    match = EXPRESSION.search(original)
+    expression = match.group("expr").strip() if match else "the result"
+    if task.startswith(CORRECTION):
+        corrected = [
+            r for r in _results(messages) if r.get("corrected_by_operator") and r.get("ok")
+        ]
+        if not corrected:
+            return ModelTurn(text="An operator corrected a result; I have nothing to redo.")
+        fix = corrected[-1]
+        output = fix.get("output")
+        value = output.get("value", output) if isinstance(output, dict) else output
+        note = f" ({fix['operator_note']})" if fix.get("operator_note") else ""
+        return ModelTurn(
+            text=f"With the corrected result from {fix['corrected_by_operator']}{note}: "
+            f"{expression} = {value}."
+        )
+    instruction = task[len(INSTRUCTION) :].strip()
+    if re.search(r"\bbrief\b|\bshort\b|\bconcise\b", instruction, re.I):
+        last = next(
+            (m.content for m in reversed(messages) if m.role == "assistant" and m.content), ""
+        )
+        return ModelTurn(text=f"(brief, as instructed) {last.split('. ')[0].rstrip('.')}.")
+    return ModelTurn(text=f"Following the operator's instruction: {instruction}")
+
+
 @scripted_model("demo")
 def demo(messages: list[Message]) -> ModelTurn:
+    edited = _operator_edit(messages)
+    if edited is not None:
+        return edited
     task, after = _episode(messages)
     base = _calls(messages) - _turn_number(after)
     turn = _turn_number(after)
@@ -235,5 +277,8 @@ def research(messages: list[Message]) -> ModelTurn:
 
 @scripted_model("echo")
 def echo(messages: list[Message]) -> ModelTurn:
+    edited = _operator_edit(messages)
+    if edited is not None:
+        return edited
     task, _ = _episode(messages)
     return ModelTurn(text=f"You said: {task}")

@@ -254,6 +254,22 @@ class Step(models.Model):
             # Steps at a rare schema version (old, or newer than the code); nearly every
             # row has the same value, which B-tree deduplication stores in little space.
             models.Index(fields=["schema_version"], name="step_version"),
+            # The failed steps of a session (errors, failed tool results): the trace's
+            # "first error" and "failed" filter, the header's failure count. Partial: only
+            # failed steps are in it, so appending a step that worked costs nothing here.
+            models.Index(
+                fields=["session", "seq"],
+                name="step_failed",
+                condition=Q(kind="error") | Q(kind="tool_result", payload__status="error"),
+            ),
+            # The runs of a session (their run_started steps): the trace's run numbers and
+            # the worker of the run a page starts in, the timeline's run marks. One entry
+            # per run.
+            models.Index(
+                fields=["session", "seq"],
+                name="step_run_started",
+                condition=Q(kind="system", payload__event="run_started"),
+            ),
         ]
         ordering = ["session", "seq"]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
@@ -37,6 +38,9 @@ class BadFilter(ValueError):
     pass
 
 
+MAX_SEARCH = 200
+
+
 @dataclass
 class SessionFilters:
     q: str = ""
@@ -52,26 +56,41 @@ class SessionFilters:
 
     @classmethod
     def from_query(cls, params: Any) -> SessionFilters:
+        """Every filter of the list, checked the same way: a bad value is named in an error
+        and dropped, and the others still apply."""
         f = cls(
-            q=(params.get("q") or "").strip()[:200],
+            q=" ".join((params.get("q") or "").split()),
             status=params.get("status") or "",
-            agent=params.get("agent") or "",
+            agent=(params.get("agent") or "").strip(),
             agent_version=(params.get("agent_version") or "").strip()[:50],
             sort=params.get("sort") or "-updated",
         )
+        if len(f.q) > MAX_SEARCH:
+            f.errors.append(f"search: at most {MAX_SEARCH} characters (the rest was left out)")
+            f.q = f.q[:MAX_SEARCH]
         if f.status and f.status not in Status.values:
             f.errors.append(f"unknown status {f.status!r}")
             f.status = ""
+        if f.agent and f.agent not in agent_names():
+            # An agent no longer registered still has its sessions: unknown only if none.
+            if len(f.agent) > 100 or not AgentSession.objects.filter(agent=f.agent).exists():
+                f.errors.append(f"unknown agent {f.agent[:100]!r}")
+                f.agent = ""
         if f.sort not in SORTS:
             f.errors.append(f"unknown sort {f.sort!r}")
             f.sort = "-updated"
         for name in ("created_from", "created_to", "updated_from", "updated_to"):
-            raw = params.get(name) or ""
+            raw = (params.get(name) or "").strip()
             if raw:
                 try:
                     setattr(f, name, parse_date(raw, name.replace("_", " ")))
                 except InvalidInput as exc:
                     f.errors.append(str(exc))
+        for what in ("created", "updated"):
+            start, end = getattr(f, f"{what}_from"), getattr(f, f"{what}_to")
+            if start and end and start > end:
+                f.errors.append(f"{what}: the first date ({start}) is after the second ({end})")
+                setattr(f, f"{what}_to", None)
         return f
 
     def as_query(self, **override: Any) -> dict[str, str]:
@@ -87,7 +106,20 @@ class SessionFilters:
             "sort": self.sort if self.sort != "-updated" else "",
         }
         values.update({k: v for k, v in override.items()})
-        return {k: v for k, v in values.items() if v}
+        return {k: str(v) for k, v in values.items() if v not in (None, "")}
+
+    @property
+    def is_filtered(self) -> bool:
+        """Anything narrowing the list besides its status."""
+        return bool(
+            self.q
+            or self.agent
+            or self.agent_version
+            or self.created_from
+            or self.created_to
+            or self.updated_from
+            or self.updated_to
+        )
 
 
 def _day_start(day: date) -> datetime:
@@ -106,9 +138,9 @@ def step_search_matches(q: str) -> QuerySet:
     return Step.objects.annotate(text=Cast("payload", TextField())).filter(text__icontains=q)
 
 
-def filtered_sessions(f: SessionFilters) -> QuerySet[AgentSession]:
+def filtered_sessions(f: SessionFilters, *, with_status: bool = True) -> QuerySet[AgentSession]:
     sessions = AgentSession.objects.all()
-    if f.status:
+    if f.status and with_status:
         sessions = sessions.filter(status=f.status)
     if f.agent:
         sessions = sessions.filter(agent=f.agent)
@@ -150,43 +182,123 @@ def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
         ) from None
 
 
-def session_page(
-    f: SessionFilters, cursor: str | None, size: int
-) -> tuple[list[AgentSession], str | None]:
-    """One keyset page (no OFFSET): rows after the cursor in the chosen order."""
+def _beyond(f: SessionFilters, cursor: str, *, forward: bool) -> Q:
+    """Rows after the cursor in the list's order (forward), or before it."""
     order = SORTS[f.sort]
     field_name = order[0].lstrip("-")
-    descending = order[0].startswith("-")
+    value, last_id = decode_cursor(cursor)
+    later = order[0].startswith("-") == forward  # descending and forward: smaller values
+    op = "lt" if later else "gt"
+    return Q(**{f"{field_name}__{op}": value}) | Q(**{field_name: value, f"id__{op}": last_id})
+
+
+@dataclass
+class SessionPage:
+    rows: list[AgentSession]
+    next_cursor: str | None  # the rows after these
+    prev_cursor: str | None  # the rows before these (None on the first page)
+    start: int  # position of the first row, from 1 (0 when there are none)
+
+
+def session_page(
+    f: SessionFilters,
+    cursor: str | None,
+    size: int,
+    *,
+    before: str | None = None,
+    position: int | None = None,
+) -> SessionPage:
+    """One keyset page (no OFFSET): rows after `cursor` in the chosen order, or the rows
+    just before `before` (the previous page). `position` is where the page starts (from 1)
+    when the link says so; otherwise it is counted."""
+    order = SORTS[f.sort]
     sessions = filtered_sessions(f)
-    if cursor:
-        value, last_id = decode_cursor(cursor)
-        if descending:
-            after = Q(**{f"{field_name}__lt": value}) | Q(**{field_name: value, "id__lt": last_id})
-        else:
-            after = Q(**{f"{field_name}__gt": value}) | Q(**{field_name: value, "id__gt": last_id})
-        sessions = sessions.filter(after)
-    rows = list(sessions.order_by(*order)[: size + 1])
-    more = len(rows) > size
-    rows = rows[:size]
-    return rows, (encode_cursor(rows[-1], f.sort) if more and rows else None)
+    if before:
+        reverse = tuple(o[1:] if o.startswith("-") else f"-{o}" for o in order)
+        rows = list(
+            sessions.filter(_beyond(f, before, forward=False)).order_by(*reverse)[: size + 1]
+        )
+        has_before = len(rows) > size
+        rows = list(reversed(rows[:size]))
+        if not has_before and len(rows) < size:
+            # Fewer than a page before it: show the first page in full.
+            return session_page(f, None, size, position=1)
+        next_cursor = encode_cursor(rows[-1], f.sort) if rows else None
+        prev_cursor = encode_cursor(rows[0], f.sort) if has_before and rows else None
+    else:
+        if cursor:
+            sessions = sessions.filter(_beyond(f, cursor, forward=True))
+        rows = list(sessions.order_by(*order)[: size + 1])
+        more = len(rows) > size
+        rows = rows[:size]
+        next_cursor = encode_cursor(rows[-1], f.sort) if more and rows else None
+        prev_cursor = encode_cursor(rows[0], f.sort) if cursor and rows else None
+    if not rows:
+        return SessionPage([], None, prev_cursor, 0)
+    if position is None or position < 1:
+        position = 1 if not prev_cursor else rows_before(f, encode_cursor(rows[0], f.sort)) + 1
+    return SessionPage(rows, next_cursor, prev_cursor, position)
+
+
+POSITION_CAP = 100_000
+
+
+def rows_before(f: SessionFilters, cursor: str) -> int:
+    """How many rows of the list come before the cursor's row (up to POSITION_CAP): the
+    position of a page reached by a link that did not carry it."""
+    before = filtered_sessions(f).filter(_beyond(f, cursor, forward=False))
+    return before[:POSITION_CAP].count()
 
 
 COUNTS_CACHE_SECONDS = 5
+SEARCH_COUNT_CAP = 10_000
+
+
+@dataclass(frozen=True)
+class StatusTotals:
+    counts: dict[str, int]
+    capped: bool  # counted up to SEARCH_COUNT_CAP rows only (a search)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def of(self, status: str) -> int:
+        return self.counts.get(status, 0) if status else self.total
+
+
+def status_totals(
+    f: SessionFilters | None = None, *, fresh: bool = False, cached_only: bool = False
+) -> StatusTotals | None:
+    """Sessions per status under the list's filters (all but the status itself), so the
+    counts add up to the rows the list pages through. A GROUP BY over the matching sessions
+    (~170 ms at 1,000,000 rows unfiltered), cached for a few seconds: every open list polls
+    it. A search is counted up to SEARCH_COUNT_CAP matches. `cached_only`: None rather
+    than counting."""
+    from django.core.cache import cache
+
+    f = f or SessionFilters()
+    filters = repr(sorted(f.as_query(status="", sort="").items())).encode()
+    key = "respawn:status-totals:" + hashlib.sha256(filters).hexdigest()[:32]
+    cached = None if fresh else cache.get(key)
+    if cached is not None or cached_only:
+        return cached
+    counts = dict.fromkeys(Status.values, 0)
+    sessions = filtered_sessions(f, with_status=False)
+    if f.q:
+        sessions = AgentSession.objects.filter(id__in=sessions.values("id")[: SEARCH_COUNT_CAP + 1])
+    for row in sessions.values("status").annotate(n=Count("id")).order_by():
+        counts[row["status"]] = row["n"]
+    totals = StatusTotals(counts, bool(f.q) and sum(counts.values()) > SEARCH_COUNT_CAP)
+    cache.set(key, totals, COUNTS_CACHE_SECONDS)
+    return totals
 
 
 def status_counts() -> dict[str, int]:
-    """Sessions per status. A GROUP BY over every session (~170 ms at 1,000,000 rows), so
-    it is cached for a few seconds: every open dashboard polls it."""
-    from django.core.cache import cache
-
-    cached = cache.get("respawn:status-counts")
-    if cached is not None:
-        return cached
-    counts = dict.fromkeys(Status.values, 0)
-    for row in AgentSession.objects.values("status").annotate(n=Count("id")).order_by():
-        counts[row["status"]] = row["n"]
-    cache.set("respawn:status-counts", counts, COUNTS_CACHE_SECONDS)
-    return counts
+    """Sessions per status, over every session (cached for a few seconds)."""
+    totals = status_totals()
+    assert totals is not None
+    return dict(totals.counts)
 
 
 def agent_names() -> list[str]:
@@ -438,6 +550,133 @@ def activity_last_24h() -> list[dict[str, Any]]:
     return hours
 
 
+ATTENTION_PAGE = 20
+ATTENTION_CAP = 1000
+FAILED_RECENT_DAYS = 7
+
+
+@dataclass
+class AttentionSection:
+    """One group of "needs attention": its sessions a page at a time (oldest activity
+    first: waiting longest), how many there are (counted up to ATTENTION_CAP), and how
+    they split by agent or by error."""
+
+    key: str
+    title: str
+    remedy: str
+    rows: list[AgentSession]
+    count: int
+    capped: bool
+    groups: list[tuple[str, int]]
+    group_by: str
+    next_cursor: str | None = None
+    cursor: str | None = None
+
+    @property
+    def count_label(self) -> str:
+        return f"{self.count:,}+" if self.capped else f"{self.count:,}"
+
+    @property
+    def short(self) -> str:
+        return self.title.split(":")[0].split(" (")[0]
+
+
+def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
+    from .admin import stuck_sessions_q  # the one definition of "stuck" as a query
+
+    uncertain = Checkpoint.objects.filter(
+        session__status=Status.WAITING_INPUT,
+        seq=F("session__head"),
+        state__uncertain_calls__0__isnull=False,
+    ).values("session_id")
+    cutoff = now - timedelta(seconds=settings.RESPAWN_APPROVAL_SLA)
+    recent = now - timedelta(days=FAILED_RECENT_DAYS)
+    return {
+        "stuck": AgentSession.objects.filter(stuck_sessions_q(now), incompatible_at__isnull=True),
+        "uncertain": AgentSession.objects.filter(id__in=uncertain),
+        "approvals": AgentSession.objects.filter(
+            status=Status.WAITING_INPUT, updated_at__lt=cutoff
+        ).exclude(id__in=uncertain),
+        "incompatible": AgentSession.objects.filter(incompatible_at__isnull=False),
+        "failed": AgentSession.objects.filter(status=Status.FAILED, updated_at__gte=recent),
+    }
+
+
+ATTENTION_SECTIONS = {
+    # key: (title, remedy, group by)
+    "stuck": (
+        "Stuck: should be running, no live lease",
+        "The reconciler in each worker dispatches these again by itself; dispatch one by hand "
+        "if it does not.",
+        "agent",
+    ),
+    "uncertain": (
+        "Uncertain side effects: a person must decide",
+        "Open each: run the call again, record its result, or fail the session.",
+        "agent",
+    ),
+    "approvals": (
+        "Approvals waiting too long",
+        "Open each to approve or reject the pending tool call.",
+        "agent",
+    ),
+    "incompatible": (
+        "Incompatible: no worker can load them",
+        "Deploy code that can load them, then try again.",
+        "agent",
+    ),
+    "failed": (
+        f"Failed in the last {FAILED_RECENT_DAYS} days",
+        "Inspect the failed step, correct it or add an instruction, and resume.",
+        "last_error",
+    ),
+}
+
+
+def attention_section(
+    key: str, *, cursor: str | None = None, now: datetime | None = None
+) -> AttentionSection:
+    """One section of "needs attention", a page after `cursor` (BadFilter if it is bad)."""
+    now = now or timezone.now()
+    title, remedy, group_by = ATTENTION_SECTIONS[key]
+    sessions = _attention_querysets(now)[key]
+    if key == "approvals":
+        title += f" (over {format_seconds(settings.RESPAWN_APPROVAL_SLA)})"
+    count = sessions.values("id")[: ATTENTION_CAP + 1].count()
+    # How they split, over the sessions counted (a GROUP BY over every stuck or waiting
+    # session of a large deployment took 100 ms a section).
+    counted = AgentSession.objects.filter(id__in=sessions.order_by().values("id")[:ATTENTION_CAP])
+    groups = [
+        (str(row[group_by] or "(no message)"), row["n"])
+        for row in counted.values(group_by).annotate(n=Count("id")).order_by("-n", group_by)[:8]
+    ]
+    order = SessionFilters(sort="updated")
+    page = sessions
+    if cursor:
+        page = page.filter(_beyond(order, cursor, forward=True))
+    rows = list(page.order_by("updated_at", "id")[: ATTENTION_PAGE + 1])
+    more = len(rows) > ATTENTION_PAGE
+    rows = rows[:ATTENTION_PAGE]
+    return AttentionSection(
+        key=key,
+        title=title,
+        remedy=remedy,
+        rows=rows,
+        count=min(count, ATTENTION_CAP),
+        capped=count > ATTENTION_CAP,
+        groups=groups,
+        group_by=group_by,
+        next_cursor=encode_cursor(rows[-1], "updated") if more and rows else None,
+        cursor=cursor,
+    )
+
+
+def format_seconds(seconds: float) -> str:
+    from .presenters import format_duration
+
+    return format_duration(seconds)
+
+
 # --- Previews ---------------------------------------------------------------------------
 
 
@@ -458,6 +697,11 @@ class Preview:
     superseded_count: int = 0
     reruns: list[RerunCall] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    last_seq: int = 0  # the last step a rollback supersedes
+
+    @property
+    def non_idempotent(self) -> int:
+        return sum(1 for call in self.reruns if call.idempotent is False)
 
 
 def _tool_flags(agent: str, name: str) -> tuple[bool | None, bool]:
@@ -527,6 +771,7 @@ def preview_rollback(session: AgentSession, checkpoint_seq: int) -> Preview:
     later = Step.objects.filter(session=session, seq__gt=checkpoint_seq, superseded_at__isnull=True)
     preview.superseded_count = later.count()
     preview.superseded = list(later.order_by("seq")[:50])
+    preview.last_seq = session.last_seq
     done_calls = [s for s in later.filter(kind="tool_call").order_by("seq")[:200]]
     for step in done_calls:
         idempotent, approval = _tool_flags(session.agent, step.payload.get("name", ""))
@@ -551,6 +796,17 @@ def preview_rollback(session: AgentSession, checkpoint_seq: int) -> Preview:
 
 def checkpoints_of(session: AgentSession) -> list[Checkpoint]:
     return list(Checkpoint.objects.filter(session=session).order_by("seq", "id").defer("state"))
+
+
+def latest_checkpoints(session: AgentSession, limit: int = 20) -> tuple[list[Checkpoint], bool]:
+    """The latest `limit` checkpoints (oldest first), and whether there are older ones: a
+    long session checkpoints every turn, and its page lists only the recent ones."""
+    rows = list(
+        Checkpoint.objects.filter(session=session)
+        .order_by("-seq", "-id")
+        .defer("state")[: limit + 1]
+    )
+    return rows[:limit][::-1], len(rows) > limit
 
 
 def first_error_seq(session: AgentSession) -> int | None:

@@ -4,8 +4,8 @@ reading works without JavaScript; mutations are POST only and go through `servic
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 from uuid import UUID
 
 from django.conf import settings
@@ -23,17 +23,16 @@ from django_htmx.http import (
     trigger_client_event,
 )
 
-from . import search, selectors, services
+from . import charts, search, selectors, services, trace
 from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Checkpoint, Status, Step
 from .permissions import can_operate, can_view
-from .presenters import branch_label, diff_states, present_step
+from .presenters import TraceContext, diff_states, status_view
 from .validation import InvalidInput, load_json, parse_int, request_meta
 
 PAGE_SIZE = 50
-TRACE_PAGE = 50
-WATERFALL_STEPS = 400
 BULK_LIMIT = 1000
 LIVE_POLL = "2s"
+TRACE_REFRESH_MAX = 500  # steps a trace re-renders in place after an action
 
 
 # --- Access -----------------------------------------------------------------------------
@@ -65,27 +64,78 @@ def _is_live(session: AgentSession) -> bool:
     return session.status in RUNNABLE
 
 
+def _positive_int(raw: str | None) -> int | None:
+    """A number of up to nine ASCII digits, or None (`"²".isdigit()` is true too)."""
+    try:
+        return parse_int(raw or "", "number", maximum=999_999_999)
+    except InvalidInput:
+        return None
+
+
+def _fragment(
+    request: HttpRequest, template: str, context: dict[str, Any], *, title: str, target: str
+) -> HttpResponse:
+    """A fragment the page loads into `target`; opened by its own address (a link followed
+    without JavaScript), the same inside a full page."""
+    if request.htmx:
+        return render(request, template, context)
+    page = {
+        **context,
+        "fragment_template": template,
+        "page_title": title,
+        "fragment_id": target,
+    }
+    return render(request, "sessions/fragment_page.html", page)
+
+
+def _error(request: HttpRequest, text: str, status: int) -> HttpResponse:
+    """An error an htmx request shows next to what the operator clicked (static/js reads
+    the `data-error` text); a full page for anything else."""
+    if request.htmx:
+        response = render(request, "sessions/error.html#fragment", {"text": text}, status=status)
+        # Read by static/js from the header, so no page is ever parsed to find it.
+        response["X-Respawn-Error"] = quote(text[:500])
+        return response
+    return render(request, "sessions/error.html", {"text": text, "status": status}, status=status)
+
+
 # --- Session list -----------------------------------------------------------------------
 
 
-@login_required
-@require_GET
-def session_list(request: HttpRequest) -> HttpResponse:
-    _require_view(request)
+def _list_context(request: HttpRequest) -> dict[str, Any]:
     filters = selectors.SessionFilters.from_query(request.GET)
     cursor = request.GET.get("cursor") or None
+    before = request.GET.get("before") or None
+    position = _positive_int(request.GET.get("pos"))
     try:
-        rows, next_cursor = selectors.session_page(filters, cursor, PAGE_SIZE)
+        page = selectors.session_page(filters, cursor, PAGE_SIZE, before=before, position=position)
     except selectors.BadFilter as exc:
         filters.errors.append(str(exc))
-        rows, next_cursor = selectors.session_page(filters, None, PAGE_SIZE)
-    now = timezone.now()
-    context = {
-        "sessions": rows,
+        page = selectors.session_page(filters, None, PAGE_SIZE, position=1)
+    # Counted here only when the counts are cached; otherwise the counts fragment loads
+    # them after the page (a GROUP BY over every session takes ~150 ms at 1,000,000) and
+    # fills in the pager's total as it swaps in.
+    totals = selectors.status_totals(filters, cached_only=True)
+    end = page.start + len(page.rows) - 1 if page.rows else 0
+    query = filters.as_query()
+    here = filters.as_query(
+        cursor=cursor if not before else None, before=before, pos=page.start or None
+    )
+    return {
+        "sessions": page.rows,
+        "page": page,
         "filters": filters,
-        "query": filters.as_query(),
-        "next_query": filters.as_query(cursor=next_cursor) if next_cursor else None,
-        "first_page": cursor is None,
+        "query": query,
+        "here": here,
+        "next_query": filters.as_query(cursor=page.next_cursor, pos=end + 1)
+        if page.next_cursor
+        else None,
+        "prev_query": filters.as_query(before=page.prev_cursor, pos=max(page.start - PAGE_SIZE, 1))
+        if page.prev_cursor
+        else None,
+        "first_page": not page.prev_cursor,
+        "position": {"start": page.start, "end": end},
+        **_counts_context(filters, totals),
         "statuses": Status.choices,
         "agents": selectors.agent_names(),
         "sorts": [
@@ -95,51 +145,84 @@ def session_list(request: HttpRequest) -> HttpResponse:
             ("created", "oldest"),
         ],
         "can_operate": can_operate(request.user),
-        "now": now,
+        "now": timezone.now(),
         "live_statuses": [s.value for s in RUNNABLE],
         # Step ids the search index has not reached yet (steps are indexed off the append).
         "search_lag": search.lag() if filters.q else 0,
     }
-    template = (
-        "sessions/list.html#results"
-        if request.htmx and request.htmx.target == "results"
-        else "sessions/list.html"
-    )
+
+
+def _counts_context(
+    filters: selectors.SessionFilters, totals: selectors.StatusTotals | None
+) -> dict[str, Any]:
+    """The count chips, and the total the pager shows: None until counted."""
+    context: dict[str, Any] = {
+        "counts": None,
+        "listed": None,
+        "counts_query": filters.as_query(status=""),
+        # The fragment is asked for with the status too: the pager's total is its count.
+        "counts_url_query": filters.as_query(sort=""),
+        "filters": filters,
+    }
+    if totals is not None:
+        listed = totals.of(filters.status)
+        context.update(
+            {
+                "counts": [(value, label, totals.counts[value]) for value, label in Status.choices],
+                "total": totals.total,
+                "counts_capped": totals.capped,
+                "listed": {
+                    "n": listed,
+                    # Counts are cached for seconds; a search is counted up to a cap.
+                    "about": listed >= 1000 and not totals.capped,
+                    "capped": totals.capped,
+                },
+            }
+        )
+    return context
+
+
+@login_required
+@require_GET
+def session_list(request: HttpRequest) -> HttpResponse:
+    _require_view(request)
+    context = _list_context(request)
+    target = request.htmx.target if request.htmx else None
+    template = {
+        "results": "sessions/list.html#results",
+        "rows": "sessions/list.html#rows",
+    }.get(target or "", "sessions/list.html")
     return render(request, template, context)
 
 
 @login_required
 @require_GET
 def status_counts(request: HttpRequest) -> HttpResponse:
+    """The count chips under the list's filters (polled, and redrawn when a row settles)."""
     _require_view(request)
-    counts = selectors.status_counts()
-    return render(
-        request,
-        "sessions/list.html#counts",
-        {
-            "counts": [(value, label, counts[value]) for value, label in Status.choices],
-            "total": sum(counts.values()),
-            "query": selectors.SessionFilters.from_query(request.GET).as_query(),
-        },
-    )
+    filters = selectors.SessionFilters.from_query(request.GET)
+    totals = selectors.status_totals(filters, fresh=request.GET.get("fresh") == "1")
+    context = {**_counts_context(filters, totals), "oob": True}
+    return render(request, "sessions/list.html#counts", context)
 
 
 @login_required
 @require_GET
 def session_row(request: HttpRequest, session_id: UUID) -> HttpResponse:
-    session = _get_session(request, session_id)
-    response = render(
-        request,
-        "sessions/list.html#row",
-        {
-            "s": session,
-            "can_operate": can_operate(request.user),
-            "live_statuses": [s.value for s in RUNNABLE],
-        },
-    )
-    if not _is_live(session):
-        # Final or waiting: render it once more, then stop polling.
+    _require_view(request)
+    session = AgentSession.objects.filter(id=session_id).first()
+    context = {
+        "s": session,
+        "gone_id": session_id,
+        "can_operate": can_operate(request.user),
+        "live_statuses": [s.value for s in RUNNABLE],
+        "now": timezone.now(),
+    }
+    response = render(request, "sessions/list.html#row", context)
+    if session is None or not _is_live(session):
+        # Settled (or deleted): render it once more, stop polling, and let the counts know.
         response.status_code = HttpResponseStopPolling.status_code
+        trigger_client_event(response, "sessions-settled", after="swap")
     return response
 
 
@@ -149,30 +232,19 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
     _require_operate(request)
     action = request.POST.get("action", "")
     if action not in ("resume", "cancel"):
-        return render(
-            request, "sessions/bulk.html", {"error": f"unknown bulk action {action!r}"}, status=400
-        )
+        return _error(request, f"unknown bulk action {action!r}", 400)
     raw_ids = request.POST.getlist("ids")[: BULK_LIMIT + 1]
     if len(raw_ids) > BULK_LIMIT:
-        return render(
-            request,
-            "sessions/bulk.html",
-            {"error": f"at most {BULK_LIMIT} sessions at once"},
-            status=400,
-        )
+        return _error(request, f"at most {BULK_LIMIT} sessions at once", 400)
     ids = []
     for raw in raw_ids:
         try:
             ids.append(UUID(raw))
         except ValueError:
-            return render(
-                request, "sessions/bulk.html", {"error": f"not a session id: {raw!r}"}, status=400
-            )
+            return _error(request, f"not a session id: {raw[:60]!r}", 400)
     sessions = list(AgentSession.objects.filter(id__in=ids).order_by("-updated_at"))
     if not sessions:
-        return render(
-            request, "sessions/bulk.html", {"error": "select at least one session"}, status=400
-        )
+        return _error(request, "select at least one session first", 400)
     if request.POST.get("confirm") != "yes":
         return render(
             request, "sessions/bulk.html", {"action": action, "sessions": sessions, "preview": True}
@@ -196,32 +268,81 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
         except services.ActionError as exc:
             results.append((session, False, str(exc)))
     done = sum(1 for _, ok, _ in results if ok)
-    return render(
+    response = render(
         request,
         "sessions/bulk.html",
         {"action": action, "results": results, "done": done, "failed": len(results) - done},
+    )
+    if done:
+        # The rows and the counts redraw themselves from the database.
+        trigger_client_event(response, "sessions-changed", after="swap")
+    return response
+
+
+@login_required
+@require_GET
+def list_charts(request: HttpRequest) -> HttpResponse:
+    _require_view(request)
+    span = request.GET.get("span", "24h")
+    if span not in charts.SPANS:
+        return _error(
+            request, f"unknown span {span[:20]!r} (one of: {', '.join(charts.SPANS)})", 400
+        )
+    return _fragment(
+        request,
+        "sessions/charts.html",
+        {
+            "activity": charts.activity(span),
+            "latency": charts.latency(span),
+            "span": span,
+            "spans": list(charts.SPANS),
+        },
+        title="Activity",
+        target="charts",
     )
 
 
 # --- Session detail ---------------------------------------------------------------------
 
 
-def _trace_page(session: AgentSession, after: int, show_superseded: bool, limit: int = TRACE_PAGE):
-    steps = Step.objects.filter(session=session, seq__gt=after).order_by("seq")
-    if not show_superseded:
-        steps = steps.filter(superseded_at__isnull=True)
-    page = list(steps[: limit + 1])
-    more = len(page) > limit
-    page = page[:limit]
-    seqs = [s.seq for s in page]
-    reasons: dict[int, list[str]] = {}
-    if seqs:
-        for seq, reason in Checkpoint.objects.filter(
-            session=session, seq__gte=seqs[0], seq__lte=seqs[-1]
-        ).values_list("seq", "reason"):
-            reasons.setdefault(seq, []).append(reason)
-    views = [present_step(s, reasons.get(s.seq)) for s in page]
-    return views, more, (seqs[-1] if seqs else after)
+def _trace_context(
+    request: HttpRequest,
+    session: AgentSession,
+    params: Any,
+    *,
+    limit: int | None = None,
+    failures: trace.Failures | None = None,
+) -> dict[str, Any]:
+    """The trace as the page (or its #trace part) shows it: from `from`, with filters."""
+    filters = trace.TraceFilters.from_query(params)
+    start = _positive_int(params.get("from"))
+    after = start - 1 if start else 0
+    page = trace.trace_page(session, after=after, filters=filters, limit=limit or trace.TRACE_PAGE)
+    failures = failures or trace.failures(session)
+    superseded_count = Step.objects.filter(session=session, superseded_at__isnull=False).count()
+    return {
+        "trace": page,
+        "items": page.items,
+        "more": page.more,
+        "last_seq_shown": page.last_seq,
+        "next_context": page.context,
+        "tf": filters,
+        "trace_errors": filters.errors,
+        "show_superseded": filters.superseded,
+        "superseded_count": superseded_count,
+        "from_seq": start,
+        "earlier_from": max(start - trace.TRACE_PAGE, 1) if start and start > 1 else None,
+        "failures": failures,
+        "first_error": failures.first,
+        "latest_from": max(session.last_seq - trace.TRACE_PAGE + 1, 1),
+        "trace_query": filters.query(**{"from": start}),
+        "filter_query": filters.query(),
+        "kinds": list(trace.KIND_FILTERS),
+        "is_live": _is_live(session),
+        "live_poll": LIVE_POLL,
+        "can_operate": can_operate(request.user),
+        "session": session,
+    }
 
 
 def _graph_interrupts(session: AgentSession) -> list[dict[str, Any]]:
@@ -243,9 +364,12 @@ def _detail_context(
     context: dict[str, Any] = {
         "session": session,
         "state": state,
+        "status": status_view(session),
+        "plan": trace.current_plan(session, state) if state or session.head else [],
         "can_operate": operate,
         "is_live": _is_live(session),
         "live_poll": LIVE_POLL,
+        "now": timezone.now(),
         "duration": (session.updated_at - session.created_at) if session.updated_at else None,
         "schema_version": state.get("schema_version"),
         "model": _model_name(session),
@@ -262,29 +386,16 @@ def _detail_context(
             .order_by("-seq")
             .values_list("seq", "payload__name")[:50]
         )
+    if part in ("page", "panel", "header"):
+        context["failures"] = trace.failures(session)
     if part != "page":
         return context
-    show_superseded = request.GET.get("superseded") == "1"
-    start = request.GET.get("from")
-    try:
-        after = max(parse_int(start, "from") - 1, 0) if start else 0
-    except InvalidInput:
-        after = 0  # a broken link to a step: the trace from its start
-    steps, more, last = _trace_page(session, after, show_superseded)
-    checkpoints = selectors.checkpoints_of(session)
+    context.update(_trace_context(request, session, request.GET, failures=context["failures"]))
+    checkpoints, older_checkpoints = selectors.latest_checkpoints(session)
     context.update(
         {
-            "steps": steps,
-            "more": more,
-            "last_seq_shown": last,
-            "show_superseded": show_superseded,
-            "superseded_count": Step.objects.filter(
-                session=session, superseded_at__isnull=False
-            ).count(),
-            "from_seq": after + 1 if after else None,
-            "first_error": selectors.first_error_seq(session),
-            "latest_from": max(session.last_seq - TRACE_PAGE + 1, 1),
             "checkpoints": checkpoints,
+            "older_checkpoints": older_checkpoints,
             "audit": list(AuditEvent.objects.filter(session=session).order_by("-created_at")[:20]),
         }
     )
@@ -306,6 +417,16 @@ def _model_name(session: AgentSession) -> str:
 @require_GET
 def session_detail(request: HttpRequest, session_id: UUID) -> HttpResponse:
     session = _get_session(request, session_id)
+    if request.htmx and request.htmx.target == "trace":
+        # The trace's own navigation (filters, jumps, the refresh after an action).
+        upto = _positive_int(request.GET.get("upto"))
+        start = _positive_int(request.GET.get("from")) or 1
+        limit = min(max(upto - start + 1, trace.TRACE_PAGE), TRACE_REFRESH_MAX) if upto else None
+        return render(
+            request,
+            "sessions/detail.html#trace",
+            _trace_context(request, session, request.GET, limit=limit),
+        )
     return render(request, "sessions/detail.html", _detail_context(request, session))
 
 
@@ -330,15 +451,20 @@ def session_header(request: HttpRequest, session_id: UUID) -> HttpResponse:
 @login_required
 @require_GET
 def session_steps(request: HttpRequest, session_id: UUID) -> HttpResponse:
-    """The next page of the trace after `after` (lazy load on scroll, and the live tail)."""
+    """The next page of the trace after `after` (lazy load on scroll, and the live tail).
+    The page before says how many turns and runs it showed, and the worker of its run."""
     session = _get_session(request, session_id)
     try:
-        after = parse_int(request.GET.get("after", "0"), "after")
+        after = parse_int(request.GET.get("after", "0"), "after", maximum=999_999_999)
     except InvalidInput as exc:
-        return HttpResponse(f"{exc} (a step number)", status=400)
-    show_superseded = request.GET.get("superseded") == "1"
-    steps, more, last = _trace_page(session, after, show_superseded)
-    if not steps and not more and not _is_live(session):
+        return _error(request, f"{exc} (a step number)", 400)
+    filters = trace.TraceFilters.from_query(request.GET)
+    context = None
+    turns, runs = _positive_int(request.GET.get("turns")), _positive_int(request.GET.get("runs"))
+    if turns is not None and runs is not None:
+        context = TraceContext(turns, runs, request.GET.get("worker", "")[:200])
+    page = trace.trace_page(session, after=after, filters=filters, context=context)
+    if not page.views and not page.more and not _is_live(session):
         # Caught up with a session that will not change: nothing to add, stop asking.
         return HttpResponseStopPolling()
     return render(
@@ -346,10 +472,13 @@ def session_steps(request: HttpRequest, session_id: UUID) -> HttpResponse:
         "sessions/detail.html#steps",
         {
             "session": session,
-            "steps": steps,
-            "more": more,
-            "last_seq_shown": last,
-            "show_superseded": show_superseded,
+            "items": page.items,
+            "more": page.more,
+            "last_seq_shown": page.last_seq,
+            "next_context": page.context,
+            "tf": filters,
+            "filter_query": filters.query(),
+            "show_superseded": filters.superseded,
             "can_operate": can_operate(request.user),
             "is_live": _is_live(session),
             "live_poll": LIVE_POLL,
@@ -359,62 +488,41 @@ def session_steps(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_waterfall(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_timeline(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    """The timeline: every step on an axis of active time; a long session as an overview,
+    with a window of steps drawn one row each (`from`, `to`)."""
     session = _get_session(request, session_id)
-    return render(
-        request, "sessions/waterfall.svg", _waterfall(session), content_type="image/svg+xml"
+    filters = trace.TraceFilters.from_query(request.GET)
+    start, end = _positive_int(request.GET.get("from")), _positive_int(request.GET.get("to"))
+    window = (start, end or start + trace.TIMELINE_WINDOW - 1) if start else None
+    return _fragment(
+        request,
+        "sessions/timeline.html",
+        {
+            "session": session,
+            "t": trace.timeline(session, filters, window=window),
+            "tf": filters,
+            "filter_query": filters.query(),
+            "is_live": _is_live(session),
+        },
+        title="Timeline",
+        target="timeline",
     )
 
 
-def _waterfall(session: AgentSession) -> dict[str, Any]:
-    steps = list(
-        Step.objects.filter(session=session, superseded_at__isnull=True, started_at__isnull=False)
-        .order_by("seq")
-        .only("seq", "kind", "payload", "started_at", "finished_at")[:WATERFALL_STEPS]
+@login_required
+@require_GET
+def session_usage(request: HttpRequest, session_id: UUID) -> HttpResponse:
+    """Tokens and cost per turn."""
+    session = _get_session(request, session_id)
+    filters = trace.TraceFilters.from_query(request.GET)
+    return _fragment(
+        request,
+        "sessions/usage.html",
+        {"session": session, "u": trace.usage_per_turn(session, filters), "tf": filters},
+        title="Tokens and cost per turn",
+        target="usage",
     )
-    width, label_w, row_h = 900, 190, 16
-    if not steps:
-        return {
-            "bars": [],
-            "width": width,
-            "height": 40,
-            "label_w": label_w,
-            "ticks": [],
-            "empty": True,
-        }
-    t0 = min(s.started_at for s in steps)
-    t1 = max((s.finished_at or s.started_at) for s in steps)
-    span = max((t1 - t0).total_seconds(), 0.001)
-    scale = (width - label_w - 10) / span
-    bars = []
-    for row, s in enumerate(steps):
-        start = (s.started_at - t0).total_seconds()
-        dur = max(((s.finished_at or s.started_at) - s.started_at).total_seconds(), 0.0)
-        name = s.payload.get("name") or s.payload.get("event") or ""
-        bars.append(
-            {
-                "y": 20 + row * row_h,
-                "x": label_w + start * scale,
-                "w": max(dur * scale, 1.5),
-                "kind": s.kind,
-                # Branches of one fan-out overlap in time: their bars run side by side.
-                "branch": branch_label(s.kind, s.payload),
-                "label": f"#{s.seq} {s.kind} {name}"[:32],
-                "title": f"#{s.seq} {s.kind} {name}: {dur * 1000:.1f} ms",
-            }
-        )
-    ticks = [
-        {"x": label_w + (span * i / 4) * scale, "label": f"{span * i / 4:.2f}s"} for i in range(5)
-    ]
-    return {
-        "bars": bars,
-        "width": width,
-        "height": 30 + len(steps) * row_h,
-        "label_w": label_w,
-        "ticks": ticks,
-        "truncated": session.last_seq > WATERFALL_STEPS,
-        "empty": False,
-    }
 
 
 @login_required
@@ -448,6 +556,8 @@ def checkpoint_diff(request: HttpRequest, session_id: UUID) -> HttpResponse:
         b = Checkpoint.objects.get(pk=b.pk)
         # Both sides at the current schema, so a diff across an upgrade shows real changes.
         lines = diff_states(selectors.upgraded_state(a.state), selectors.upgraded_state(b.state))
+    if error and checkpoints and request.htmx:
+        return _error(request, error, 400)
     context = {
         "session": session,
         "checkpoints": checkpoints,
@@ -478,15 +588,9 @@ def action_preview(request: HttpRequest, session_id: UUID, action: str) -> HttpR
     if action == "resume":
         preview = selectors.preview_resume(session)
     elif action == "rollback":
-        try:
-            seq = parse_int(request.GET.get("seq", ""), "seq")
-        except InvalidInput:
-            return render(
-                request,
-                "sessions/preview.html",
-                {"session": session, "error": "choose a checkpoint"},
-                status=400,
-            )
+        seq = _positive_int(request.GET.get("seq"))
+        if seq is None:
+            return _error(request, "choose a checkpoint (a step number) to roll back to", 400)
         preview = selectors.preview_rollback(session, seq)
     else:
         raise Http404("no preview for that action")
@@ -496,9 +600,15 @@ def action_preview(request: HttpRequest, session_id: UUID, action: str) -> HttpR
 def _action_response(
     request: HttpRequest, session: AgentSession, *, ok: bool, text: str, status: int = 200
 ) -> HttpResponse:
-    (messages.success if ok else messages.error)(request, text)
+    """After an action: the panel redrawn with the outcome, and the trace and timeline told
+    to redraw in place. A refused action keeps the form as the operator filled it and says
+    why next to it (an htmx request), or on the page it redirects to."""
     if not request.htmx:
+        (messages.success if ok else messages.error)(request, text)
         return redirect("sessions:detail", session_id=session.id)
+    if not ok:
+        return _error(request, text, status)
+    messages.success(request, text)
     session.refresh_from_db()
     response = render(
         request,
@@ -506,8 +616,8 @@ def _action_response(
         _detail_context(request, session, "panel"),
         status=status,
     )
-    if ok:
-        trigger_client_event(response, "trace-changed", after="swap")
+    trigger_client_event(response, "trace-changed", after="swap")
+    trigger_client_event(response, "respawn-notice", {"text": text}, after="swap")
     return response
 
 
@@ -784,39 +894,83 @@ def agents(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_GET
 def attention(request: HttpRequest) -> HttpResponse:
+    """Sessions a person should look at, in sections, each paged on its own (`?<key>=cursor`);
+    an htmx request for one section (`?section=key`) gets just that section."""
     _require_view(request)
+    now = timezone.now()
+    errors = []
+    sections = {}
+    only = request.GET.get("section")
+    keys = [only] if only in selectors.ATTENTION_SECTIONS else list(selectors.ATTENTION_SECTIONS)
+    for key in keys:
+        try:
+            sections[key] = selectors.attention_section(key, cursor=request.GET.get(key), now=now)
+        except selectors.BadFilter as exc:
+            errors.append(f"{key}: {exc}")
+            sections[key] = selectors.attention_section(key, now=now)
+    context = {
+        "sections": list(sections.values()),
+        "errors": errors,
+        "can_operate": can_operate(request.user),
+        "final": [s.value for s in FINAL],
+        "now": now,
+    }
+    if only in sections and request.htmx:
+        extra = {}
+        if only == "failed":
+            extra["failures"] = selectors.repeated_failures()
+        if only == "incompatible":
+            extra["old_schema"] = selectors.old_schema_sessions()
+        return render(
+            request,
+            "sessions/attention.html#section",
+            {**context, **extra, "sec": sections[only]},
+        )
     counts = selectors.status_counts()
     activity = selectors.activity_last_24h()
-    peak = max([max(h["started"], h["finished"]) for h in activity] + [1])
-    bar_w = 22
-    chart = [
+    context.update(
         {
-            "x": 30 + i * (bar_w + 6),
-            "started_h": 100 * h["started"] / peak,
-            "finished_h": 100 * h["finished"] / peak,
-            "started_y": 110 - 100 * h["started"] / peak,
-            "finished_y": 110 - 100 * h["finished"] / peak,
-            **h,
-        }
-        for i, h in enumerate(activity)
-    ]
-    approval_sla = timedelta(seconds=settings.RESPAWN_APPROVAL_SLA)
-    return render(
-        request,
-        "sessions/attention.html",
-        {
-            "stuck": selectors.stuck_sessions(),
-            "approvals": selectors.overdue_approvals(),
-            "approval_sla": approval_sla,
+            "stuck": sections["stuck"].rows,
+            "approvals": sections["approvals"].rows,
+            "uncertain": sections["uncertain"].rows,
+            "incompatible": sections["incompatible"].rows,
             "failures": selectors.repeated_failures(),
-            "uncertain": selectors.uncertain_sessions(),
-            "incompatible": list(selectors.incompatible_sessions()[:100]),
             "old_schema": selectors.old_schema_sessions(),
             "counts": [(value, label, counts[value]) for value, label in Status.choices],
-            "chart": chart,
-            "peak": peak,
-            "bar_w": bar_w,
-            "can_operate": can_operate(request.user),
-            "final": [s.value for s in FINAL],
-        },
+            "chart": charts.activity_chart(activity),
+        }
+    )
+    return render(request, "sessions/attention.html", context)
+
+
+# --- Error pages ------------------------------------------------------------------------
+# Styled like every other page, and for an htmx request a fragment the page shows next to
+# what was clicked: never Django's bare pages swapped into the middle of the dashboard.
+
+
+def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+    text = str(exception) or "you are not allowed to do this"
+    return _error(request, f"Refused: {text}", 403)
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    text = str(exception) if isinstance(exception, Http404) and exception.args else ""
+    return _error(request, f"Not found: {text or 'nothing lives at this address'}", 404)
+
+
+def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+    return _error(request, "Bad request: the server could not read what was sent", 400)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    # No database, no session, no user: whatever failed may fail again here.
+    return render(request, "500.html", status=500, context={})
+
+
+def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+    return _error(
+        request,
+        "Refused: this form's security token is missing or expired. Reload the page and "
+        "try again (nothing was changed).",
+        403,
     )

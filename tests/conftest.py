@@ -39,6 +39,14 @@ def wait_for(
         time.sleep(interval)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    """Each test starts with an empty cache: the dashboard caches counts for seconds."""
+    from django.core.cache import cache
+
+    cache.clear()
+
+
 @pytest.fixture
 def users(db):
     """The trio every view test needs: an operator, a viewer and an outsider."""

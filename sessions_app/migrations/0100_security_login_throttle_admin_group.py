@@ -22,7 +22,7 @@ def remove_admin_group(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("sessions_app", "0019_leaner_step_indexes"),
+        ("sessions_app", "0020_dashboard_step_indexes"),
         ("auth", "0012_alter_user_first_name_max_length"),
     ]
 

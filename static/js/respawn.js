@@ -1,13 +1,215 @@
-// The little the dashboard needs beyond htmx: "select all" for bulk actions, and a live
-// count of the selection. No inline scripts anywhere (a strict CSP forbids them).
-document.addEventListener("change", (event) => {
-  const target = event.target;
-  if (!(target instanceof HTMLInputElement)) return;
-  const form = target.closest("form[data-bulk]");
-  if (!form) return;
-  if (target.matches("[data-select-all]")) {
-    form.querySelectorAll("input[name=ids]").forEach((box) => { box.checked = target.checked; });
+// The little the dashboard needs beyond htmx, under a strict CSP (no inline script, no
+// eval): bulk selection, errors shown next to what was clicked, previews that open where
+// they were asked for and close again, a notice after an action, and timeline clicks that
+// open their step. Everything works without it too: forms post and links navigate.
+"use strict";
+
+(function () {
+  // --- Bulk selection on the session list -------------------------------------------------
+  function selectionBoxes() {
+    return document.querySelectorAll("input[name=ids][form=bulk-form]");
   }
-  const count = form.querySelectorAll("input[name=ids]:checked").length;
-  form.querySelectorAll("[data-selected-count]").forEach((el) => { el.textContent = String(count); });
-});
+
+  function countSelection() {
+    const count = Array.from(selectionBoxes()).filter((box) => box.checked).length;
+    document.querySelectorAll("[data-selected-count]").forEach((el) => {
+      el.textContent = String(count);
+    });
+  }
+
+  document.addEventListener("change", (event) => {
+    const target = event.target;
+    if (!(target instanceof HTMLInputElement)) return;
+    if (target.matches("[data-select-all]")) {
+      selectionBoxes().forEach((box) => { box.checked = target.checked; });
+    }
+    if (target.matches("[data-select-all], input[name=ids]")) countSelection();
+  });
+
+  // --- Errors: never swapped into the page, always shown next to the action ---------------
+  function errorText(xhr) {
+    if (!xhr) return "Could not reach the server: check the connection and try again.";
+    // The dashboard's own errors say what went wrong in a header; nothing else is read
+    // from an error answer (a page may be anything, and is never parsed or shown).
+    const said = xhr.getResponseHeader("X-Respawn-Error");
+    if (said) {
+      try {
+        return decodeURIComponent(said);
+      } catch (_) {
+        return said;
+      }
+    }
+    if (xhr.status >= 500) {
+      return `Server error (${xhr.status}): it may not have completed. Reload to see where things stand.`;
+    }
+    if (xhr.status === 403) return "Refused (403): you may have been logged out; reload the page.";
+    if (xhr.status === 404) return "Not found (404): it may have been deleted; reload the page.";
+    return `Refused (${xhr.status}).`;
+  }
+
+  function isPolling(elt) {
+    const trigger = elt.getAttribute("hx-trigger") || "";
+    return /\bevery\b|\bload\b|\brevealed\b|from:body/.test(trigger);
+  }
+
+  function errorSlot(elt, create) {
+    const scope = elt.closest("form") || elt;
+    let slot = scope.querySelector(".form-error");
+    if (!slot && create) {
+      slot = document.createElement("p");
+      slot.className = "form-error";
+      slot.setAttribute("role", "alert");
+      slot.dataset.made = "1";
+      elt.insertAdjacentElement("afterend", slot);
+    }
+    return slot;
+  }
+
+  function showError(elt, text) {
+    if (!elt || !elt.isConnected) return;
+    if (isPolling(elt) && !elt.closest("form")) {
+      // A refresh that failed: keep what is shown, mark it as possibly out of date.
+      elt.classList.add("stale");
+      elt.title = `Not refreshed: ${text}`;
+      if (elt.matches("#timeline, #usage, #charts, li.more")) {
+        elt.replaceChildren(Object.assign(document.createElement("p"), {
+          className: "form-error",
+          textContent: text,
+        }));
+      }
+      return;
+    }
+    const slot = errorSlot(elt, true);
+    slot.textContent = text;
+    slot.hidden = false;
+  }
+
+  function clearError(elt) {
+    if (!elt) return;
+    elt.classList.remove("stale");
+    const slot = errorSlot(elt, false);
+    if (slot) {
+      slot.hidden = true;
+      slot.textContent = "";
+    }
+  }
+
+  document.addEventListener("htmx:beforeRequest", (event) => clearError(event.detail.elt));
+
+  document.addEventListener("htmx:beforeSwap", (event) => {
+    const detail = event.detail;
+    const xhr = detail.xhr;
+    const elt = (detail.requestConfig && detail.requestConfig.elt) || detail.elt;
+    if (xhr && xhr.status >= 400) {
+      detail.shouldSwap = false;
+      detail.isError = false; // shown here; htmx need not log it as well
+      showError(elt, errorText(xhr));
+      return;
+    }
+    // One preview open at a time, in the slot next to the button that asked for it.
+    const target = detail.target;
+    if (target && target.matches(".slot, .dialog-slot")) {
+      document.querySelectorAll(".slot, .dialog-slot").forEach((slot) => {
+        if (slot !== target) slot.replaceChildren();
+      });
+    }
+  });
+
+  document.addEventListener("htmx:sendError", (event) => showError(event.detail.elt, errorText(null)));
+  document.addEventListener("htmx:timeout", (event) => showError(event.detail.elt, "The server took too long to answer; try again."));
+
+  // --- Previews and reports close again ---------------------------------------------------
+  document.addEventListener("click", (event) => {
+    const button = event.target instanceof Element ? event.target.closest("[data-dismiss]") : null;
+    if (!button) return;
+    const box = button.closest(".preview-box, .bulk-report, form.confirm");
+    if (box) box.remove();
+  });
+
+  document.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape") return;
+    document.querySelectorAll(".preview-box").forEach((box) => box.remove());
+  });
+
+  // --- Notices after an action (HX-Trigger: respawn-notice) -------------------------------
+  let toastTimer = null;
+  document.body.addEventListener("respawn-notice", (event) => {
+    const toast = document.getElementById("toast");
+    if (!toast || !event.detail || !event.detail.text) return;
+    toast.textContent = event.detail.text;
+    toast.hidden = false;
+    clearTimeout(toastTimer);
+    toastTimer = setTimeout(() => { toast.hidden = true; }, 6000);
+  });
+
+  // --- Requests that need a little more than their URL ------------------------------------
+  document.addEventListener("htmx:configRequest", (event) => {
+    const elt = event.detail.elt;
+    if (elt.hasAttribute("data-trace-refresh")) {
+      // Redraw the trace in place: as far as it was read, not just its first page.
+      const steps = elt.querySelectorAll("#trace-list > li.step");
+      const last = steps.length ? steps[steps.length - 1].dataset.seq : "";
+      if (last) event.detail.parameters.upto = last;
+    }
+    const cause = event.detail.triggeringEvent && event.detail.triggeringEvent.type;
+    if (elt.hasAttribute("data-counts") && (cause === "sessions-changed" || cause === "sessions-settled")) {
+      event.detail.parameters.fresh = "1"; // a session changed: count again, now
+    }
+  });
+
+  // --- Going to a step --------------------------------------------------------------------
+  function openStep(seq, scroll) {
+    const li = document.getElementById(`step-${seq}`);
+    if (!li) return false;
+    const details = li.querySelector(":scope > details");
+    if (details) details.open = true;
+    document.querySelectorAll("#trace-list > li.focus").forEach((el) => el.classList.remove("focus"));
+    li.classList.add("focus");
+    if (scroll) li.scrollIntoView({ block: "center" });
+    return true;
+  }
+
+  document.addEventListener("click", (event) => {
+    if (!(event.target instanceof Element)) return;
+    const zoom = event.target.closest("[data-zoom]");
+    if (zoom && window.htmx) {
+      event.preventDefault();
+      window.htmx.ajax("GET", zoom.getAttribute("data-zoom"), { target: "#timeline", swap: "innerHTML" });
+      return;
+    }
+    const link = event.target.closest("[data-step]");
+    if (link && openStep(link.getAttribute("data-step"), true)) {
+      event.preventDefault();
+      history.replaceState(null, "", `#step-${link.getAttribute("data-step")}`);
+    }
+    // Otherwise the link loads the trace from that step.
+  });
+
+  function openFromHash() {
+    const match = /^#step-(\d+)$/.exec(location.hash);
+    if (match) openStep(match[1], false);
+  }
+  window.addEventListener("hashchange", openFromHash);
+  document.addEventListener("DOMContentLoaded", openFromHash);
+
+  document.addEventListener("htmx:afterSettle", (event) => {
+    const target = event.detail.target;
+    if (target && target.id === "trace") {
+      const focus = document.querySelector("#trace-list > li.focus");
+      if (focus) focus.scrollIntoView({ block: "center" });
+    }
+    // Steps arrive a page at a time (and live): a step already shown is never shown twice.
+    const seen = new Set();
+    document.querySelectorAll("#trace-list > li[id^=step-]").forEach((li) => {
+      if (seen.has(li.id)) li.remove();
+      else seen.add(li.id);
+    });
+    if (target && target.querySelector && target.querySelector(".preview-box")) {
+      const box = target.querySelector(".preview-box");
+      box.scrollIntoView({ block: box.offsetHeight > window.innerHeight ? "start" : "nearest" });
+      const confirm = box.querySelector("button.primary");
+      if (confirm) confirm.focus({ preventScroll: true });
+    }
+    countSelection();
+  });
+})();

@@ -79,6 +79,38 @@ def test_retryable_errors_are_retried_and_counted():
     assert outcome.ok and outcome.attempts == 2 and outcome.output == {"attempt": 2}
 
 
+def test_the_errors_of_retried_attempts_are_kept_in_the_result():
+    @tool(retries=3)
+    def wobbly(ctx: ToolContext) -> dict:
+        """Fails twice, differently, then works."""
+        if ctx.attempt < 3:
+            raise ToolError(f"503 on attempt {ctx.attempt}", retryable=True)
+        return {"attempt": ctx.attempt}
+
+    outcome = wobbly.run(ctx_factory(), {})
+    assert outcome.attempt_errors == ("503 on attempt 1", "503 on attempt 2")
+    payload = outcome.payload("c1", "wobbly")
+    assert payload["status"] == "ok" and payload["attempts"] == 3
+    assert payload["attempt_errors"] == ["503 on attempt 1", "503 on attempt 2"]
+
+    @tool(retries=1)
+    def hopeless(ctx: ToolContext) -> dict:
+        """Fails every time."""
+        raise ToolError(f"down ({ctx.attempt})", retryable=True)
+
+    failed = hopeless.run(ctx_factory(), {}).payload("c2", "hopeless")
+    assert failed["status"] == "error" and failed["error"] == "down (2)"
+    assert failed["attempt_errors"] == ["down (1)"]
+
+    @tool
+    def steady(ctx: ToolContext) -> dict:
+        """Works the first time."""
+        return {}
+
+    # A first-time success carries no such key: its payload is as it always was.
+    assert "attempt_errors" not in steady.run(ctx_factory(), {}).payload("c3", "steady")
+
+
 def test_non_retryable_errors_are_not_retried():
     @tool(retries=5)
     def broken(ctx: ToolContext) -> dict:

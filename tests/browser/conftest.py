@@ -43,22 +43,64 @@ def browser():
         browser.close()
 
 
-@pytest.fixture
-def page(browser, live_server):
-    context = browser.new_context(base_url=live_server.url, viewport={"width": 1300, "height": 900})
+def _new_page(browser, live_server, *, width: int, height: int, accept_dialogs: bool):
+    context = browser.new_context(
+        base_url=live_server.url, viewport={"width": width, "height": height}
+    )
     page = context.new_page()
     page.set_default_timeout(15_000)
     page.dialogs = []
-    page.on("dialog", lambda dialog: (page.dialogs.append(dialog.message), dialog.dismiss()))
+
+    def on_dialog(dialog):
+        page.dialogs.append(dialog.message)
+        dialog.accept() if accept_dialogs else dialog.dismiss()
+
+    page.on("dialog", on_dialog)
     page.console_errors = []
     page.on("console", lambda m: m.type == "error" and page.console_errors.append(m.text))
+    page.on("pageerror", lambda error: page.console_errors.append(f"page error: {error}"))
+    return context, page
+
+
+@pytest.fixture
+def page(browser, live_server):
+    context, page = _new_page(browser, live_server, width=1300, height=900, accept_dialogs=False)
     yield page
     context.close()
 
 
-def screenshot(page, name: str) -> None:
+@pytest.fixture
+def make_page(browser, live_server):
+    """Pages of other sizes, or that accept confirm() dialogs (hx-confirm), as many as needed."""
+    contexts = []
+
+    def make(width: int = 1300, height: int = 900, *, accept_dialogs: bool = False):
+        context, page = _new_page(
+            browser, live_server, width=width, height=height, accept_dialogs=accept_dialogs
+        )
+        contexts.append(context)
+        return page
+
+    yield make
+    for context in contexts:
+        context.close()
+
+
+# Chromium logs every 4xx/5xx answer it receives: expected when a test provokes one.
+HTTP_ERROR_LOG = "Failed to load resource: the server responded with a status of"
+
+
+def console_errors(page, *, allow_http_errors: bool = False) -> list[str]:
+    """What the console said that it should not have."""
+    return [
+        e for e in page.console_errors if not (allow_http_errors and e.startswith(HTTP_ERROR_LOG))
+    ]
+
+
+def screenshot(page, name: str, *, full_page: bool = True) -> None:
+    """A picture of the page under test-artifacts/ (the whole page, or what is in view)."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=full_page)
 
 
 def login(page, username: str, password: str) -> None:

@@ -87,7 +87,11 @@ def test_log_in_filter_open_and_expand(page, users):
     screenshot(page, "session-detail")
 
     page.goto(f"/sessions/{long_one.id}/")
-    call = page.locator("li.step[data-kind=tool_call] details.block").first
+    # One line per step; its details open on a click, and a long payload is folded again.
+    step = page.locator("li.step[data-kind=tool_call]")
+    assert "needle-" in step.locator("summary.line .summary").inner_text()
+    step.locator("summary.line").click()
+    call = step.locator("details.block").first
     assert call.get_attribute("open") is None
     assert not page.get_by_text("needle-" + "y" * 2000).is_visible()
     call.locator("summary").click()
@@ -217,6 +221,8 @@ def test_xss_payloads_do_not_execute(page, users):
         assert page.locator("main svg[onload]").count() == 0, url
         assert page.locator("main a[href^=javascript]").count() == 0, url
     page.goto(f"/sessions/{session.id}/")
+    for line in page.locator("li.step summary.line").all():
+        line.click()
     for details in page.locator("li.step details.block summary").all():
         details.click()
     page.wait_for_timeout(300)
@@ -240,9 +246,9 @@ def test_attention_audit_and_diff_pages(page, users):
     page.locator(".diff-form button").click()
     wait_for(lambda: page.locator("#diff table.difftable").count() == 1, what="the diff")
     assert "final_answer" in page.locator("#diff").inner_text()
-    page.locator("#waterfall").scroll_into_view_if_needed()
-    wait_for(lambda: page.locator(".waterfall svg rect").count() > 3, what="the waterfall")
-    screenshot(page, "diff-and-waterfall")
+    page.locator("#timeline").scroll_into_view_if_needed()
+    wait_for(lambda: page.locator("#timeline svg rect").count() > 3, what="the timeline")
+    screenshot(page, "diff-and-timeline")
     # htmx did all of the above under the site's strict Content-Security-Policy.
     assert "script-src 'self'" in page.request.get("/sessions/").headers["content-security-policy"]
     assert not [e for e in page.console_errors if "Content Security Policy" in e], (

@@ -48,7 +48,9 @@ def read_urls(session):
         reverse("sessions:panel", args=[session.id]) + "?part=header",
         reverse("sessions:row", args=[session.id]),
         reverse("sessions:steps", args=[session.id]) + "?after=0",
-        reverse("sessions:waterfall", args=[session.id]),
+        reverse("sessions:timeline", args=[session.id]),
+        reverse("sessions:usage", args=[session.id]),
+        reverse("sessions:charts"),
         reverse("sessions:diff", args=[session.id]),
     ]
 
@@ -341,11 +343,11 @@ def test_long_trace_is_paged_and_superseded_steps_hidden(client, users, done):
     checkpoint_rollback(session_id=done.id, checkpoint_seq=7)
     client.force_login(users["viewer"])
     page = client.get(reverse("sessions:detail", args=[done.id]))
-    shown = [v.seq for v in page.context["steps"]]
+    shown = [v.seq for v in page.context["trace"].views]
     assert 8 not in shown and 14 in shown
     assert "show superseded steps (6)" in page.content.decode()
     with_superseded = client.get(reverse("sessions:detail", args=[done.id]), {"superseded": "1"})
-    assert 8 in [v.seq for v in with_superseded.context["steps"]]
+    assert 8 in [v.seq for v in with_superseded.context["trace"].views]
 
 
 def test_checkpoint_diff(client, users, done):
@@ -499,7 +501,8 @@ def test_untrusted_content_is_escaped_everywhere(client, users):
         reverse("sessions:detail", args=[session.id]),
         reverse("sessions:steps", args=[session.id]) + "?after=0",
         reverse("sessions:diff", args=[session.id]),
-        reverse("sessions:waterfall", args=[session.id]),
+        reverse("sessions:timeline", args=[session.id]),
+        reverse("sessions:usage", args=[session.id]),
         reverse("sessions:preview", args=[session.id, "rollback"]) + "?seq=5",
         reverse("sessions:attention"),
         reverse("audit"),

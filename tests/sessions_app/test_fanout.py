@@ -98,7 +98,7 @@ def test_a_cancel_fences_the_branches_off():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_trace_and_waterfall_show_the_branches(client, users):
+def test_trace_and_timeline_show_the_branches(client, users):
     session = session_start(agent="research", input="research queues in 3 sources")
     fanned = run(session.id)
     for seq in fanned.branches:
@@ -108,5 +108,10 @@ def test_trace_and_waterfall_show_the_branches(client, users):
     page = client.get(reverse("sessions:detail", args=[session.id])).content.decode()
     assert page.count("branch 1/3") == 2  # the call and its result
     assert page.count('class="badge branch"') == 6
-    svg = client.get(reverse("sessions:waterfall", args=[session.id])).content.decode()
-    assert svg.count("branch") >= 6
+    timeline = client.get(reverse("sessions:timeline", args=[session.id]), HTTP_HX_REQUEST="true")
+    bars = [b for b in timeline.context["t"].bars if b["branch"]]
+    assert [b["branch"] for b in bars] == ["1/3", "2/3", "3/3"] * 2
+    # Each branch on its own row (branches that overlap in time run side by side).
+    results = [b for b in bars if b["kind"] == "tool_result"]
+    assert len({b["y"] for b in results}) == 3
+    assert timeline.content.decode().count('class="bar kind-tool_result branch"') == 3

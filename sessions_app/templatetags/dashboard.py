@@ -1,0 +1,76 @@
+"""Numbers, durations and times as a person reads them, and query strings for links."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlencode
+
+from django import template
+from django.utils import timezone
+from django.utils.html import format_html
+
+from ..presenters import (
+    STATUS_TEXT,
+    format_ago,
+    format_cost,
+    format_count,
+    format_duration,
+    format_ms,
+)
+
+register = template.Library()
+
+
+@register.filter
+def ms(value: Any) -> str:
+    """Milliseconds: "223 ms", "1.4 s", "1 m 12 s"."""
+    return format_ms(value) if value is not None else ""
+
+
+@register.filter
+def dur(value: Any) -> str:
+    """A timedelta or seconds: "1 m 12 s"."""
+    return format_duration(value)
+
+
+@register.filter
+def num(value: Any) -> str:
+    """20000 -> "20,000"."""
+    return format_count(value)
+
+
+@register.filter
+def cost(value: Any) -> str:
+    return format_cost(value)
+
+
+@register.filter
+def status_label(status: str) -> str:
+    """A status in plain language: "waiting_input" -> "Waiting for a person"."""
+    return STATUS_TEXT.get(status, (status, ""))[0]
+
+
+@register.filter
+def status_hint(status: str) -> str:
+    return STATUS_TEXT.get(status, ("", ""))[1]
+
+
+@register.simple_tag
+def ago(when: datetime | None, now: datetime | None = None) -> str:
+    """<time> saying "5 min ago", with the exact time on hover."""
+    if when is None:
+        return ""
+    now = now or timezone.now()
+    exact = timezone.localtime(when).strftime("%Y-%m-%d %H:%M:%S %Z")
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>', when.isoformat(), exact, format_ago(when, now)
+    )
+
+
+@register.simple_tag
+def qs(params: dict[str, Any] | None = None, **override: Any) -> str:
+    """A query string ("?a=1&b=2") from params with some keys replaced (None or "" drops)."""
+    values = {**(params or {}), **override}
+    values = {k: v for k, v in values.items() if not (v is None or v is False or v == "")}
+    return "?" + urlencode(values) if values else "?"
