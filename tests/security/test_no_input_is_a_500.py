@@ -155,6 +155,8 @@ def site_targets(client, world) -> list[Target]:
     start = ["/sessions/", "/sessions/attention/", "/audit/", "/admin/", "/admin/rq/"]
     for session in world["sessions"]:
         start.append(f"/sessions/{session.id}/")
+        # A fragment pages link only past their first page of steps.
+        start.append(f"/sessions/{session.id}/steps/?after=0")
         start.append(f"/admin/sessions_app/agentsession/{session.id}/change/")
     return crawl(fetch, start, allowed=_allowed, route=_route)
 
@@ -211,6 +213,8 @@ def test_no_form_or_query_parameter_of_the_site_is_a_500(client, world):
         "sessions:action action=rollback",
         "sessions:bulk",
         "sessions:steps",
+        "sessions:timeline",
+        "sessions:import",
         "sessions:diff",
         "sessions:preview",
         "audit",
