@@ -23,6 +23,7 @@ from datetime import date, datetime
 from typing import Annotated, Any, Union
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from ninja.parser import Parser
 from pydantic import AfterValidator, Field, PlainValidator
 from typing_extensions import TypeAliasType
@@ -260,15 +261,23 @@ def _json_kind(value: Any) -> str:
 # --- Every request ------------------------------------------------------------------------------
 
 
-def request_problem(request: HttpRequest) -> InvalidInput | None:
+def request_problem(request: HttpRequest, *, forms: bool = True) -> InvalidInput | None:
     """The first query or form parameter that has no name, or a control character in its
     name or value."""
     sources = [("query parameter", request.GET)]
-    if request.method == "POST" and request.content_type in (
-        "application/x-www-form-urlencoded",
-        "multipart/form-data",
+    if (
+        forms
+        and request.method == "POST"
+        and request.content_type
+        in (
+            "application/x-www-form-urlencoded",
+            "multipart/form-data",
+        )
     ):
-        sources.append(("form field", request.POST))
+        try:
+            sources.append(("form field", request.POST))
+        except MultiPartParserError as exc:  # no boundary, a cut-off part, ...
+            return InvalidInput("request body", f"not valid multipart form data ({exc})")
     for kind, params in sources:
         for name, values in params.lists():
             if not name:
@@ -298,6 +307,10 @@ def api_query_problem(request: HttpRequest) -> InvalidInput | None:
     return None
 
 
+def _form_body(request: HttpRequest) -> bool:
+    return request.content_type in ("multipart/form-data", "application/x-www-form-urlencoded")
+
+
 class InputGuardMiddleware:
     """Refuses a request whose query or form parameters hold control characters, before
     any view (the log-in form, a search, an admin filter) passes them to a query."""
@@ -307,7 +320,20 @@ class InputGuardMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         api = request.path.startswith("/api/")
-        problem = request_problem(request) or (api_query_problem(request) if api else None)
+        if api and request.method in ("POST", "PUT", "PATCH") and _form_body(request):
+            # The API reads JSON (and an import's file): a form body is refused, unread
+            # (reading it would leave the raw body unreadable for the API's parser).
+            return JsonResponse(
+                {
+                    "error": "unsupported_media_type",
+                    "detail": f"request bodies are JSON, not {request.content_type}",
+                },
+                status=415,
+            )
+        # The API takes no form fields; reading them is the dashboard's check.
+        problem = request_problem(request, forms=not api) or (
+            api_query_problem(request) if api else None
+        )
         if problem is None:
             return self.get_response(request)
         if api:

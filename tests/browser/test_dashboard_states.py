@@ -96,7 +96,7 @@ def test_errors_of_every_status_are_shown_next_to_the_action(page, users, settin
     correct.get_by_role("button", name="Correct and resume").click()
     error = correct.locator(".form-error")
     wait_for(lambda: error.is_visible(), what="the 400 next to the correction")
-    assert error.inner_text().startswith("the corrected output is not valid JSON")
+    assert error.inner_text().startswith("the corrected output: not valid JSON")
     assert correct.locator("textarea[name=output]").input_value() == "{not json"  # kept
     layout_intact(page)
     screenshot(page, "error-400-inline")
