@@ -54,12 +54,16 @@ class AgentStateError(Exception):
 @dataclass(frozen=True)
 class Limits:
     """What one session of the agent may use. Steps count every step of the trace; tokens
-    are input plus output tokens of every model call; cost is what the provider reports.
-    A session that reaches a limit stops with the reason, before its next model call."""
+    are input plus output tokens of every model call; cost is what the calls cost (the
+    provider's figure, else the price table's: agent_runtime.pricing); seconds are wall
+    time from the session's start. A session that reaches a limit is paused with the
+    reason before its next model call; an operator can raise the limit and resume it.
+    A session started through the API may set its own limits (`budgets`)."""
 
     max_steps: int = 200
     max_tokens: int | None = None
     max_cost: float | None = None
+    max_seconds: float | None = None
     # Tool calls of one model turn that may run at once as branch jobs on several workers
     # (1: one after the other in the session's own run).
     max_parallel_tools: int = 1
@@ -78,6 +82,14 @@ class Limits:
             and self.max_cost > 0
         ):
             out.append(f"max_cost must be a positive number or None, got {self.max_cost!r}")
+        if self.max_seconds is not None and not (
+            isinstance(self.max_seconds, int | float)
+            and not isinstance(self.max_seconds, bool)
+            and self.max_seconds > 0
+        ):
+            out.append(
+                f"max_seconds must be a positive number or None, got {self.max_seconds!r}"
+            )
         if not _positive_int(self.max_parallel_tools):
             out.append(
                 f"max_parallel_tools must be a positive integer, got {self.max_parallel_tools!r}"

@@ -19,8 +19,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .agents import Agent, AgentRegistry, AgentStateError, UnknownAgent
+from .pricing import PriceTable, load_price_table
 from .providers import Message, ModelSettings, ModelTurn, Provider, ProviderError, ToolCall
 from .providers import make_provider as default_make_provider
+from .providers.base import Usage
 from .records import RecordSource
 from .redaction import NO_REDACTION, Redactor
 from .state import (
@@ -34,6 +36,7 @@ from .state import (
     StepKind,
     StepRecord,
     apply_agent_state_patch,
+    apply_budgets,
     model_payload,
     replan,
     step_text,
@@ -46,6 +49,10 @@ from .upgraders import IncompatibleSchemaError
 log = logging.getLogger("respawn.loop")
 
 ProviderFactory = Callable[[str, dict[str, Any]], tuple[Provider, str]]
+
+# How the error of a session paused by a budget starts (the dashboard's "needs attention"
+# finds them by it).
+BUDGET_REACHED = "budget reached"
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,8 @@ class RunConfig:
     # A fan-out branch dispatched this many times without a result (its worker kept dying)
     # gets an error result the model sees instead of another try.
     max_branch_attempts: int = 3
+    # What model calls cost when their provider does not say (agent_runtime.pricing).
+    prices: PriceTable = field(default_factory=lambda: load_price_table(""))
 
 
 class Outcome(enum.StrEnum):
@@ -77,6 +86,8 @@ class Outcome(enum.StrEnum):
     LEASE_LOST = "lease_lost"
     NOT_CLAIMED = "not_claimed"
     INCOMPATIBLE = "incompatible"
+    # A budget was reached: paused with the reason until someone raises it and resumes.
+    PAUSED = "paused"
     # The turn's tool calls were handed to branch jobs; `RunResult.branches` says which.
     FANNED_OUT = "fanned_out"
 
@@ -211,6 +222,8 @@ def apply_step(state: SessionState, step: StepRecord) -> None:
             state.uncertain_calls.remove(payload["call_id"])
         if payload.get("agent_state") is not None:
             apply_agent_state_patch(state, payload["agent_state"])
+    elif step.kind == StepKind.OPERATOR and payload.get("action") == "set_budgets":
+        apply_budgets(state, payload)
     elif step.kind == StepKind.SYSTEM and payload.get("event") == "run_started":
         if payload.get("agent_version"):
             state.agent_version = str(payload["agent_version"])
@@ -494,6 +507,7 @@ class _Run:
         self.make_provider = make_provider
         self.heartbeat: Heartbeat | None = None
         self.started_on = head.agent_version
+        self.deadline = head.deadline
         self.state = replay(head, agent)
 
     # -- writing -------------------------------------------------------------------------
@@ -680,24 +694,59 @@ class _Run:
                     return paused
 
     def check_budgets(self) -> None:
+        """Pause the session, with the reason, when it has used up a budget."""
         budgets, counters = self.state.budgets, self.state.counters
         if counters.steps >= budgets.max_steps:
-            self.fail(
-                "budget", f"step limit of {budgets.max_steps} reached", limit=budgets.max_steps
+            self.pause_for_budget(
+                "steps",
+                f"step limit of {budgets.max_steps} reached",
+                limit=budgets.max_steps,
+                used=counters.steps,
             )
         tokens = counters.tokens_in + counters.tokens_out
         if budgets.max_tokens is not None and tokens >= budgets.max_tokens:
-            self.fail(
-                "budget",
+            self.pause_for_budget(
+                "tokens",
                 f"token limit of {budgets.max_tokens} reached ({tokens} used)",
                 limit=budgets.max_tokens,
+                used=tokens,
             )
         if budgets.max_cost is not None and counters.cost >= budgets.max_cost:
-            self.fail(
-                "budget",
+            self.pause_for_budget(
+                "cost",
                 f"cost limit of {budgets.max_cost:g} reached ({counters.cost:g} spent)",
                 limit=budgets.max_cost,
+                used=round(counters.cost, 6),
             )
+        if self.deadline is not None and utcnow() >= self.deadline:
+            self.pause_for_budget(
+                "time",
+                f"wall-time limit reached (the deadline was {self.deadline:%Y-%m-%d %H:%M:%S} UTC)",
+                limit=self.deadline.isoformat(),
+                used=utcnow().isoformat(),
+            )
+
+    def pause_for_budget(self, budget: str, message: str, *, limit: Any, used: Any) -> None:
+        """A budget is used up: not a failure. The session pauses with the reason (shown
+        in "needs attention"); raising the budget and resuming continues it here."""
+        error = f"{BUDGET_REACHED}: {message}"
+        self.append(
+            NewStep(
+                kind=StepKind.SYSTEM,
+                payload={
+                    "event": "budget_reached",
+                    "budget": budget,
+                    "limit": limit,
+                    "used": used,
+                    "message": message,
+                },
+            ),
+            checkpoint=True,
+            status=SessionStatus.PAUSED,
+            error=error,
+            release=True,
+        )
+        raise _Stop(RunResult(self.session_id, Outcome.PAUSED, error=error))
 
     def call_model(self) -> RunResult | None:
         self.check_budgets()
@@ -722,11 +771,7 @@ class _Run:
         payload = model_payload(
             turn.text,
             [c.to_dict() for c in turn.tool_calls],
-            {
-                "input_tokens": turn.usage.input_tokens,
-                "output_tokens": turn.usage.output_tokens,
-                "cost": turn.usage.cost,
-            },
+            usage_record(turn.usage, self.config.prices, spec, model_name),
             spec,
         )
         step = NewStep(
@@ -1021,6 +1066,25 @@ class _Run:
             ),
             checkpoint=checkpoint,
         )
+
+
+def usage_record(usage: Usage, prices: PriceTable, spec: str, model: str) -> dict[str, Any]:
+    """A model step's `usage`: its tokens, cache tokens and cost. A call the price table
+    has no price for (and whose provider reported none) is marked `unpriced`."""
+    provider = spec.partition(":")[0]
+    cost = prices.cost(provider, model, usage)
+    record: dict[str, Any] = {
+        "input_tokens": usage.input_tokens,
+        "output_tokens": usage.output_tokens,
+        "cost": round(cost or 0.0, 8),
+    }
+    if usage.cache_read_tokens:
+        record["cache_read_tokens"] = usage.cache_read_tokens
+    if usage.cache_write_tokens:
+        record["cache_write_tokens"] = usage.cache_write_tokens
+    if cost is None:
+        record["unpriced"] = True
+    return record
 
 
 def result_payload(call: ToolCall, outcome: ToolOutcome) -> dict[str, Any]:

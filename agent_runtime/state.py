@@ -335,6 +335,34 @@ def instruction_payload(text: str, actor: str) -> dict[str, Any]:
     return {"action": "instruction", "actor": actor, "content": text_parts(text)}
 
 
+# The budgets a `set_budgets` operator step may change (the wall-time budget is the session
+# row's deadline, not part of the state).
+STATE_BUDGETS = ("max_steps", "max_tokens", "max_cost")
+
+
+def budgets_payload(budgets: dict[str, Any], actor: str, reason: str = "") -> dict[str, Any]:
+    """A person (or the program that started the session) sets budgets: each key of
+    STATE_BUDGETS present replaces that budget (None lifts a token or cost limit)."""
+    payload: dict[str, Any] = {
+        "action": "set_budgets",
+        "actor": actor,
+        "budgets": {k: budgets[k] for k in STATE_BUDGETS if k in budgets},
+    }
+    if reason:
+        payload["reason"] = reason
+    return payload
+
+
+def apply_budgets(state: SessionState, payload: dict[str, Any]) -> None:
+    """Fold a `set_budgets` step into the state's budgets."""
+    changes = payload.get("budgets") or {}
+    current = dataclasses.asdict(state.budgets)
+    for key in STATE_BUDGETS:
+        if key in changes:
+            current[key] = changes[key]
+    state.budgets = Budgets(**current)
+
+
 def tool_ok(payload: dict[str, Any]) -> bool:
     return payload.get("status") == "ok"
 
@@ -395,6 +423,10 @@ def validate_step_payload(kind: str, payload: Any) -> None:
             raise StateError("tool_result agent_state must be {version, set: object, unset: [str]}")
     elif kind == StepKind.OPERATOR and payload.get("action") == "instruction":
         _check_parts(payload, "operator instruction")
+    elif kind == StepKind.OPERATOR and payload.get("action") == "set_budgets":
+        budgets = payload.get("budgets")
+        if not isinstance(budgets, dict) or set(budgets) - set(STATE_BUDGETS):
+            raise StateError(f"set_budgets payload needs budgets: an object of {STATE_BUDGETS}")
 
 
 def _short(value: Any, limit: int = 200) -> str:
@@ -423,6 +455,9 @@ def describe_step(kind: str, payload: dict[str, Any]) -> str:
         line = f"{payload.get('actor') or 'an operator'}: {action}"
         if action == "instruction":
             line += f" {step_text(payload) or ''}"
+        if action == "set_budgets":
+            changes = (payload.get("budgets") or {}).items()
+            line += " " + ", ".join(f"{k}={'none' if v is None else v}" for k, v in changes)
         if payload.get("reason"):
             line += f" ({payload['reason']})"
         return line

@@ -69,6 +69,9 @@ class SessionHead:
     history_from: int = 1
     # The agent version the session started on ("" when it was not recorded).
     agent_version: str = ""
+    # The wall-time budget: when the session must be done by (None: no limit). Kept on the
+    # session row, not in the state, so an operator can move it without a new checkpoint.
+    deadline: datetime | None = None
 
     @property
     def steps_after_checkpoint(self) -> list[StepRecord]:
@@ -204,6 +207,7 @@ class _MemSession:
     crash_count: int = 0
     crash_seq: int = -1
     progress: tuple[int, int | None, str] | None = None
+    deadline: datetime | None = None
     steps: list[StepRecord] = field(default_factory=list)
     checkpoints: list[CheckpointRecord] = field(default_factory=list)
 
@@ -218,11 +222,20 @@ class InMemoryStore:
 
     # -- helpers for tests and callers that play the sessions_app role -------------------
     def create_session(
-        self, session_id: str, agent_name: str, user_input: str, agent_version: str = ""
+        self,
+        session_id: str,
+        agent_name: str,
+        user_input: str,
+        agent_version: str = "",
+        deadline: datetime | None = None,
     ) -> None:
         with self._lock:
             session = _MemSession(
-                session_id, agent_name, SessionStatus.QUEUED, agent_version=agent_version
+                session_id,
+                agent_name,
+                SessionStatus.QUEUED,
+                agent_version=agent_version,
+                deadline=deadline,
             )
             session.steps.append(
                 StepRecord(
@@ -335,7 +348,12 @@ class InMemoryStore:
                 upgraders_applied=applied,
                 step_versions=versions,
                 agent_version=session.agent_version,
+                deadline=session.deadline,
             )
+
+    def set_deadline(self, session_id: str, deadline: datetime | None) -> None:
+        with self._lock:
+            self._get(session_id).deadline = deadline
 
     def load_tail(self, session_id: str) -> SessionHead:
         return tail_of(self.load_head(session_id))

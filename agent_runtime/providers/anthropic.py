@@ -200,5 +200,7 @@ def parse_message(text: str) -> ModelTurn:
             + token_count(usage.get("cache_creation_input_tokens"))
             + token_count(usage.get("cache_read_input_tokens")),
             output_tokens=token_count(usage.get("output_tokens")),
+            cache_read_tokens=token_count(usage.get("cache_read_input_tokens")),
+            cache_write_tokens=token_count(usage.get("cache_creation_input_tokens")),
         ),
     )

@@ -29,9 +29,16 @@ class ToolCall:
 
 @dataclass(frozen=True)
 class Usage:
+    """What one model call used. input_tokens counts every input token sent, including
+    those read from or written to the provider's prompt cache (cache_read_tokens and
+    cache_write_tokens say how many of them were). cost: what the provider itself reported
+    (0: none; the price table prices the call, agent_runtime.pricing)."""
+
     input_tokens: int = 0
     output_tokens: int = 0
     cost: float = 0.0
+    cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
 
 
 @dataclass(frozen=True)

@@ -173,12 +173,17 @@ def parse_completion(text: str) -> ModelTurn:
     usage = data.get("usage")
     if not isinstance(usage, dict):
         usage = {}  # compatible servers may leave usage out
+    details = usage.get("prompt_tokens_details")
+    if not isinstance(details, dict):
+        details = {}
     return ModelTurn(
         text=content,
         tool_calls=calls,
         usage=Usage(
+            # prompt_tokens includes the cached ones (OpenAI caches without a write fee).
             input_tokens=token_count(usage.get("prompt_tokens")),
             output_tokens=token_count(usage.get("completion_tokens")),
+            cache_read_tokens=token_count(details.get("cached_tokens")),
         ),
     )
 

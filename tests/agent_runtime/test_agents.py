@@ -27,6 +27,7 @@ from agent_runtime import (
 )
 from agent_runtime.loop import Outcome
 from agent_runtime.providers import PROVIDERS, make_provider
+from agent_runtime.state import SessionStatus
 from agent_runtime.store import InMemoryEffects, InMemoryStore
 from tests.agent_runtime.helpers import new_session, run
 
@@ -344,7 +345,7 @@ def test_a_missing_agent_is_a_refusal_not_a_failure():
         (Limits(max_steps=3), "step limit of 3 reached"),
     ],
 )
-def test_a_session_stops_at_its_limits(limits, message):
+def test_a_session_pauses_at_its_limits(limits, message):
     agent = Agent(
         name="acme",
         model="scripted:acme",
@@ -355,10 +356,11 @@ def test_a_session_stops_at_its_limits(limits, message):
     store = InMemoryStore()
     session_id = new_session(store, "acme", "work 5")
     result = run(store, session_id, agents=AgentRegistry([agent]))
-    assert result.outcome == Outcome.FAILED and message in result.error
+    assert result.outcome == Outcome.PAUSED and message in result.error
+    assert store.session(session_id).status == SessionStatus.PAUSED
 
 
-def test_a_cost_limit_stops_the_session_before_the_next_model_call():
+def test_a_cost_limit_pauses_the_session_before_the_next_model_call():
     class Priced:
         def __init__(self, *, model: str, options: dict[str, Any]) -> None:
             pass
@@ -385,7 +387,7 @@ def test_a_cost_limit_stops_the_session_before_the_next_model_call():
         result = run(store, session_id, agents=AgentRegistry([agent]))
     finally:
         PROVIDERS.pop("test-priced")
-    assert result.outcome == Outcome.FAILED
+    assert result.outcome == Outcome.PAUSED
     assert "cost limit of 0.05 reached (0.06 spent)" in result.error
 
 

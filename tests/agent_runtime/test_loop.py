@@ -215,7 +215,7 @@ def test_permanent_provider_error_is_not_retried():
     assert store.session(session_id).steps[-1].payload["permanent"] is True
 
 
-def test_step_limit_stops_the_session():
+def test_step_limit_pauses_the_session():
     agents = demo_agents(slow_delay=0)
     slow = agents.get("slow")
     limited = AgentRegistry(
@@ -224,7 +224,8 @@ def test_step_limit_stops_the_session():
     store = InMemoryStore()
     session_id = new_session(store, "slow", "count to 50")
     result = run(store, session_id, agents=limited)
-    assert result.outcome == Outcome.FAILED
+    assert result.outcome == Outcome.PAUSED
+    assert store.session(session_id).status == SessionStatus.PAUSED
     assert "step limit of 6 reached" in store.session(session_id).last_error
 
 

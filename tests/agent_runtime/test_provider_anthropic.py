@@ -91,7 +91,9 @@ def test_cached_input_counts_as_input(kit):
 
     turn = kit.provider().complete(HELLO, [], kit.settings)
 
-    assert turn.usage == Usage(input_tokens=1110, output_tokens=4)
+    assert turn.usage == Usage(
+        input_tokens=1110, output_tokens=4, cache_read_tokens=1000, cache_write_tokens=100
+    )
 
 
 def test_consecutive_tool_results_share_one_user_turn_results_first():
