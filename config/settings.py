@@ -285,6 +285,14 @@ RESPAWN_REDACT_SECRETS = [
 ]
 # Seconds one model call may take before it is abandoned and retried.
 RESPAWN_MODEL_TIMEOUT = env_float("RESPAWN_MODEL_TIMEOUT", 60.0)
+# Model prices (agent_runtime.pricing): inline JSON or a JSON file's path, over the
+# built-in table; the system check names a bad entry (respawn.E030).
+RESPAWN_PRICES = os.environ.get("RESPAWN_PRICES", "")
+# Prometheus metrics: `/metrics` on the web processes answers a staff user's session or
+# this bearer token (""): off unless one of them is given); each worker serves its own
+# process's metrics on RESPAWN_WORKER_METRICS_PORT (0: off).
+RESPAWN_METRICS_TOKEN = os.environ.get("RESPAWN_METRICS_TOKEN", "")
+RESPAWN_WORKER_METRICS_PORT = int(env_float("RESPAWN_WORKER_METRICS_PORT", 0))
 
 # --- Auth, i18n, static -----------------------------------------------------------------
 AUTH_PASSWORD_VALIDATORS = [

@@ -24,6 +24,7 @@ from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 from pydantic import AfterValidator, ConfigDict, WithJsonSchema
 
+from agent_runtime.loop import BUDGET_REACHED
 from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
@@ -42,6 +43,7 @@ from .validation import (
     StrictJSONParser,
     check_datetime,
     one_line,
+    parse_date,
     request_meta,
 )
 
@@ -238,10 +240,72 @@ def _known_agents(schema: dict[str, Any]) -> None:
 AgentName = Annotated[str, AfterValidator(one_line), Field(json_schema_extra=_known_agents)]
 
 
+class BudgetsIn(Schema):
+    """Limits for one session; a field left out keeps its value (the agent's limit at
+    start), null lifts a token, cost or time limit. Reaching one pauses the session."""
+
+    max_steps: int | None = Field(None, ge=1, le=10**9, description="steps of the trace")
+    max_tokens: int | None = Field(
+        None, ge=1, le=10**12, description="input + output tokens of every model call"
+    )
+    max_cost: float | None = Field(None, gt=0, le=10**9, description="US dollars")
+    max_seconds: float | None = Field(
+        None, gt=0, le=10**9, description="wall time from the session's start"
+    )
+
+    def given(self) -> dict[str, Any]:
+        return self.model_dump(exclude_unset=True)
+
+
 class StartIn(Schema):
     agent: AgentName = Field(min_length=1, max_length=100)
     input: RequiredText = Field(max_length=services.MAX_INPUT_CHARS)
     title: SingleLineText = Field("", max_length=300)
+    budgets: BudgetsIn | None = Field(None, description="this session's own limits")
+
+
+class SetBudgetsIn(BudgetsIn):
+    resume: bool = Field(True, description="queue a paused or failed session to continue")
+
+
+class BudgetOut(Schema):
+    name: str = Field(description="steps | tokens | cost | time (seconds)")
+    limit: float | None = Field(description="null: no limit")
+    used: float
+    reached: bool
+
+
+class BudgetsOut(Schema):
+    budgets: list[BudgetOut]
+    deadline_at: datetime | None = Field(description="when the wall-time budget ends")
+    paused_by: str | None = Field(description="the budget reached, if it paused the session")
+
+
+class UsageRowOut(Schema):
+    key: str = Field(description="the day (YYYY-MM-DD), agent or model (provider:model)")
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost: float = Field(description="US dollars")
+    unpriced_calls: int = Field(description="calls of models without a price (counted as 0)")
+
+
+class UsageTotalOut(Schema):
+    calls: int
+    tokens_in: int
+    tokens_out: int
+    cache_read_tokens: int
+    cache_write_tokens: int
+    cost: float
+    unpriced_calls: int
+
+
+class UsageOut(Schema):
+    group: str
+    items: list[UsageRowOut]
+    total: UsageTotalOut
 
 
 class MessageIn(Schema):
@@ -472,6 +536,7 @@ def start(request: HttpRequest, body: StartIn):
         agent=body.agent,
         input=body.input,
         title=body.title,
+        budgets=body.budgets.given() if body.budgets is not None else None,
         actor=request.auth,
         request_meta=_meta(request),
     )
@@ -733,6 +798,77 @@ def legal_hold(request: HttpRequest, session_id: UUID, body: HoldIn):
         request_meta=_meta(request),
     )
     return _detail(session)
+
+
+# --- Budgets and costs ------------------------------------------------------------------
+
+
+def _budgets_out(session: AgentSession) -> dict[str, Any]:
+    from .selectors import session_budgets
+
+    budgets = session_budgets(session)
+    paused_by = None
+    if session.status == Status.PAUSED and session.last_error.startswith(BUDGET_REACHED):
+        paused_by = next((b.name for b in budgets if b.reached), None)
+    return {
+        "budgets": [
+            {"name": b.name, "limit": b.limit, "used": float(b.used), "reached": b.reached}
+            for b in budgets
+        ],
+        "deadline_at": session.deadline_at,
+        "paused_by": paused_by,
+    }
+
+
+@api.get("/sessions/{session_id}/budgets", response={200: BudgetsOut, **ERRORS}, summary="Budgets")
+def budgets(request: HttpRequest, session_id: UUID):
+    """The session's limits as its next run sees them, beside what it has used."""
+    _require_view(request)
+    return _budgets_out(_get(session_id))
+
+
+@api.post(
+    "/sessions/{session_id}/budgets", response={200: BudgetsOut, **ERRORS}, summary="Set budgets"
+)
+def set_budgets(request: HttpRequest, session_id: UUID, body: SetBudgetsIn):
+    """Raise (or lower) the session's budgets; with `resume` (the default) a session a
+    budget paused is queued to continue. Audited; recorded in the trace."""
+    _require_operate(request)
+    changes = body.given()
+    changes.pop("resume", None)
+    session = services.session_set_budgets(
+        session_id=session_id,
+        budgets=changes,
+        resume=body.resume,
+        actor=request.auth,
+        request_meta=_meta(request),
+    )
+    return _budgets_out(session)
+
+
+@api.get("/usage", response={200: UsageOut, **ERRORS}, summary="Costs and usage")
+def usage(
+    request: HttpRequest,
+    group: str = Query("day", description="day | agent | model", max_length=10),
+    since: str | None = Query(None, description="first day (YYYY-MM-DD), inclusive"),
+    until: str | None = Query(None, description="last day (YYYY-MM-DD), inclusive"),
+    agent: str | None = Query(None, max_length=100, pattern=SINGLE_LINE_PATTERN),
+):
+    """What model calls used and cost, by day, agent or model, with the total. Kept when
+    retention deletes the sessions."""
+    from .selectors import BadFilter, usage_totals
+
+    _require_view(request)
+    try:
+        rows, total = usage_totals(
+            group=group,
+            since=parse_date(since, "since") if since else None,
+            until=parse_date(until, "until") if until else None,
+            agent=agent,
+        )
+    except (BadFilter, InvalidInput) as exc:
+        raise HttpError(400, str(exc)) from None
+    return {"group": group, "items": rows, "total": total}
 
 
 # --- Export and import ------------------------------------------------------------------

@@ -89,6 +89,26 @@ def check_retention(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     ]
 
 
+@checks.register("respawn")
+def check_prices(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """A price table that cannot be read is refused before a worker records a cost."""
+    from agent_runtime.pricing import PriceTableError, load_price_table
+
+    try:
+        load_price_table(settings.RESPAWN_PRICES)
+    except PriceTableError as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint='RESPAWN_PRICES: {"provider:model": {"input": 2.5, "output": 10, '
+                '"cache_read": 1.25, "cache_write": 0}} (US dollars per million tokens), '
+                "inline or in a file",
+                id="respawn.E030",
+            )
+        ]
+    return []
+
+
 def refuse_to_start_on_agent_errors() -> None:
     """For entry points that run no checks themselves (gunicorn through config.wsgi)."""
     errors = [m for m in check_agents() if m.is_serious()]

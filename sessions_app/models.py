@@ -113,6 +113,10 @@ class AgentSession(models.Model):
     legal_hold = models.BooleanField(default=False, db_default=False)
     legal_hold_note = ScrubbedCharField(max_length=300, blank=True, default="", db_default="")
     compacted_steps = models.PositiveIntegerField(default=0, db_default=0)
+    # The wall-time budget: the session is paused (not failed) at its next model call once
+    # this has passed; set at start (the API's budgets.max_seconds, else the agent's
+    # Limits.max_seconds), moved by an operator's "set budgets".
+    deadline_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
@@ -341,6 +345,38 @@ class StepSearch(models.Model):
         constraints = [
             # One row per chunk; also the indexer's high-water mark per session.
             models.UniqueConstraint(fields=["session", "chunk"], name="stepsearch_chunk_unique"),
+        ]
+
+
+class ModelUsage(models.Model):
+    """What the model calls of one session cost on one day with one model. Written by the
+    append that stores the model step (the same statement), so it is never ahead of or
+    behind the trace; one writer per session, so no two workers contend for a row. Not
+    tied to the session by a constraint: the totals outlive retention's deletes. Summed
+    by day, agent and model for the costs page, the API and /metrics."""
+
+    day = models.DateField()
+    session_id = models.UUIDField()
+    agent = models.CharField(max_length=100)
+    model = models.CharField(max_length=200)
+    calls = models.PositiveIntegerField(default=0)
+    tokens_in = models.BigIntegerField(default=0)
+    tokens_out = models.BigIntegerField(default=0)
+    cache_read_tokens = models.BigIntegerField(default=0)
+    cache_write_tokens = models.BigIntegerField(default=0)
+    cost = models.DecimalField(max_digits=14, decimal_places=6, default=0)
+    # Calls of a model the price table has no price for (their cost is counted as 0).
+    unpriced_calls = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["session_id", "day", "model"], name="usage_session_day_model"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["day"], name="usage_day"),
+            models.Index(fields=["agent", "day"], name="usage_agent_day"),
         ]
 
 

@@ -14,6 +14,7 @@ from django.core.exceptions import ImproperlyConfigured
 from agent_runtime.agents import AgentRegistry
 from agent_runtime.discovery import Discovery, discover
 from agent_runtime.loop import RunConfig
+from agent_runtime.pricing import PriceTable, load_price_table
 from agent_runtime.redaction import Redactor
 
 
@@ -62,8 +63,16 @@ def redactor() -> Redactor:
     )
 
 
+@functools.cache
+def price_table() -> PriceTable:
+    """The built-in prices with RESPAWN_PRICES applied (the system check has named any
+    problem with the setting before a worker starts)."""
+    return load_price_table(settings.RESPAWN_PRICES)
+
+
 def run_config() -> RunConfig:
     return RunConfig(
+        prices=price_table(),
         worker_id=worker_identity(),
         lease_ttl=settings.RESPAWN_LEASE_TTL,
         model_retries=settings.RESPAWN_MODEL_RETRIES,

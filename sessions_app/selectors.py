@@ -12,16 +12,26 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet, TextField
+from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum, TextField
 from django.db.models.functions import Cast, TruncHour
 from django.utils import timezone
 
 from agent_runtime.agents import version_key
 from agent_runtime.compat import session_problems
-from agent_runtime.state import SCHEMA_VERSION, describe_step
+from agent_runtime.loop import BUDGET_REACHED
+from agent_runtime.state import SCHEMA_VERSION, STATE_BUDGETS, describe_step
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
-from .models import FINAL, RUNNABLE, AgentSession, Checkpoint, Status, Step, StepSearch
+from .models import (
+    FINAL,
+    RUNNABLE,
+    AgentSession,
+    Checkpoint,
+    ModelUsage,
+    Status,
+    Step,
+    StepSearch,
+)
 from .runtime import agent_registry
 from .store import DjangoSessionStore
 from .validation import InvalidInput, check_datetime, parse_date
@@ -598,6 +608,9 @@ def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
             status=Status.WAITING_INPUT, updated_at__lt=cutoff
         ).exclude(id__in=uncertain),
         "incompatible": AgentSession.objects.filter(incompatible_at__isnull=False),
+        "budget": AgentSession.objects.filter(
+            status=Status.PAUSED, last_error__startswith=BUDGET_REACHED
+        ),
         "failed": AgentSession.objects.filter(status=Status.FAILED, updated_at__gte=recent),
     }
 
@@ -623,6 +636,11 @@ ATTENTION_SECTIONS = {
     "incompatible": (
         "Incompatible: no worker can load them",
         "Deploy code that can load them, then try again.",
+        "agent",
+    ),
+    "budget": (
+        "Paused by a budget: steps, tokens, cost or wall time used up",
+        "Open each: raise the budget that was reached and resume, or cancel it.",
         "agent",
     ),
     "failed": (
@@ -825,6 +843,112 @@ def head_state(session: AgentSession) -> dict[str, Any]:
         Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
     )
     return upgraded_state(checkpoint.state) if checkpoint else {}
+
+
+# --- Budgets and costs ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Budget:
+    name: str  # steps | tokens | cost | time
+    limit: Any  # None: no limit
+    used: Any
+    reached: bool
+
+    @property
+    def percent(self) -> int | None:
+        if self.limit in (None, 0) or not isinstance(self.limit, int | float):
+            return None
+        return min(100, int(float(self.used) * 100 / float(self.limit)))
+
+
+def session_budgets(session: AgentSession, state: dict[str, Any] | None = None) -> list[Budget]:
+    """The session's budgets as its next run will see them (the head checkpoint's, with
+    the set_budgets steps written after it) beside what it has used."""
+    state = head_state(session) if state is None else state
+    limits = dict(state.get("budgets") or {})
+    if not limits:  # no checkpoint yet: the agent's limits
+        registry = agent_registry()
+        if session.agent in registry:
+            agent_limits = registry.get(session.agent).limits
+            limits = {k: getattr(agent_limits, k) for k in STATE_BUDGETS}
+    for payload in (
+        Step.objects.filter(
+            session=session,
+            seq__gt=session.head,
+            kind="operator",
+            payload__action="set_budgets",
+            superseded_at__isnull=True,
+        )
+        .order_by("seq")
+        .values_list("payload", flat=True)
+    ):
+        limits.update({k: v for k, v in (payload.get("budgets") or {}).items() if k in limits})
+    tokens = session.tokens_in + session.tokens_out
+    cost = float(session.cost)
+    now = timezone.now()
+    deadline = session.deadline_at
+    out = [
+        Budget("steps", limits.get("max_steps"), session.step_count, False),
+        Budget("tokens", limits.get("max_tokens"), tokens, False),
+        Budget("cost", limits.get("max_cost"), round(cost, 6), False),
+        Budget(
+            "time",
+            None if deadline is None else (deadline - session.created_at).total_seconds(),
+            round((min(now, deadline or now) - session.created_at).total_seconds()),
+            False,
+        ),
+    ]
+    return [
+        Budget(b.name, b.limit, b.used, b.limit is not None and float(b.used) >= float(b.limit))
+        for b in out
+    ]
+
+
+USAGE_GROUPS = {"day": "day", "agent": "agent", "model": "model"}
+USAGE_FIELDS = (
+    "calls",
+    "tokens_in",
+    "tokens_out",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cost",
+    "unpriced_calls",
+)
+
+
+def usage_totals(
+    *,
+    group: str = "day",
+    since: date | None = None,
+    until: date | None = None,
+    agent: str | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """What model calls used and cost, summed by day, agent or model (rows, newest day or
+    largest cost first) and in all, between two days (inclusive)."""
+    if group not in USAGE_GROUPS:
+        raise BadFilter(f"group must be one of {', '.join(USAGE_GROUPS)}, got {group!r}")
+    rows = ModelUsage.objects.all()
+    if since is not None:
+        rows = rows.filter(day__gte=since)
+    if until is not None:
+        rows = rows.filter(day__lte=until)
+    if agent:
+        rows = rows.filter(agent=agent)
+    sums = {name: Sum(name) for name in USAGE_FIELDS}
+    grouped = rows.values(USAGE_GROUPS[group]).annotate(**sums)
+    grouped = grouped.order_by("-day") if group == "day" else grouped.order_by("-cost", group)
+    total = rows.aggregate(**sums)
+
+    def clean(row: dict[str, Any]) -> dict[str, Any]:
+        out = {name: row.get(name) or 0 for name in USAGE_FIELDS}
+        out["cost"] = float(out["cost"])
+        return out
+
+    return (
+        [{"key": str(row[group]), **clean(row)} for row in grouped],
+        clean(total),
+    )
 
 
 def upgraded_state(blob: Any) -> dict[str, Any]:

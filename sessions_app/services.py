@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -14,7 +15,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent_runtime.agents import UnknownAgent
-from agent_runtime.state import SCHEMA_VERSION, SessionState, instruction_payload, user_payload
+from agent_runtime.state import (
+    SCHEMA_VERSION,
+    STATE_BUDGETS,
+    SessionState,
+    budgets_payload,
+    instruction_payload,
+    user_payload,
+)
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state
 
 from . import dispatch
@@ -184,15 +192,113 @@ def _operator_edit(
     return session
 
 
+# --- Budgets -----------------------------------------------------------------------------
+
+BUDGET_FIELDS = (*STATE_BUDGETS, "max_seconds")
+# Which budgets may be lifted altogether (None); a step limit always stays.
+LIFTABLE = ("max_tokens", "max_cost", "max_seconds")
+
+
+def parse_budgets(raw: Any) -> dict[str, Any]:
+    """Budgets from a client: {max_steps, max_tokens, max_cost, max_seconds}, each
+    optional; None lifts a token, cost or time limit. ActionError names a bad one."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ActionError(f"budgets must be an object, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(BUDGET_FIELDS))
+    if unknown:
+        raise ActionError(
+            f"unknown budget(s) {', '.join(unknown)} (known: {', '.join(BUDGET_FIELDS)})"
+        )
+    out: dict[str, Any] = {}
+    for name, value in raw.items():
+        if value is None:
+            if name not in LIFTABLE:
+                raise ActionError(f"budgets.{name}: a step limit is required (a positive integer)")
+            out[name] = None
+            continue
+        whole = name in ("max_steps", "max_tokens")
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or value <= 0 or (whole and not isinstance(value, int)) or value != value:
+            kind = "a positive integer" if whole else "a positive number"
+            raise ActionError(f"budgets.{name}: expected {kind}, got {value!r}")
+        if value > 10**12:
+            raise ActionError(f"budgets.{name}: {value!r} is too large")
+        out[name] = value if whole else float(value)
+    return out
+
+
+def session_set_budgets(
+    *,
+    session_id: Any,
+    budgets: Any,
+    resume: bool = True,
+    actor: Actor = None,
+    request_meta: dict | None = None,
+) -> AgentSession:
+    """Change a session's budgets (raise them, most often, after one paused it): an
+    operator step the next run folds into its state, and the session row's deadline for
+    max_seconds (wall time counted from the session's start). With `resume`, a paused or
+    failed session is queued to continue."""
+    changes = parse_budgets(budgets)
+    if not changes:
+        raise ActionError("no budgets given (max_steps, max_tokens, max_cost, max_seconds)")
+
+    def prepare(session: AgentSession, who: ActorInfo) -> _Edit:
+        if session.status in RUNNABLE:
+            raise ActionError(
+                "cannot change the budgets of a queued or running session; cancel it or "
+                "wait for it to pause",
+                code="already_running",
+            )
+        if session.status == Status.CANCELLED:
+            raise ActionError("a cancelled session has no budgets to change", code="bad_status")
+        payload = budgets_payload(changes, who.label)
+        before: dict[str, Any] = {}
+        after: dict[str, Any] = {"budgets": changes}
+        if "max_seconds" in changes:
+            seconds = changes["max_seconds"]
+            deadline = None if seconds is None else session.created_at + timedelta(seconds=seconds)
+            if deadline is not None and deadline <= timezone.now():
+                raise ActionError(
+                    f"budgets.max_seconds: {seconds:g} s from the session's start "
+                    f"({session.created_at:%Y-%m-%d %H:%M:%S} UTC) has already passed; "
+                    "give a longer wall time",
+                )
+            before["deadline_at"] = session.deadline_at.isoformat() if session.deadline_at else None
+            session.deadline_at = deadline
+            payload["deadline"] = deadline.isoformat() if deadline else None
+            after["deadline_at"] = payload["deadline"]
+        queue = resume and session.status in (Status.PAUSED, Status.FAILED)
+        return _Edit(
+            payload=payload,
+            status=Status.QUEUED if queue else session.status,
+            last_error="" if queue else session.last_error,
+            before=before,
+            after=after,
+        )
+
+    return _operator_edit(
+        session_id=session_id,
+        action="set_budgets",
+        actor=actor,
+        request_meta=request_meta,
+        prepare=prepare,
+    )
+
+
 def session_start(
     *,
     agent: str,
     input: str,
     title: str = "",
+    budgets: Any = None,
     actor: Actor = None,
     request_meta: dict[str, Any] | None = None,
 ) -> AgentSession:
-    """Create a session with its first user step and queue it for a worker."""
+    """Create a session with its first user step and queue it for a worker. `budgets`
+    (parse_budgets) replace the agent's limits for this session."""
     agent = (agent or "").strip()
     try:
         definition = agent_registry().get(agent)
@@ -206,9 +312,16 @@ def session_start(
         raise ActionError("input must not be empty", code="empty_input")
     if len(text) > MAX_INPUT_CHARS:
         raise ActionError(f"input is longer than {MAX_INPUT_CHARS} characters", code="too_long")
+    limits = parse_budgets(budgets)
     who = _actor(actor)
     now = timezone.now()
     text = redactor().text(text)
+    seconds = limits.get("max_seconds", definition.limits.max_seconds)
+    state_budgets = {k: v for k, v in limits.items() if k in STATE_BUDGETS}
+    steps = [(Kind.USER, user_payload(text))]
+    if state_budgets:
+        # The session's own limits, folded into its state by its first run.
+        steps.append((Kind.OPERATOR, budgets_payload(state_budgets, who.label, "set at start")))
     with transaction.atomic():
         session = AgentSession.objects.create(
             agent=agent,
@@ -216,25 +329,31 @@ def session_start(
             title=redactor().text(title or text)[:300],
             status=Status.QUEUED,
             created_by=who.user,
-            last_seq=1,
-            step_count=1,
+            last_seq=len(steps),
+            step_count=len(steps),
+            deadline_at=now + timedelta(seconds=seconds) if seconds else None,
             created_at=now,
             updated_at=now,
         )
-        Step.objects.create(
-            session=session,
-            seq=1,
-            kind=Kind.USER,
-            payload=user_payload(text),
-            started_at=now,
-            finished_at=now,
-            created_at=now,
+        Step.objects.bulk_create(
+            [
+                Step(
+                    session=session,
+                    seq=seq,
+                    kind=kind,
+                    payload=payload,
+                    started_at=now,
+                    finished_at=now,
+                    created_at=now,
+                )
+                for seq, (kind, payload) in enumerate(steps, start=1)
+            ]
         )
         audit(
             actor=who,
             action="start",
             session=session,
-            after=_summary(session),
+            after={**_summary(session), **({"budgets": limits} if limits else {})},
             request_meta=request_meta,
         )
         dispatch.dispatch_on_commit(session)

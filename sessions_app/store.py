@@ -58,6 +58,7 @@ from .models import (
     Checkpoint,
     DemoBatch,
     DemoRecord,
+    ModelUsage,
     SideEffect,
     Status,
     Step,
@@ -67,6 +68,7 @@ from .redaction import scrub, scrubbed_json
 SESSION_TABLE = AgentSession._meta.db_table
 STEP_TABLE = Step._meta.db_table
 CHECKPOINT_TABLE = Checkpoint._meta.db_table
+USAGE_TABLE = ModelUsage._meta.db_table
 PREPARE_ON_REQUEST_ONLY = 2**31
 # How stale a running session's updated_at may get between two of its steps.
 UPDATED_AT_RESOLUTION = timedelta(seconds=1)
@@ -129,6 +131,27 @@ def _session_has(column: str) -> bool:
         if {f.column for f in AgentSession._meta.concrete_fields} <= columns:
             _SESSION_COLUMNS[key] = columns
     return column in columns
+
+
+def model_usage(steps: Sequence[NewStep]) -> list[tuple[Any, ...]]:
+    """The model steps among `steps`, summed by model: (model, calls, tokens in, tokens
+    out, cache-read tokens, cache-write tokens, cost, unpriced calls)."""
+    by_model: dict[str, list[Any]] = {}
+    for step in steps:
+        if step.kind != StepKind.MODEL:
+            continue
+        usage = step.payload.get("usage") or {}
+        row = by_model.setdefault(
+            str(step.payload.get("model") or "")[:200], [0, 0, 0, 0, 0, Decimal(0), 0]
+        )
+        row[0] += 1
+        row[1] += step.tokens_in
+        row[2] += step.tokens_out
+        row[3] += int(usage.get("cache_read_tokens") or 0)
+        row[4] += int(usage.get("cache_write_tokens") or 0)
+        row[5] += Decimal(str(usage.get("cost") or 0))
+        row[6] += 1 if usage.get("unpriced") else 0
+    return [(model, *row) for model, row in by_model.items()]
 
 
 def _json(value: Any) -> Any:
@@ -281,9 +304,10 @@ class DjangoSessionStore:
         the whole load, which upgrades every step or names the one it cannot load."""
         version_column = "s.agent_version" if _session_has("agent_version") else "''"
         compacted_column = "s.compacted_steps" if _session_has("compacted_steps") else "0"
+        deadline_column = "s.deadline_at" if _session_has("deadline_at") else "NULL"
         row = _execute_prepared(
             f"SELECT s.agent, s.status, s.head, s.last_seq, c.seq, c.state, c.reason,"
-            f" {version_column}, {compacted_column}"
+            f" {version_column}, {compacted_column}, {deadline_column}"
             f" FROM {SESSION_TABLE} s LEFT JOIN LATERAL (SELECT seq, state, reason"
             f"  FROM {CHECKPOINT_TABLE} WHERE session_id = s.id AND seq = s.head"
             "  ORDER BY id DESC LIMIT 1) c ON s.head > 0"
@@ -292,9 +316,18 @@ class DjangoSessionStore:
         )
         if row is None:
             raise SessionNotFound(session_id)
-        agent, status, _head, last_seq, checkpoint_seq, state, reason, agent_version, compacted = (
-            row
-        )
+        (
+            agent,
+            status,
+            _head,
+            last_seq,
+            checkpoint_seq,
+            state,
+            reason,
+            agent_version,
+            compacted,
+            deadline,
+        ) = row
         checkpoint = None
         applied: tuple[str, ...] = ()
         if checkpoint_seq is not None:
@@ -348,6 +381,7 @@ class DjangoSessionStore:
             step_versions=versions,
             history_from=start,
             agent_version=agent_version,
+            deadline=deadline,
         )
 
     def _live_steps(self, session_id: str, start: int) -> tuple[list[StepRecord], dict[int, int]]:
@@ -385,8 +419,9 @@ class DjangoSessionStore:
         # Only the columns a load needs: `check_state_compat` runs this with the next
         # release's code before that release's migrations, when newer columns don't exist.
         columns = ["id", "agent", "status", "head", "last_seq"]
-        if _session_has("agent_version"):
-            columns.append("agent_version")
+        for newer in ("agent_version", "deadline_at"):
+            if _session_has(newer):
+                columns.append(newer)
         try:
             session = AgentSession.objects.only(*columns).get(id=session_id)
         except AgentSession.DoesNotExist:
@@ -432,6 +467,7 @@ class DjangoSessionStore:
             upgraders_applied=applied,
             step_versions=versions,
             agent_version=session.agent_version if _session_has("agent_version") else "",
+            deadline=session.deadline_at if _session_has("deadline_at") else None,
         )
 
     def append(
@@ -543,7 +579,7 @@ class DjangoSessionStore:
         sql = [
             f"WITH fenced AS (UPDATE {SESSION_TABLE} SET {', '.join(sets)}"
             " WHERE id = %s::uuid AND fencing_token = %s AND lease_owner = %s"
-            " RETURNING last_seq, cancel_requested)",
+            " RETURNING last_seq, cancel_requested, agent)",
             f", new_steps AS (INSERT INTO {STEP_TABLE} (session_id, seq, kind, payload,"
             " schema_version, started_at, finished_at, tokens_in, tokens_out, idempotency_key,"
             " created_at)"
@@ -566,6 +602,39 @@ class DjangoSessionStore:
                 checkpoint.reason.value,
                 now,
             ]
+        usage = model_usage(steps)
+        if usage:
+            # What the model calls cost, on the session's row of the day (one writer per
+            # session: no contention between workers).
+            values = ", ".join(
+                [
+                    "(%s::varchar, %s::integer, %s::bigint, %s::bigint, %s::bigint, %s::bigint,"
+                    " %s::numeric, %s::integer)"
+                ]
+                * len(usage)
+            )
+            sql.append(
+                f", usage AS (INSERT INTO {USAGE_TABLE} (day, session_id, agent, model, calls,"
+                " tokens_in, tokens_out, cache_read_tokens, cache_write_tokens, cost,"
+                " unpriced_calls)"
+                " SELECT %s::date, %s::uuid, fenced.agent, v.model, v.calls, v.tokens_in,"
+                " v.tokens_out, v.cache_read, v.cache_write, v.cost, v.unpriced"
+                f" FROM fenced, (VALUES {values}) AS v (model, calls, tokens_in, tokens_out,"
+                " cache_read, cache_write, cost, unpriced)"
+                " ON CONFLICT (session_id, day, model) DO UPDATE SET"
+                f" calls = {USAGE_TABLE}.calls + EXCLUDED.calls,"
+                f" tokens_in = {USAGE_TABLE}.tokens_in + EXCLUDED.tokens_in,"
+                f" tokens_out = {USAGE_TABLE}.tokens_out + EXCLUDED.tokens_out,"
+                f" cache_read_tokens = {USAGE_TABLE}.cache_read_tokens"
+                " + EXCLUDED.cache_read_tokens,"
+                f" cache_write_tokens = {USAGE_TABLE}.cache_write_tokens"
+                " + EXCLUDED.cache_write_tokens,"
+                f" cost = {USAGE_TABLE}.cost + EXCLUDED.cost,"
+                f" unpriced_calls = {USAGE_TABLE}.unpriced_calls + EXCLUDED.unpriced_calls)"
+            )
+            params += [now.date(), lease.session_id]
+            for row in usage:
+                params += list(row)
         sql.append(" SELECT last_seq, cancel_requested FROM fenced")
         row = _execute_prepared("".join(sql), params)
         if row is None:
@@ -663,6 +732,27 @@ class DjangoSessionStore:
                     reason=checkpoint.reason.value,
                     created_at=now,
                 )
+            usage = model_usage(steps)
+            if usage:
+                agent = AgentSession.objects.filter(id=lease.session_id).values_list(
+                    "agent", flat=True
+                )[0]
+                for model, calls, t_in, t_out, c_read, c_write, cost, unpriced in usage:
+                    row, _ = ModelUsage.objects.get_or_create(
+                        session_id=lease.session_id,
+                        day=now.date(),
+                        model=model,
+                        defaults={"agent": agent},
+                    )
+                    ModelUsage.objects.filter(pk=row.pk).update(
+                        calls=F("calls") + calls,
+                        tokens_in=F("tokens_in") + t_in,
+                        tokens_out=F("tokens_out") + t_out,
+                        cache_read_tokens=F("cache_read_tokens") + c_read,
+                        cache_write_tokens=F("cache_write_tokens") + c_write,
+                        cost=F("cost") + cost,
+                        unpriced_calls=F("unpriced_calls") + unpriced,
+                    )
         return AppendResult(
             seqs=list(range(first, last_seq + 1)), cancel_requested=cancel_requested
         )
