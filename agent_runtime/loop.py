@@ -43,6 +43,15 @@ from .state import (
     tool_ok,
 )
 from .store import EffectLedger, Lease, LeaseLost, SessionHead, SessionStore, utcnow
+from .telemetry import (
+    NO_TELEMETRY,
+    ModelCallRecord,
+    RunRecord,
+    Telemetry,
+    ToolCallRecord,
+    guarded,
+    observe,
+)
 from .tools import ToolContext, ToolOutcome
 from .upgraders import IncompatibleSchemaError
 
@@ -76,6 +85,8 @@ class RunConfig:
     max_branch_attempts: int = 3
     # What model calls cost when their provider does not say (agent_runtime.pricing).
     prices: PriceTable = field(default_factory=lambda: load_price_table(""))
+    # Where runs, model and tool calls and writes are reported (agent_runtime.telemetry).
+    telemetry: Telemetry = NO_TELEMETRY
 
 
 class Outcome(enum.StrEnum):
@@ -508,6 +519,7 @@ class _Run:
         self.heartbeat: Heartbeat | None = None
         self.started_on = head.agent_version
         self.deadline = head.deadline
+        self.record = RunRecord(head.session_id, agent.name, agent.version, config.worker_id)
         self.state = replay(head, agent)
 
     # -- writing -------------------------------------------------------------------------
@@ -563,6 +575,7 @@ class _Run:
             for record in records:
                 apply_step(self.state, record)
             new_checkpoint = NewCheckpoint(state=self.state)
+        began = time.perf_counter()
         try:
             result = self.store.append(
                 self.lease,
@@ -587,6 +600,13 @@ class _Run:
                 f"session {self.session_id}: expected seqs {expected}, got {result.seqs}"
             )
         self.last_seq = records[-1].seq
+        guarded(
+            self.config.telemetry.steps_written,
+            self.record,
+            [r.kind for r in records],
+            time.perf_counter() - began,
+            self.last_seq if checkpoint else None,
+        )
         self.history.extend(records)
         if self._conversation is not None:
             for record in records:
@@ -730,6 +750,7 @@ class _Run:
         """A budget is used up: not a failure. The session pauses with the reason (shown
         in "needs attention"); raising the budget and resuming continues it here."""
         error = f"{BUDGET_REACHED}: {message}"
+        guarded(self.config.telemetry.budget_reached, self.record, budget)
         self.append(
             NewStep(
                 kind=StepKind.SYSTEM,
@@ -767,13 +788,17 @@ class _Run:
             )
         messages = conversation.messages
         started = utcnow()
-        turn = self._complete_with_retries(provider, messages, settings, spec)
-        payload = model_payload(
-            turn.text,
-            [c.to_dict() for c in turn.tool_calls],
-            usage_record(turn.usage, self.config.prices, spec, model_name),
-            spec,
-        )
+        call = ModelCallRecord(self.record, spec.partition(":")[0], model_name)
+        with observe(self.config.telemetry, "model_call", call):
+            turn = self._complete_with_retries(provider, messages, settings, spec)
+            usage = usage_record(turn.usage, self.config.prices, spec, model_name)
+            call.input_tokens = turn.usage.input_tokens
+            call.output_tokens = turn.usage.output_tokens
+            call.cache_read_tokens = turn.usage.cache_read_tokens
+            call.cache_write_tokens = turn.usage.cache_write_tokens
+            call.cost = None if usage.get("unpriced") else usage["cost"]
+            call.finish = "tool_calls" if turn.tool_calls else "stop"
+        payload = model_payload(turn.text, [c.to_dict() for c in turn.tool_calls], usage, spec)
         step = NewStep(
             kind=StepKind.MODEL,
             payload=payload,
@@ -1020,31 +1045,38 @@ class _Run:
                     )
                 )
             started = utcnow()
+            observed = ToolCallRecord(self.record, call.name, call.id)
             if tool is None:
                 known = ", ".join(t.name for t in self.agent.tools) or "none"
                 outcome = ToolOutcome(
                     ok=False, error=f"unknown tool {call.name!r} (available: {known})"
                 )
             else:
-                outcome = tool.run(
-                    lambda attempt, call=call, key=key, call_seq=call_seq: ToolContext(
-                        session_id=self.session_id,
-                        call_id=call.id,
-                        seq=call_seq,
-                        idempotency_key=key,
-                        attempt=attempt,
-                        effects=self.effects,
-                        records=self.records,
-                        options=self.config.tool_options,
-                        agent_name=self.agent.name,
-                        agent_version=self.agent.version,
-                        agent_state=self.state.agent_state,
-                        progress=progress_sink(self.store, self.lease),
-                    ),
-                    call.arguments,
-                )
+                with observe(self.config.telemetry, "tool_call", observed):
+                    outcome = self._run_tool(tool, call, key, call_seq)
+                    observed.ok, observed.error = outcome.ok, outcome.error
+                    observed.attempts = outcome.attempts
             self.record_result(call, outcome, started=started, checkpoint=boundary)
         return None
+
+    def _run_tool(self, tool: Any, call: ToolCall, key: str, call_seq: int) -> ToolOutcome:
+        return tool.run(
+            lambda attempt: ToolContext(
+                session_id=self.session_id,
+                call_id=call.id,
+                seq=call_seq,
+                idempotency_key=key,
+                attempt=attempt,
+                effects=self.effects,
+                records=self.records,
+                options=self.config.tool_options,
+                agent_name=self.agent.name,
+                agent_version=self.agent.version,
+                agent_state=self.state.agent_state,
+                progress=progress_sink(self.store, self.lease),
+            ),
+            call.arguments,
+        )
 
     def record_result(
         self,
@@ -1191,15 +1223,33 @@ def run_session(
         store.release(lease)
         return RunResult(session_id, Outcome.INCOMPATIBLE, error=str(exc))
     interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
-    try:
-        with Heartbeat(store, lease, config.lease_ttl, interval) as heartbeat:
-            run.heartbeat = heartbeat
-            return run.run(head, agent_state, upgraders)
-    except _Stop as stop:
-        return stop.result
-    except LeaseLost as exc:
-        log.warning("session %s: %s; stopping without writing", session_id, exc)
-        return RunResult(session_id, Outcome.LEASE_LOST, error=str(exc))
+    record = run.record
+    if lease.crashes > 0:
+        # A takeover of an expired lease: the run before died (or froze) mid-turn.
+        record.recovering = True
+        record.recovery_seconds = _since_last_step(head)
+    with observe(config.telemetry, "run", record):
+        try:
+            with Heartbeat(store, lease, config.lease_ttl, interval) as heartbeat:
+                run.heartbeat = heartbeat
+                result = run.run(head, agent_state, upgraders)
+        except _Stop as stop:
+            result = stop.result
+        except LeaseLost as exc:
+            log.warning("session %s: %s; stopping without writing", session_id, exc)
+            guarded(config.telemetry.fenced, record, "append")
+            result = RunResult(session_id, Outcome.LEASE_LOST, error=str(exc))
+        record.outcome, record.error = result.outcome.value, result.error
+    return result
+
+
+def _since_last_step(head: SessionHead) -> float | None:
+    """Seconds from the last durable step of `head` to now (None: no step has a time)."""
+    for step in reversed(head.history):
+        stamp = step.finished_at or step.started_at
+        if stamp is not None:
+            return max(0.0, (utcnow() - stamp).total_seconds())
+    return None
 
 
 # --- Fan-out branches -------------------------------------------------------------------

@@ -275,7 +275,11 @@ RESPAWN_REDACT_PATTERNS = [
 # provider keys, this deployment's own credentials, and the environment variables named
 # in RESPAWN_REDACT_ENV (values, or NAME_FILE files, from the deployment's secret store).
 RESPAWN_REDACT_ENV = env_list("RESPAWN_REDACT_ENV", [])
+# `/metrics` answers this bearer token (or NAME_FILE's), an API token of a viewer, or a
+# logged-in viewer.
+RESPAWN_METRICS_TOKEN = env_secret("RESPAWN_METRICS_TOKEN")
 RESPAWN_REDACT_SECRETS = [
+    RESPAWN_METRICS_TOKEN,
     OPENAI_API_KEY,
     ANTHROPIC_API_KEY,
     SECRET_KEY if SECRET_KEY != DEVELOPMENT_SECRET_KEY else "",
@@ -288,10 +292,8 @@ RESPAWN_MODEL_TIMEOUT = env_float("RESPAWN_MODEL_TIMEOUT", 60.0)
 # Model prices (agent_runtime.pricing): inline JSON or a JSON file's path, over the
 # built-in table; the system check names a bad entry (respawn.E030).
 RESPAWN_PRICES = os.environ.get("RESPAWN_PRICES", "")
-# Prometheus metrics: `/metrics` on the web processes answers a staff user's session or
-# this bearer token (""): off unless one of them is given); each worker serves its own
-# process's metrics on RESPAWN_WORKER_METRICS_PORT (0: off).
-RESPAWN_METRICS_TOKEN = os.environ.get("RESPAWN_METRICS_TOKEN", "")
+# Each worker serves its own process's Prometheus metrics on this port (0: off; the next
+# free port when several workers share a host).
 RESPAWN_WORKER_METRICS_PORT = int(env_float("RESPAWN_WORKER_METRICS_PORT", 0))
 
 # --- Auth, i18n, static -----------------------------------------------------------------

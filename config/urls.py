@@ -17,6 +17,7 @@ urlpatterns = [
     path("admin/rq/", include((queues_admin.urlpatterns(), queues_admin.APP_NAME))),
     path("admin/", admin.site.urls),
     path("api/", api.urls),
+    path("metrics", session_views.metrics, name="metrics"),
 ]
 
 # Error pages in the dashboard's own style (and as fragments for htmx requests).

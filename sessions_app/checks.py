@@ -109,6 +109,25 @@ def check_prices(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     return []
 
 
+@checks.register("respawn")
+def check_tracing(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """OTEL_* variables that ask for traces this installation cannot send."""
+    from .telemetry import otel_requested, tracer_from_environment
+
+    if not otel_requested():
+        return []
+    try:
+        tracer_from_environment()
+    except ImportError as exc:
+        problem = f"the OpenTelemetry SDK is not installed ({exc.name or exc})"
+        hint = 'pip install "respawn[otel]", or unset OTEL_TRACES_EXPORTER and the OTLP endpoint'
+    except ValueError as exc:
+        problem, hint = str(exc), "OTEL_TRACES_EXPORTER=otlp (or console)"
+    else:
+        return []
+    return [checks.Error(f"traces are asked for, but {problem}", hint=hint, id="respawn.E031")]
+
+
 def refuse_to_start_on_agent_errors() -> None:
     """For entry points that run no checks themselves (gunicorn through config.wsgi)."""
     errors = [m for m in check_agents() if m.is_serious()]

@@ -186,5 +186,8 @@ def reconcile(*, limit: int | None = None) -> list[str]:
         if won and enqueue(session_id, new_id):
             dispatched.append(str(session_id))
     if dispatched:
+        from .telemetry import DISPATCHES
+
+        DISPATCHES.inc(len(dispatched))
         log.info("reconciler dispatched %d session(s): %s", len(dispatched), ", ".join(dispatched))
     return dispatched

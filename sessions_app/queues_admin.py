@@ -45,6 +45,7 @@ ACTING_VIEWS = {
 UNMOUNTED_VIEWS = {views.scheduler_jobs}
 MOUNTED_VIEWS = {
     stats_views.stats,
+    stats_views.prometheus_metrics,
     views.jobs,
     views.queue_details,
     views.finished_jobs,
@@ -90,7 +91,12 @@ def _guard(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
 
 
 def urlpatterns() -> list[URLPattern]:
-    mounted = [re_path(r"^stats.json/?$", _guard(stats_views.stats_json), name="home_json")]
+    mounted = [
+        re_path(r"^stats.json/?$", _guard(stats_views.stats_json), name="home_json"),
+        # The queues' Prometheus metrics (rq_jobs, rq_workers), linked from the stats page;
+        # Respawn's own are at /metrics.
+        re_path(r"^metrics/?$", _guard(stats_views.prometheus_metrics), name="metrics"),
+    ]
     for pattern in get_admin_urlpatterns(view_wrapper=_guard):
         view = pattern.callback.rq_view
         if view in UNMOUNTED_VIEWS:

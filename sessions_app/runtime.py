@@ -4,6 +4,7 @@ translates settings into agent_runtime's dataclasses."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 import uuid
@@ -16,6 +17,9 @@ from agent_runtime.discovery import Discovery, discover
 from agent_runtime.loop import RunConfig
 from agent_runtime.pricing import PriceTable, load_price_table
 from agent_runtime.redaction import Redactor
+from agent_runtime.telemetry import Telemetry, combine
+
+log = logging.getLogger("respawn.runtime")
 
 
 @functools.cache
@@ -70,9 +74,27 @@ def price_table() -> PriceTable:
     return load_price_table(settings.RESPAWN_PRICES)
 
 
+@functools.cache
+def telemetry() -> Telemetry:
+    """This process's metrics (always counted; served by workers on
+    RESPAWN_WORKER_METRICS_PORT) and, when the OTEL_* variables ask for them, traces."""
+    from .telemetry import OpenTelemetryTelemetry, PrometheusTelemetry, tracer_from_environment
+
+    parts: list[Telemetry] = [PrometheusTelemetry()]
+    try:
+        tracer = tracer_from_environment()
+    except (ImportError, ValueError) as exc:  # the system check (respawn.E031) names it
+        log.error("OpenTelemetry traces are off: %s", exc)
+        tracer = None
+    if tracer is not None:
+        parts.append(OpenTelemetryTelemetry(tracer))
+    return combine(parts)
+
+
 def run_config() -> RunConfig:
     return RunConfig(
         prices=price_table(),
+        telemetry=telemetry(),
         worker_id=worker_identity(),
         lease_ttl=settings.RESPAWN_LEASE_TTL,
         model_retries=settings.RESPAWN_MODEL_RETRIES,

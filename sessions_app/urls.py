@@ -11,6 +11,7 @@ urlpatterns = [
     path("charts/", views.list_charts, name="charts"),
     path("attention/", views.attention, name="attention"),
     path("agents/", views.agents, name="agents"),
+    path("costs/", views.costs, name="costs"),
     path("import/", views.session_import, name="import"),
     path("<uuid:session_id>/", views.session_detail, name="detail"),
     path("<uuid:session_id>/panel/", views.session_header, name="panel"),

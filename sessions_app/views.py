@@ -4,6 +4,7 @@ reading works without JavaScript; mutations are POST only and go through `servic
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
 from uuid import UUID
@@ -16,6 +17,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.http import (
     HttpResponseClientRedirect,
@@ -23,11 +25,13 @@ from django_htmx.http import (
     trigger_client_event,
 )
 
+from agent_runtime.loop import BUDGET_REACHED
+
 from . import charts, search, selectors, services, trace
 from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Checkpoint, Status, Step
 from .permissions import can_operate, can_view
 from .presenters import TraceContext, diff_states, status_view
-from .validation import InvalidInput, load_json, parse_int, request_meta
+from .validation import InvalidInput, load_json, parse_date, parse_int, request_meta
 
 PAGE_SIZE = 50
 BULK_LIMIT = 1000
@@ -386,6 +390,11 @@ def _detail_context(
             .order_by("-seq")
             .values_list("seq", "payload__name")[:50]
         )
+    if part in ("page", "panel", "header", "actions"):
+        context["budgets"] = selectors.session_budgets(session, state)
+        context["paused_by_budget"] = session.status == Status.PAUSED and (
+            session.last_error.startswith(BUDGET_REACHED)
+        )
     if part in ("page", "panel", "header"):
         context["failures"] = trace.failures(session)
     if part != "page":
@@ -717,6 +726,18 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
                 request_meta=meta,
             )
             text = f"Result of step {seq} corrected (an operator step); the session is queued."
+        elif action == "budgets":
+            changes = _budget_fields(post)
+            services.session_set_budgets(
+                session_id=session.id,
+                budgets=changes,
+                resume=post.get("resume") == "on",
+                actor=who,
+                request_meta=meta,
+            )
+            text = "Budgets set" + (
+                "; the session is queued." if post.get("resume") == "on" else "."
+            )
         elif action in ("hold", "release"):
             services.session_set_legal_hold(
                 session_id=session.id,
@@ -737,6 +758,26 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
             request, session, ok=False, text=str(exc), status=ACTION_STATUS.get(exc.code, 400)
         )
     return _action_response(request, session, ok=True, text=text)
+
+
+def _budget_fields(post: Any) -> dict[str, Any]:
+    """The budgets a form gives: a field left empty is unchanged, `none` lifts the limit."""
+    changes: dict[str, Any] = {}
+    for name in services.BUDGET_FIELDS:
+        raw = (post.get(name) or "").strip()
+        if not raw:
+            continue
+        if raw.lower() == "none":
+            changes[name] = None
+            continue
+        try:
+            changes[name] = int(raw) if name in ("max_steps", "max_tokens") else float(raw)
+        except ValueError:
+            kind = "a whole number" if name in ("max_steps", "max_tokens") else "a number"
+            raise services.ActionError(
+                f"{name.replace('_', ' ')}: expected {kind} or 'none', got {raw[:40]!r}"
+            ) from None
+    return changes
 
 
 def _int(raw: str | None, what: str) -> int:
@@ -798,6 +839,7 @@ def audit_log(request: HttpRequest) -> HttpResponse:
             "error": error,
             "actions": [
                 "start",
+                "set_budgets",
                 "resume",
                 "cancel",
                 "rollback",
@@ -891,6 +933,50 @@ def agents(request: HttpRequest) -> HttpResponse:
     )
 
 
+COST_WINDOW_DAYS = 30
+
+
+@login_required
+@require_GET
+def costs(request: HttpRequest) -> HttpResponse:
+    """What model calls cost: by day, agent or model, over a window of days (the last
+    COST_WINDOW_DAYS by default), with the totals; kept when sessions are deleted."""
+    _require_view(request)
+    group = request.GET.get("group", "day")
+    today = timezone.now().date()
+    error = None
+    try:
+        since = parse_date(request.GET["since"], "since") if request.GET.get("since") else None
+        until = parse_date(request.GET["until"], "until") if request.GET.get("until") else None
+        if since is None:
+            since = (until or today) - timedelta(days=COST_WINDOW_DAYS - 1)
+        rows, total = selectors.usage_totals(
+            group=group, since=since, until=until, agent=request.GET.get("agent") or None
+        )
+    except (InvalidInput, selectors.BadFilter) as exc:
+        error, rows, total, since, until = str(exc), [], {}, None, None
+        group = "day"
+    peak = max((row["cost"] for row in rows), default=0) or 1
+    for row in rows:
+        row["share"] = round(row["cost"] * 100 / peak)
+    return render(
+        request,
+        "sessions/costs.html",
+        {
+            "group": group,
+            "groups": list(selectors.USAGE_GROUPS),
+            "rows": rows,
+            "total": total,
+            "since": since,
+            "until": until or today,
+            "agent": request.GET.get("agent", ""),
+            "error": error,
+            "prices_overridden": bool(settings.RESPAWN_PRICES),
+        },
+        status=400 if error else 200,
+    )
+
+
 @login_required
 @require_GET
 def attention(request: HttpRequest) -> HttpResponse:
@@ -974,3 +1060,49 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
         "try again (nothing was changed).",
         403,
     )
+
+
+# --- Prometheus ------------------------------------------------------------------------
+
+
+@never_cache
+@require_GET
+def metrics(request: HttpRequest) -> HttpResponse:
+    """The deployment's metrics for Prometheus (sessions_app.telemetry). Scraped with
+    `Authorization: Bearer <RESPAWN_METRICS_TOKEN>` or an API token of a user who may view
+    sessions; a logged-in viewer may read it in a browser."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from .telemetry import deployment_metrics
+
+    if not _may_scrape(request):
+        response = HttpResponse(
+            "metrics need a bearer token (RESPAWN_METRICS_TOKEN or an API token)\n",
+            status=401,
+            content_type="text/plain",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="respawn metrics"'
+        return response
+    return HttpResponse(deployment_metrics(), content_type=CONTENT_TYPE_LATEST)
+
+
+def _may_scrape(request: HttpRequest) -> bool:
+    from hmac import compare_digest
+
+    from .models import ApiToken
+
+    if request.user.is_authenticated and can_view(request.user):
+        return True
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return False
+    configured = settings.RESPAWN_METRICS_TOKEN
+    if configured and compare_digest(configured.encode(), token.encode()):
+        return True
+    found = (
+        ApiToken.objects.select_related("user")
+        .filter(key_hash=ApiToken.hash(token), revoked_at__isnull=True)
+        .first()
+    )
+    return found is not None and found.user.is_active and can_view(found.user)

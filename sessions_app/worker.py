@@ -122,6 +122,10 @@ class RespawnWorker(SimpleWorker):
                 settings.RESPAWN_RECONCILE_INTERVAL, watch=settings.RESPAWN_LEASE_TTL / 2
             )
             reconciler.start()
+        if settings.RESPAWN_WORKER_METRICS_PORT > 0:
+            from .telemetry import serve_worker_metrics
+
+            serve_worker_metrics(settings.RESPAWN_WORKER_METRICS_PORT)
         indexer = None
         if settings.RESPAWN_SEARCH_INTERVAL > 0:
             indexer = SearchIndexer(settings.RESPAWN_SEARCH_INTERVAL)

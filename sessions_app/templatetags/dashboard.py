@@ -46,6 +46,19 @@ def cost(value: Any) -> str:
 
 
 @register.filter
+def budget_amount(value: Any, name: str) -> str:
+    """A budget's limit or use in its own unit: steps and tokens counted, cost in
+    dollars, time as a duration; "no limit" for None."""
+    if value is None:
+        return "no limit"
+    if name == "cost":
+        return "$" + (format_cost(value) or "0")
+    if name == "time":
+        return format_duration(float(value))
+    return format_count(value)
+
+
+@register.filter
 def status_label(status: str) -> str:
     """A status in plain language: "waiting_input" -> "Waiting for a person"."""
     return STATUS_TEXT.get(status, (status, ""))[0]

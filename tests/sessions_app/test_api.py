@@ -14,24 +14,6 @@ from sessions_app.store import DjangoEffects, DjangoSessionStore
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def tokens(users):
-    return {role: ApiToken.issue(user)[1] for role, user in users.items()}
-
-
-@pytest.fixture
-def call(client, tokens):
-    def request(method, path, role="operator", body=None, token=None, **extra):
-        headers = {"HTTP_AUTHORIZATION": f"Bearer {token or tokens[role]}"}
-        if body is None:
-            return getattr(client, method)(path, **headers, **extra)
-        return getattr(client, method)(
-            path, body, content_type="application/json", **headers, **extra
-        )
-
-    return request
-
-
 def run_inline(session_id):
     return run_session(
         str(session_id),

@@ -16,7 +16,6 @@ from sessions_app.models import AgentSession, AuditEvent, ModelUsage, Step
 from sessions_app.selectors import attention_section, session_budgets
 
 from ..conftest import run_inline
-from .test_api import call, tokens  # noqa: F401 - fixtures
 
 # Committed as a worker's would be: a run's heartbeat reads the session on a connection
 # of its own.
@@ -32,7 +31,7 @@ def priced(settings):
     runtime.price_table.cache_clear()
 
 
-def start(call, body):  # noqa: F811 - `call` is the fixture
+def start(call, body):
     response = call("post", "/api/sessions", body=body)
     assert response.status_code == 201, response.content
     return AgentSession.objects.get(id=response.json()["id"])
