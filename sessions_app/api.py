@@ -22,7 +22,7 @@ from ninja import Field, NinjaAPI, Query, Schema
 from ninja import Status as Reply
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
-from pydantic import AfterValidator, ConfigDict, WithJsonSchema
+from pydantic import AfterValidator, ConfigDict, WithJsonSchema, model_validator
 
 from agent_runtime.loop import BUDGET_REACHED
 from agent_runtime.state import SCHEMA_VERSION
@@ -72,7 +72,31 @@ class BearerToken(HttpBearer):
         return found.user
 
 
-api = NinjaAPI(
+class RespawnAPI(NinjaAPI):
+    def get_openapi_schema(self, **kwargs: Any) -> Any:
+        schema = super().get_openapi_schema(**kwargs)
+        for item in schema.get("paths", {}).values():
+            for operation in item.values():
+                for parameter in operation.get("parameters", []):
+                    if parameter.get("in") == "query" and not parameter.get("required"):
+                        parameter["schema"] = _without_null(parameter["schema"])
+        return schema
+
+
+def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """An optional query parameter is left out, never null (a query string has no null):
+    its schema is the one of its value."""
+    branches = schema.get("anyOf")
+    if not branches:
+        return schema
+    values = [b for b in branches if b != {"type": "null"}]
+    if len(values) != 1 or len(values) == len(branches):
+        return schema
+    rest = {k: v for k, v in schema.items() if k != "anyOf"}
+    return {**values[0], **rest}
+
+
+api = RespawnAPI(
     title="Respawn API",
     version="1",
     description="Start, follow and steer durable agent sessions.",
@@ -230,6 +254,12 @@ class StepPage(Schema):
     next: int | None = Field(description="pass as `after` for the next page; null when done")
 
 
+# A day as the dashboard's filters take it (validation.parse_date: 1900 to 2999).
+DAY = WithJsonSchema(
+    {"type": "string", "format": "date", "pattern": "^(19|2[0-9])[0-9]{2}-[0-9]{2}-[0-9]{2}$"}
+)
+
+
 def _known_agents(schema: dict[str, Any]) -> None:
     # When the document is generated, not at import: the registry comes from settings.
     schema["enum"] = sorted(agent_registry().names())
@@ -244,7 +274,8 @@ class BudgetsIn(Schema):
     """Limits for one session; a field left out keeps its value (the agent's limit at
     start), null lifts a token, cost or time limit. Reaching one pauses the session."""
 
-    max_steps: int | None = Field(None, ge=1, le=10**9, description="steps of the trace")
+    # Required when given: a step limit cannot be lifted (null is refused).
+    max_steps: int = Field(None, ge=1, le=10**9, description="steps of the trace")
     max_tokens: int | None = Field(
         None, ge=1, le=10**12, description="input + output tokens of every model call"
     )
@@ -252,6 +283,23 @@ class BudgetsIn(Schema):
     max_seconds: float | None = Field(
         None, gt=0, le=10**9, description="wall time from the session's start"
     )
+
+    # A misspelt budget is refused, not ignored.
+    model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _an_object_of_numbers(cls, value: Any) -> Any:
+        # ninja's Schema reads the attributes of anything (it wraps the input first);
+        # budgets are a JSON object of numbers (true is not 1).
+        given = getattr(value, "_obj", value)
+        if not isinstance(given, dict):
+            raise ValueError(f"budgets must be an object, got {type(given).__name__}")
+        for name, number in given.items():
+            if isinstance(number, bool) or not isinstance(number, int | float | None):
+                if name != "resume":
+                    raise ValueError(f"{name} must be a number, got {type(number).__name__}")
+        return value
 
     def given(self) -> dict[str, Any]:
         return self.model_dump(exclude_unset=True)
@@ -265,6 +313,12 @@ class StartIn(Schema):
 
 
 class SetBudgetsIn(BudgetsIn):
+    # At least one budget (resume alone changes nothing).
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={"anyOf": [{"required": [name]} for name in services.BUDGET_FIELDS]},
+    )
+
     resume: bool = Field(True, description="queue a paused or failed session to continue")
 
 
@@ -849,9 +903,11 @@ def set_budgets(request: HttpRequest, session_id: UUID, body: SetBudgetsIn):
 @api.get("/usage", response={200: UsageOut, **ERRORS}, summary="Costs and usage")
 def usage(
     request: HttpRequest,
-    group: str = Query("day", description="day | agent | model", max_length=10),
-    since: str | None = Query(None, description="first day (YYYY-MM-DD), inclusive"),
-    until: str | None = Query(None, description="last day (YYYY-MM-DD), inclusive"),
+    group: Annotated[str, WithJsonSchema({"type": "string", "enum": ["day", "agent", "model"]})] = (
+        Query("day", description="day | agent | model")
+    ),
+    since: Annotated[str, DAY] | None = Query(None, description="first day, inclusive"),
+    until: Annotated[str, DAY] | None = Query(None, description="last day, inclusive"),
     agent: str | None = Query(None, max_length=100, pattern=SINGLE_LINE_PATTERN),
 ):
     """What model calls used and cost, by day, agent or model, with the total. Kept when
@@ -862,8 +918,8 @@ def usage(
     try:
         rows, total = usage_totals(
             group=group,
-            since=parse_date(since, "since") if since else None,
-            until=parse_date(until, "until") if until else None,
+            since=parse_date(since, "since") if since is not None else None,
+            until=parse_date(until, "until") if until is not None else None,
             agent=agent,
         )
     except (BadFilter, InvalidInput) as exc:
