@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from agent_runtime.loop import BUDGET_REACHED
 from agent_runtime.state import step_text, tool_ok
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
@@ -121,6 +122,10 @@ def status_view(session: AgentSession) -> StatusView:
         return StatusView(
             "Stuck", "should be running, but no worker holds its lease (the reconciler retries)"
         )
+    if session.status == "paused" and session.last_error.startswith(BUDGET_REACHED):
+        return StatusView(
+            "Paused by its budget", "a budget is used up: raise it to continue (below)"
+        )
     label, hint = STATUS_TEXT.get(session.status, (session.status, ""))
     return StatusView(label, hint)
 
@@ -194,7 +199,7 @@ TURN_EVENTS = {"fan_out", "joined", "waiting_for_approval", "uncertain_call"}
 # stopped in the middle (its worker died or lost its lease).
 RUN_END_EVENTS = {"waiting_for_approval", "uncertain_call", "cancelled", "fan_out", "joined"}
 # ...and a runner's (an agent with a turn loop of its own, e.g. a LangGraph graph).
-RUN_END_EVENTS |= {"already_answered", "run_finished"}
+RUN_END_EVENTS |= {"already_answered", "run_finished", "budget_reached"}
 
 
 @dataclass
@@ -446,6 +451,13 @@ def _operator_summary(action: str, payload: dict[str, Any]) -> str:
         return "recorded the uncertain call's result: " + one_line(payload.get("output"), 100)
     if action == "fail":
         return "failed the session over an uncertain side effect"
+    if action == "set_budgets":
+        changes = dict(payload.get("budgets") or {})
+        if "deadline" in payload:
+            changes["deadline"] = payload["deadline"] or "none"
+        listed = ", ".join(f"{k}={'none' if v is None else v}" for k, v in changes.items())
+        reason = f" ({payload['reason']})" if payload.get("reason") else ""
+        return f"set budgets: {listed}{reason}"
     return action
 
 
@@ -497,6 +509,14 @@ def _present_system(view: StepView, step: Step, payload: dict[str, Any]) -> None
         view.summary = f"stopped by a cancel request on {payload.get('worker', 'its worker')}"
     elif event == "run_started":
         view.summary = f"run started on {payload.get('worker', 'a worker')}"
+    elif event == "budget_reached":
+        view.noise = False
+        view.status, view.status_label = "waiting", "paused"
+        view.tone = "warn"
+        view.summary = one_line(
+            f"paused: {payload.get('message') or payload.get('budget')}; raise the budget "
+            "to continue"
+        )
     elif event == "run_finished":
         outcome = str(payload.get("outcome") or "finished")
         view.status = "ok" if outcome == "completed" else "waiting" if outcome else ""

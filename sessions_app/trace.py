@@ -368,7 +368,7 @@ def _gap_reason(after_kind: str, after_event: str, prev: Step | None) -> str:
         return "waiting for a person"
     if after_kind == "user":
         return "until a new message"
-    if prev_payload.get("event") in ("waiting_for_approval", "uncertain_call"):
+    if prev_payload.get("event") in ("waiting_for_approval", "uncertain_call", "budget_reached"):
         return "waiting for a person"
     if after_event == "run_started" and prev is not None:
         if not ends_a_run(prev, prev_payload):
