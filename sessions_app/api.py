@@ -208,6 +208,7 @@ class LimitsOut(Schema):
     max_steps: int
     max_tokens: int | None
     max_cost: float | None
+    max_seconds: float | None = Field(description="wall time from a session's start")
     max_parallel_tools: int
 
 
@@ -660,6 +661,7 @@ def list_agents(request: HttpRequest):
                     "max_steps": agent.limits.max_steps,
                     "max_tokens": agent.limits.max_tokens,
                     "max_cost": agent.limits.max_cost,
+                    "max_seconds": agent.limits.max_seconds,
                     "max_parallel_tools": agent.limits.max_parallel_tools,
                 },
                 "state_version": view.state_version,
