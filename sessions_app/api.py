@@ -336,8 +336,7 @@ class BudgetsOut(Schema):
     paused_by: str | None = Field(description="the budget reached, if it paused the session")
 
 
-class UsageRowOut(Schema):
-    key: str = Field(description="the day (YYYY-MM-DD), agent or model (provider:model)")
+class UsageTotalOut(Schema):
     calls: int
     tokens_in: int
     tokens_out: int
@@ -347,14 +346,8 @@ class UsageRowOut(Schema):
     unpriced_calls: int = Field(description="calls of models without a price (counted as 0)")
 
 
-class UsageTotalOut(Schema):
-    calls: int
-    tokens_in: int
-    tokens_out: int
-    cache_read_tokens: int
-    cache_write_tokens: int
-    cost: float
-    unpriced_calls: int
+class UsageRowOut(UsageTotalOut):
+    key: str = Field(description="the day (YYYY-MM-DD), agent or model (provider:model)")
 
 
 class UsageOut(Schema):

@@ -361,64 +361,68 @@ class OpenTelemetryTelemetry(Telemetry):
         return trace.set_span_in_context(span) if span is not None else None
 
     @contextlib.contextmanager
-    def run(self, record: RunRecord) -> Iterator[RunRecord]:
-        from opentelemetry.trace import SpanKind, Status, StatusCode
+    def _span(self, name: str, parent: Any, kind: Any, attributes: dict[str, Any]) -> Iterator[Any]:
+        """A span that records the exception that ends it (error.type and status)."""
+        from opentelemetry.trace import Status, StatusCode
 
-        span = self.tracer.start_span(
-            f"invoke_agent {record.agent}",
-            context=session_trace_parent(record.session_id),
-            kind=SpanKind.INTERNAL,
-            attributes={
-                "gen_ai.operation.name": "invoke_agent",
-                "gen_ai.agent.name": record.agent,
-                "gen_ai.conversation.id": record.session_id,
-                "respawn.agent.version": record.agent_version,
-                "respawn.worker": record.worker,
-                "respawn.recovering": record.recovering,
-            },
-        )
-        if record.recovering:
-            span.add_event(
-                "recovery",
-                {"respawn.recovery.seconds": record.recovery_seconds or 0.0},
-            )
-        record.extra["otel_span"] = span
+        span = self.tracer.start_span(name, context=parent, kind=kind, attributes=attributes)
         try:
-            yield record
+            yield span
         except BaseException as exc:
             span.set_attribute("error.type", type(exc).__name__)
             span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
             raise
         finally:
-            span.set_attribute("respawn.outcome", record.outcome or "error")
-            if record.outcome == "failed":
-                span.set_attribute("error.type", "session_failed")
-                span.set_status(Status(StatusCode.ERROR, (record.error or "")[:200]))
             span.end()
+
+    @staticmethod
+    def _failed(span: Any, reason: str, message: str | None) -> None:
+        from opentelemetry.trace import Status, StatusCode
+
+        span.set_attribute("error.type", reason)
+        span.set_status(Status(StatusCode.ERROR, (message or "")[:200]))
+
+    @contextlib.contextmanager
+    def run(self, record: RunRecord) -> Iterator[RunRecord]:
+        from opentelemetry.trace import SpanKind
+
+        attributes = {
+            "gen_ai.operation.name": "invoke_agent",
+            "gen_ai.agent.name": record.agent,
+            "gen_ai.conversation.id": record.session_id,
+            "respawn.agent.version": record.agent_version,
+            "respawn.worker": record.worker,
+            "respawn.recovering": record.recovering,
+        }
+        parent = session_trace_parent(record.session_id)
+        name = f"invoke_agent {record.agent}"
+        with self._span(name, parent, SpanKind.INTERNAL, attributes) as span:
+            if record.recovering:
+                span.add_event(
+                    "recovery", {"respawn.recovery.seconds": record.recovery_seconds or 0.0}
+                )
+            record.extra["otel_span"] = span
+            try:
+                yield record
+            finally:
+                span.set_attribute("respawn.outcome", record.outcome or "error")
+                if record.outcome == "failed":
+                    self._failed(span, "session_failed", record.error)
 
     @contextlib.contextmanager
     def model_call(self, record: ModelCallRecord) -> Iterator[ModelCallRecord]:
-        from opentelemetry.trace import SpanKind, Status, StatusCode
+        from opentelemetry.trace import SpanKind
 
-        span = self.tracer.start_span(
-            f"chat {record.model}",
-            context=self._child_context(record.run),
-            kind=SpanKind.CLIENT,
-            attributes={
-                "gen_ai.operation.name": "chat",
-                "gen_ai.provider.name": record.provider,
-                "gen_ai.request.model": record.model,
-                "gen_ai.conversation.id": record.run.session_id,
-                "gen_ai.agent.name": record.run.agent,
-            },
-        )
-        try:
+        attributes = {
+            "gen_ai.operation.name": "chat",
+            "gen_ai.provider.name": record.provider,
+            "gen_ai.request.model": record.model,
+            "gen_ai.conversation.id": record.run.session_id,
+            "gen_ai.agent.name": record.run.agent,
+        }
+        parent = self._child_context(record.run)
+        with self._span(f"chat {record.model}", parent, SpanKind.CLIENT, attributes) as span:
             yield record
-        except BaseException as exc:
-            span.set_attribute("error.type", type(exc).__name__)
-            span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
-            raise
-        else:
             span.set_attribute("gen_ai.response.model", record.model)
             span.set_attribute("gen_ai.usage.input_tokens", record.input_tokens)
             span.set_attribute("gen_ai.usage.output_tokens", record.output_tokens)
@@ -430,38 +434,25 @@ class OpenTelemetryTelemetry(Telemetry):
                 span.set_attribute("gen_ai.response.finish_reasons", [record.finish])
             if record.cost is not None:
                 span.set_attribute("respawn.cost_usd", record.cost)
-        finally:
-            span.end()
 
     @contextlib.contextmanager
     def tool_call(self, record: ToolCallRecord) -> Iterator[ToolCallRecord]:
-        from opentelemetry.trace import SpanKind, Status, StatusCode
+        from opentelemetry.trace import SpanKind
 
-        span = self.tracer.start_span(
-            f"execute_tool {record.tool}",
-            context=self._child_context(record.run),
-            kind=SpanKind.INTERNAL,
-            attributes={
-                "gen_ai.operation.name": "execute_tool",
-                "gen_ai.tool.name": record.tool,
-                "gen_ai.tool.call.id": record.call_id,
-                "gen_ai.tool.type": "function",
-                "gen_ai.conversation.id": record.run.session_id,
-            },
-        )
-        try:
+        attributes = {
+            "gen_ai.operation.name": "execute_tool",
+            "gen_ai.tool.name": record.tool,
+            "gen_ai.tool.call.id": record.call_id,
+            "gen_ai.tool.type": "function",
+            "gen_ai.conversation.id": record.run.session_id,
+        }
+        parent = self._child_context(record.run)
+        name = f"execute_tool {record.tool}"
+        with self._span(name, parent, SpanKind.INTERNAL, attributes) as span:
             yield record
-        except BaseException as exc:
-            span.set_attribute("error.type", type(exc).__name__)
-            span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
-            raise
-        else:
             span.set_attribute("respawn.tool.attempts", record.attempts)
             if record.ok is False:
-                span.set_attribute("error.type", "tool_error")
-                span.set_status(Status(StatusCode.ERROR, (record.error or "")[:200]))
-        finally:
-            span.end()
+                self._failed(span, "tool_error", record.error)
 
     def _event(self, run: RunRecord, name: str, attributes: dict[str, Any]) -> None:
         span = run.extra.get("otel_span")
