@@ -47,6 +47,22 @@ def _fresh_cache():
     cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def _no_heartbeat_inside_a_test_transaction(request):
+    """A test inside one transaction (django_db without transaction=True) that runs a
+    session in process: the run's heartbeat thread reads the session on a connection of its
+    own, which cannot see the lease the uncommitted claim took, and would stop the run as
+    fenced off once a beat is due (a third of the lease TTL, 0.67 s in the tests) on a busy
+    machine. The lease TTL is long there; tests of expiry use committed data."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker is None or marker.kwargs.get("transaction") or (marker.args and marker.args[0]):
+        yield
+        return
+    settings = request.getfixturevalue("settings")
+    settings.RESPAWN_LEASE_TTL = 60
+    yield
+
+
 @pytest.fixture
 def users(db):
     """The trio every view test needs: an operator, a viewer and an outsider."""
