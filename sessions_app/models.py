@@ -387,6 +387,41 @@ class SearchCursor(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
 
+class AuditAction(models.TextChoices):
+    """Everything an audit event may record (services.audit refuses anything else)."""
+
+    START = "start", "started a session"
+    RESUME = "resume", "resumed"
+    CANCEL = "cancel", "cancelled"
+    ROLLBACK = "rollback", "rolled back to a checkpoint"
+    FORK = "fork", "forked (on the parent)"
+    FORKED = "forked", "forked (on the fork)"
+    APPROVE = "approve", "approved a tool call"
+    REJECT = "reject", "rejected a tool call"
+    MESSAGE = "message", "sent a message"
+    INSTRUCTION = "instruction", "added an instruction"
+    CORRECT_RESULT = "correct_result", "corrected a tool result"
+    UNCERTAIN_RERUN = "uncertain_rerun", "reran an uncertain call"
+    UNCERTAIN_RECORD_RESULT = "uncertain_record_result", "recorded an uncertain call's result"
+    UNCERTAIN_FAIL = "uncertain_fail", "failed over an uncertain call"
+    SET_BUDGETS = "set_budgets", "set budgets"
+    LEGAL_HOLD = "legal_hold", "legal hold on or off"
+    ANSWER_INTERRUPT = "answer_interrupt", "answered a graph's interrupt"
+    GRAPH_COPY_THREAD = "graph_copy_thread", "copied a graph thread"
+    GRAPH_DELETE_THREAD = "graph_delete_thread", "deleted a graph thread"
+    EXPORT = "export", "exported"
+    IMPORT = "import", "imported"
+    COMPAT_CHECK = "compat_check", "ran the deploy gate"
+    ADMIN_EDIT_SESSION = "admin_edit_session", "edited a session in the admin"
+    ADMIN_EDIT_STEP = "admin_edit_step", "edited a step in the admin"
+    ADMIN_EDIT_CHECKPOINT = "admin_edit_checkpoint", "edited a checkpoint in the admin"
+    ADMIN_ISSUE_TOKEN = "admin_issue_token", "issued an API token"
+    ADMIN_REVOKE_TOKEN = "admin_revoke_token", "revoked an API token"
+    RETENTION_DELETE = "retention_delete", "retention deleted sessions"
+    RETENTION_CHECKPOINTS = "retention_checkpoints", "retention pruned checkpoints"
+    RETENTION_COMPACT = "retention_compact", "retention compacted steps"
+
+
 class AuditEvent(models.Model):
     """Append-only: a database trigger refuses every UPDATE and DELETE (migration
     0007_audit_append_only). The foreign keys are unconstrained and untouched when a user

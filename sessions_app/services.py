@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -26,7 +27,17 @@ from agent_runtime.state import (
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state
 
 from . import dispatch
-from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Checkpoint, Kind, Status, Step
+from .models import (
+    FINAL,
+    RUNNABLE,
+    AgentSession,
+    AuditAction,
+    AuditEvent,
+    Checkpoint,
+    Kind,
+    Status,
+    Step,
+)
 from .runtime import agent_registry, agent_version, redactor
 
 log = logging.getLogger("respawn.services")
@@ -77,7 +88,7 @@ def audit(
     return AuditEvent.objects.create(
         actor=actor.user,
         actor_label=actor.label,
-        action=action,
+        action=AuditAction(action).value,  # ValueError for an action no one declared
         session=session,
         before=clean(before or {}),
         after=clean(after or {}),
@@ -92,6 +103,13 @@ def _locked(session_id: Any) -> AgentSession:
         raise ActionError(f"no session with id {session_id}", code="not_found") from None
     except (ValueError, TypeError):
         raise ActionError(f"not a session id: {session_id!r}", code="not_found") from None
+
+
+def model_usage_cost(step: Step) -> Decimal:
+    """What a stored model step cost (0 for any other step)."""
+    if step.kind != Kind.MODEL:
+        return Decimal(0)
+    return Decimal(str((step.payload.get("usage") or {}).get("cost") or 0))
 
 
 def _load_checkpoint_state(checkpoint: Checkpoint) -> SessionState:
@@ -685,6 +703,10 @@ def session_fork(
                 session=parent, seq__lte=checkpoint_seq, superseded_at__isnull=True
             ).order_by("seq")
         )
+        # Read as a worker reads it: through the upgraders (an old checkpoint's blob does not
+        # have the current shape), refused if this code cannot load it.
+        state = _load_checkpoint_state(target)
+        cursor = state.batch_cursor or {}
         now = timezone.now()
         fork = AgentSession.objects.create(
             agent=parent.agent,
@@ -700,9 +722,10 @@ def session_fork(
             step_count=len(steps),
             tokens_in=sum(s.tokens_in for s in steps),
             tokens_out=sum(s.tokens_out for s in steps),
-            final_answer=target.state.get("final_answer") or "",
-            progress_done=(target.state.get("batch_cursor") or {}).get("done"),
-            progress_total=(target.state.get("batch_cursor") or {}).get("total"),
+            cost=sum(model_usage_cost(s) for s in steps),
+            final_answer=state.final_answer or "",
+            progress_done=cursor.get("done"),
+            progress_total=cursor.get("total"),
             created_at=now,
             updated_at=now,
         )

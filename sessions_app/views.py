@@ -28,7 +28,16 @@ from django_htmx.http import (
 from agent_runtime.loop import BUDGET_REACHED
 
 from . import charts, search, selectors, services, trace
-from .models import FINAL, RUNNABLE, AgentSession, AuditEvent, Checkpoint, Status, Step
+from .models import (
+    FINAL,
+    RUNNABLE,
+    AgentSession,
+    AuditAction,
+    AuditEvent,
+    Checkpoint,
+    Status,
+    Step,
+)
 from .permissions import can_operate, can_view
 from .presenters import TraceContext, diff_states, status_view
 from .validation import InvalidInput, load_json, parse_date, parse_int, request_meta
@@ -837,20 +846,7 @@ def audit_log(request: HttpRequest) -> HttpResponse:
             "next_query": {**query, "before": page[-1].id} if more and page else None,
             "query": query,
             "error": error,
-            "actions": [
-                "start",
-                "set_budgets",
-                "resume",
-                "cancel",
-                "rollback",
-                "fork",
-                "forked",
-                "approve",
-                "reject",
-                "message",
-                "instruction",
-                "correct_result",
-            ],
+            "actions": AuditAction.choices,
         },
     )
 

@@ -264,7 +264,12 @@ def test_create_api_token_command(users):
     out = StringIO()
     call_command("create_api_token", "olivia", stdout=out)
     raw = out.getvalue().strip()
-    assert ApiToken.objects.get(key_hash=ApiToken.hash(raw)).user == users["operator"]
+    token = ApiToken.objects.get(key_hash=ApiToken.hash(raw))
+    assert token.user == users["operator"]
+    event = AuditEvent.objects.get(action="admin_issue_token")
+    assert event.after["user"] == "olivia" and event.after["key_prefix"] == token.key_prefix
+    assert event.request_meta == {"via": "manage.py create_api_token"}
+    assert raw not in str(event.after)  # the secret is kept nowhere
     with pytest.raises(CommandError, match="no user named 'nobody'"):
         call_command("create_api_token", "nobody")
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 from sessions_app import runtime
 from sessions_app.models import AgentSession, AuditEvent, ModelUsage, Step
 from sessions_app.selectors import attention_section, session_budgets
+from sessions_app.services import session_fork
 
 from ..conftest import run_inline
 
@@ -195,6 +196,12 @@ def test_costs_add_up_per_session_agent_model_and_day_and_outlive_the_session(ca
     assert by_day["items"][0]["cost"] == pytest.approx(by_agent["total"]["cost"])
     by_model = call("get", "/api/usage?group=model").json()
     assert {row["key"] for row in by_model["items"]} == {"scripted:demo", "scripted:slow"}
+
+    # A fork carries the cost of the history it copies (as it carries its tokens); it has
+    # spent nothing itself.
+    fork = session_fork(session_id=sessions[1].id, checkpoint_seq=sessions[1].head)
+    assert fork.cost == sessions[1].cost > 0
+    assert not ModelUsage.objects.filter(session_id=fork.id).exists()
 
     # Retention deletes sessions; what they cost stays on the books.
     AgentSession.objects.filter(id=sessions[0].id).delete()

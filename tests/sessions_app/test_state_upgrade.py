@@ -23,8 +23,10 @@ from sessions_app.selectors import incompatible_sessions, session_trace
 from sessions_app.services import (
     checkpoint_rollback,
     session_approve,
+    session_fork,
     session_mark_incompatible,
     session_resume,
+    session_send_message,
 )
 from sessions_app.store import DjangoEffects, DjangoSessionStore
 from tests.agent_runtime.test_upgraders import UPGRADES_FROM_V1, as_dicts
@@ -212,6 +214,19 @@ def test_v1_session_is_rolled_back_and_resumed():
     session_resume(session_id=session_id)
     assert run_inline(session_id).outcome == "completed"
     assert head_session(session_id).final_answer == DEMO_ANSWER.format(id=session_id)
+
+
+def test_a_v1_session_is_forked_through_the_upgraders_and_the_fork_completes():
+    # The checkpoint's v1 blob has no final_answer where v3 has one, and a v1 batch
+    # cursor; the fork reads it as a worker would.
+    session_id = insert_fixture("completed")
+    parent = head_session(session_id)
+    fork = session_fork(session_id=session_id, checkpoint_seq=parent.head)
+    assert fork.final_answer == parent.final_answer != ""
+    assert fork.cost == parent.cost
+    session_send_message(session_id=fork.id, content="what is 6*7?")
+    assert run_inline(str(fork.id)).outcome == "completed"
+    assert head_session(str(fork.id)).final_answer.startswith("6*7 = 42")
 
 
 def test_upgrade_is_idempotent():
