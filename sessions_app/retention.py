@@ -45,7 +45,7 @@ from django.db.models.functions import Length
 from django.utils import timezone
 
 from . import search
-from .models import FINAL, AgentSession, AuditEvent, Checkpoint, Status, Step
+from .models import FINAL, AgentSession, AuditAction, AuditEvent, Checkpoint, Status, Step
 from .runtime import redactor
 from .services import _actor
 
@@ -299,7 +299,7 @@ class _Runner:
             AuditEvent(
                 actor=self.actor.user,
                 actor_label=self.actor.label,
-                action=action,
+                action=AuditAction(action).value,
                 session_id=session_id,
                 before={},
                 after=clean(after),
