@@ -33,6 +33,9 @@ services:
 test: $(STAMP) services
 	$(BIN)/ruff check .
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(BIN)/python -m pytest $(PYTEST_ARGS)
+	@echo "The store contract again, on SQLite (the portable path make run uses):"
+	DATABASE_URL="sqlite:///$(CURDIR)/var/contract.sqlite3" REDIS_URL="$(TEST_REDIS_URL)" \
+		$(BIN)/python -m pytest tests/contract -q -p no:cacheprovider
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,4 +1,6 @@
-"""One contract, two stores: the in-memory store and the Django store behave the same."""
+"""One contract, two stores: the in-memory store and the Django store behave the same. `make
+test` runs it twice: on PostgreSQL (the store's single-statement path) and on SQLite (the
+portable path `make run` uses)."""
 
 from __future__ import annotations
 
