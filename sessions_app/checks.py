@@ -75,9 +75,9 @@ def check_retention(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
         except PolicyError as exc:
             problem = str(exc)
         else:
-            archive = policy.archive_dir
-            if archive is not None and archive.exists() and not archive.is_dir():
-                problem = f"archive_dir {archive} is not a directory"
+            archive = policy.archive
+            if archive is not None:
+                problem = archive.problem()
     if not problem:
         return []
     return [

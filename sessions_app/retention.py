@@ -28,14 +28,11 @@ For each setting, the first rule that matches a session and names it wins, then
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -45,6 +42,7 @@ from django.db.models.functions import Length
 from django.utils import timezone
 
 from . import search
+from .archive import S3_URL, archive_for
 from .models import FINAL, AgentSession, AuditAction, AuditEvent, Checkpoint, Status, Step
 from .runtime import redactor
 from .services import _actor
@@ -86,7 +84,11 @@ class Rule:
 @dataclass(frozen=True)
 class Policy:
     rules: tuple[Rule, ...]  # the rules, then the default as a rule matching everything
-    archive_dir: Path | None = None
+    archive_dir: str | None = None  # a directory, or s3://bucket/prefix (sessions_app.archive)
+
+    @property
+    def archive(self) -> Any:
+        return archive_for(self.archive_dir) if self.archive_dir else None
 
     @property
     def empty(self) -> bool:
@@ -175,8 +177,10 @@ def parse_policy(raw: Any) -> Policy:
     rules.append(Rule((), (), _values(default, "default")))
     archive = raw.get("archive_dir")
     if archive is not None and (not isinstance(archive, str) or not archive.strip()):
-        raise PolicyError("archive_dir must be a directory path")
-    return Policy(rules=tuple(rules), archive_dir=Path(archive) if archive else None)
+        raise PolicyError("archive_dir must be a directory path or s3://bucket/prefix")
+    if archive and archive.startswith("s3://") and not S3_URL.match(archive):
+        raise PolicyError(f"archive_dir {archive!r} is not s3://bucket[/prefix]")
+    return Policy(rules=tuple(rules), archive_dir=archive.strip() if archive else None)
 
 
 def configured_policy() -> Policy:
@@ -228,20 +232,15 @@ def _sizes(queryset: QuerySet, blob: str) -> dict[Any, tuple[int, int]]:
     return {sid: (n, int(b or 0) + 60 * n) for sid, n, b in rows}
 
 
-def _archive(session: AgentSession, directory: Path, what: str) -> str:
-    """Write the session's export under the archive directory and flush it to disk
-    before anything is deleted; returns the path."""
+def _archive(session: AgentSession, archive: Any, what: str) -> str:
+    """Write the session's export to the archive, confirmed (flushed to disk, or stored
+    and checked by the object store), before anything is deleted; returns where."""
     from .transfer import export_session
 
     stamp = timezone.now().strftime("%Y%m%dT%H%M%S")
-    target = directory / str(session.id) / f"{stamp}-{what}.jsonl.gz"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False, suffix=".part") as tmp:
-        export_session(session, tmp)
-        tmp.flush()
-        os.fsync(tmp.fileno())
-    os.replace(tmp.name, target)
-    return str(target)
+    return archive.write(
+        f"{session.id}/{stamp}-{what}.jsonl.gz", lambda out: export_session(session, out)
+    )
 
 
 class _Runner:
@@ -312,8 +311,9 @@ class _Runner:
         if self.policy.archive_dir is None or self.dry_run:
             return {}
         paths = {}
+        archive = self.policy.archive
         for session in AgentSession.objects.filter(id__in=ids):
-            paths[session.id] = _archive(session, self.policy.archive_dir, what)
+            paths[session.id] = _archive(session, archive, what)
             self.summary.archived.append(paths[session.id])
         return paths
 

@@ -1071,6 +1071,8 @@ def metrics(request: HttpRequest) -> HttpResponse:
 
     from .telemetry import deployment_metrics
 
+    if request.user.is_authenticated and not can_view(request.user):
+        raise PermissionDenied("metrics are for users who may view sessions")
     if not _may_scrape(request):
         response = HttpResponse(
             "metrics need a bearer token (RESPAWN_METRICS_TOKEN or an API token)\n",

@@ -38,6 +38,8 @@ NOT_FREE_TEXT = {
     "sessions_app.DemoRecord": {"dataset", "migrated_by_key"},
     "sessions_app.DemoBatch": {"key", "dataset"},
     "sessions_app.ApiToken": {"key_hash", "key_prefix"},
+    # An agent's name (as the session row holds it) and a provider:model spec.
+    "sessions_app.ModelUsage": {"agent", "model"},
     "sessions_app.LoginFailure": {"account"},  # a keyed hash
     "admin.LogEntry": {"object_id"},  # the primary key of what was edited
     # LangGraph's own tables: names and versions of threads, checkpoints and channels; and

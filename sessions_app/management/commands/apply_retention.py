@@ -6,6 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from sessions_app.archive import ArchiveError
 from sessions_app.retention import (
     DEFAULT_BATCH_SIZE,
     Part,
@@ -73,14 +74,25 @@ class Command(BaseCommand):
                 "no retention policy is configured (RESPAWN_RETENTION): nothing to do"
             )
             return
+        archive = policy.archive
+        problem = archive.problem() if archive is not None else None
+        if problem:
+            raise CommandError(f"the retention policy's archive: {problem}")
         self._drawn: tuple[str, int] | None = None
-        summary = apply_retention(
-            policy,
-            dry_run=options["dry_run"],
-            batch_size=options["batch_size"],
-            pause=options["pause"],
-            progress=self.progress,
-        )
+        try:
+            summary = apply_retention(
+                policy,
+                dry_run=options["dry_run"],
+                batch_size=options["batch_size"],
+                pause=options["pause"],
+                progress=self.progress,
+            )
+        except ArchiveError as exc:
+            self.finish_bar()
+            raise CommandError(
+                f"archiving failed, so the batch it was for was not deleted: {exc} "
+                "(what earlier batches archived and deleted stays done; run it again)"
+            ) from None
         self.finish_bar()
         self.write_summary(summary)
 
