@@ -1,0 +1,69 @@
+"""A Chat Completions stub that answers from what it is sent, for the OpenAI Agents SDK
+agent of tests/packages/acme_sdk: the same conversation gets the same answer however often
+a crash makes the SDK ask again.
+
+The last user message decides:
+  "loop N"            call `work` (step 1, 2, ...) until N results came back, then
+                      answer "Worked N steps."
+  "refund ORDER N"    call `refund` once; answer with what the tool returned
+  anything else       "You said: TEXT (turn K, saw M messages)", K counting user messages
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from .llm_servers import (
+    OPENAI_PATH,
+    Recorded,
+    Reply,
+    StubServer,
+    isolate_sdk_environment,
+    openai_reply,
+)
+
+
+def _texts(content) -> str:
+    if isinstance(content, str):
+        return content
+    return "".join(part.get("text", "") for part in content or [] if isinstance(part, dict))
+
+
+def support_model(recorded: Recorded) -> Reply:
+    messages = recorded.json["messages"]
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    last = users[-1] if users else 0
+    request = _texts(messages[last]["content"]) if users else ""
+    after = messages[last + 1 :]
+    results = [m for m in after if m["role"] == "tool"]
+    call_id = f"call-{len(messages)}"
+    if match := re.fullmatch(r"loop (\d+)", request):
+        wanted = int(match[1])
+        if len(results) < wanted:
+            return openai_reply(None, ((call_id, "work", {"step": len(results) + 1}),))
+        return openai_reply(f"Worked {wanted} steps.")
+    if match := re.fullmatch(r"refund (\S+) (\d+)", request):
+        if not results:
+            return openai_reply(
+                None, ((call_id, "refund", {"order": match[1], "amount": int(match[2])}),)
+            )
+        return openai_reply(f"Refund result: {_texts(results[-1]['content'])}")
+    return openai_reply(f"You said: {request} (turn {len(users)}, saw {len(messages)} messages)")
+
+
+@pytest.fixture
+def sdk_model(monkeypatch):
+    """The stub, started; ACME_SDK_BASE_URL points the acme_sdk agent (and workers started
+    after it, which inherit the environment) at it."""
+    isolate_sdk_environment(monkeypatch)
+    with StubServer(OPENAI_PATH, respond=support_model) as server:
+        monkeypatch.setenv("ACME_SDK_BASE_URL", server.url + "/v1")
+        yield server
+
+
+def sent_messages(server: StubServer, index: int = -1) -> list[dict]:
+    """The messages of one request the stub received (the last by default)."""
+    return json.loads(server.requests[index].raw)["messages"]
