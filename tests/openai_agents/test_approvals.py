@@ -1,0 +1,164 @@
+"""A run that stops on a tool call needing approval: its RunState in the session's
+checkpoint (the SDK's own schema version; a newer one refused), the session waiting for a
+person, the common approve / reject deciding it, and a worker's run (here in the test
+process, as a job would run it) resuming the SDK run from the stored state."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from agents import Runner
+from agents.run_state import CURRENT_SCHEMA_VERSION
+
+from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
+from sessions_app.openai_agents import RunStateVersionError, check_run_state_version
+from sessions_app.services import ActionError, session_approve, session_reject, session_start
+
+from ..conftest import run_inline
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+AGENTS = ["acme_sdk:agents"]
+
+
+def paused_refund(make_session, text="refund O-7 1250", sid="conv-refund"):
+    from acme_sdk import run_config, support
+
+    session = make_session(sid, agent="acme-sdk")
+    result = asyncio.run(Runner.run(support, text, session=session, run_config=run_config))
+    assert result.final_output is None and len(result.interruptions) == 1
+    pending = asyncio.run(session.wait_for_approval(result))
+    return session, pending
+
+
+def head_state(row: AgentSession) -> dict:
+    return Checkpoint.objects.filter(session=row, seq=row.head).latest("id").state
+
+
+def test_a_paused_run_is_stored_in_the_checkpoint_and_waits(
+    make_session, sdk_model, tmp_path, monkeypatch
+):
+    monkeypatch.setenv("ACME_SDK_LOG", str(tmp_path / "tools.log"))
+    session, pending = paused_refund(make_session)
+    assert pending == [
+        {
+            "call_id": pending[0]["call_id"],
+            "tool": "refund",
+            "arguments": {"order": "O-7", "amount": 1250},
+        }
+    ]
+    row = AgentSession.objects.get(id=session.respawn_id)
+    assert row.status == Status.WAITING_INPUT
+    state = head_state(row)
+    assert state["pending_approval"]["tool"] == "refund"
+    assert state["pending_approval"]["arguments"] == {"order": "O-7", "amount": 1250}
+    data = state["agent_state"]["data"]["openai_agents"]
+    assert data["run_state"]["$schemaVersion"] == CURRENT_SCHEMA_VERSION
+    assert data["run_state_version"] == CURRENT_SCHEMA_VERSION
+    requested = Step.objects.get(session=row, payload__event="approval_requested")
+    assert requested.payload["calls"][0]["tool"] == "refund"
+    assert not (tmp_path / "tools.log").exists()  # nothing ran before the approval
+
+
+def test_approved_in_the_common_service_then_a_worker_run_resumes(
+    make_session, sdk_model, settings, users, tmp_path, monkeypatch
+):
+    settings.RESPAWN_AGENTS = AGENTS
+    monkeypatch.setenv("ACME_SDK_LOG", str(tmp_path / "tools.log"))
+    session, _ = paused_refund(make_session)
+    row = session_approve(
+        session_id=session.respawn_id, actor=users["operator"], reason="ok by policy"
+    )
+    assert row.status == Status.QUEUED
+    row = run_inline(row)
+    assert row.status == Status.COMPLETED, row.last_error
+    assert row.final_answer == "Refund result: refunded 1250 on O-7"
+    assert (tmp_path / "tools.log").read_text() == "refund O-7 1250\n"
+    items = asyncio.run(make_session("conv-refund").get_items())
+    assert [i.get("type", "message") for i in items] == [
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
+    event = AuditEvent.objects.get(session=row, action="approve")
+    assert event.actor_label == "olivia"
+
+
+def test_rejected_the_tool_does_not_run_and_the_model_hears_why(
+    make_session, sdk_model, settings, users, tmp_path, monkeypatch
+):
+    settings.RESPAWN_AGENTS = AGENTS
+    monkeypatch.setenv("ACME_SDK_LOG", str(tmp_path / "tools.log"))
+    session, _ = paused_refund(make_session)
+    session_reject(session_id=session.respawn_id, actor=users["operator"], reason="too large")
+    row = run_inline(AgentSession.objects.get(id=session.respawn_id))
+    assert row.status == Status.COMPLETED, row.last_error
+    assert not (tmp_path / "tools.log").exists()
+    assert "too large" in row.final_answer
+    tool_message = [m for m in sdk_model.bodies()[-1]["messages"] if m["role"] == "tool"]
+    assert "A person rejected this tool call: too large" in tool_message[0]["content"]
+
+
+def test_a_session_started_on_the_workers_pauses_and_resumes(sdk_model, settings, users):
+    settings.RESPAWN_AGENTS = AGENTS
+    row = run_inline(session_start(agent="acme-sdk", input="refund O-9 30"))
+    assert row.status == Status.WAITING_INPUT, row.last_error
+    assert head_state(row)["pending_approval"]["arguments"] == {"order": "O-9", "amount": 30}
+    with pytest.raises(ActionError, match="waiting for an approval"):
+        from sessions_app.services import session_resume
+
+        session_resume(session_id=row.id, actor=users["operator"])
+    session_approve(session_id=row.id, actor=users["operator"])
+    row = run_inline(row)
+    assert row.status == Status.COMPLETED, row.last_error
+    assert row.final_answer == "Refund result: refunded 30 on O-9"
+    # The user step the session started with is the conversation's first item, once.
+    kinds = list(
+        Step.objects.filter(session=row, superseded_at__isnull=True)
+        .exclude(kind="system")
+        .order_by("seq")
+        .values_list("kind", flat=True)
+    )
+    assert kinds == ["user", "tool_call", "operator", "tool_result", "model"]
+
+
+def test_messages_sent_from_the_dashboard_continue_the_conversation(sdk_model, settings, users):
+    from sessions_app.services import session_send_message
+
+    settings.RESPAWN_AGENTS = AGENTS
+    row = run_inline(session_start(agent="acme-sdk", input="hello"))
+    assert row.final_answer == "You said: hello (turn 1, saw 2 messages)"
+    session_send_message(session_id=row.id, content="again", actor=users["operator"])
+    row = run_inline(row)
+    assert row.final_answer == "You said: again (turn 2, saw 4 messages)"
+
+
+def test_a_run_state_from_a_newer_sdk_is_refused(make_session, sdk_model, settings, users):
+    settings.RESPAWN_AGENTS = AGENTS
+    session, _ = paused_refund(make_session)
+    row = AgentSession.objects.get(id=session.respawn_id)
+    checkpoint = Checkpoint.objects.filter(session=row, seq=row.head).latest("id")
+    major, minor = CURRENT_SCHEMA_VERSION.split(".")
+    newer = f"{major}.{int(minor) + 1}"
+    checkpoint.state["agent_state"]["data"]["openai_agents"]["run_state"]["$schemaVersion"] = newer
+    checkpoint.save()
+    session_approve(session_id=row.id, actor=users["operator"])
+    row = run_inline(row)
+    assert row.status == Status.FAILED
+    assert f"schema version {newer}, newer than the {CURRENT_SCHEMA_VERSION}" in row.last_error
+    with pytest.raises(RunStateVersionError, match="no schema version"):
+        check_run_state_version({})
+    assert check_run_state_version({"$schemaVersion": "1.0"}) == "1.0"
+
+
+def test_wait_for_approval_refuses_a_run_that_did_not_stop(make_session, sdk_model):
+    from acme_sdk import run_config, support
+
+    session = make_session("conv-done")
+    result = asyncio.run(Runner.run(support, "hi", session=session, run_config=run_config))
+    with pytest.raises(ValueError, match="did not stop on a tool call that needs approval"):
+        asyncio.run(session.wait_for_approval(result))
+    with pytest.raises(TypeError, match="RunResult or a RunState"):
+        asyncio.run(session.wait_for_approval("nope"))
