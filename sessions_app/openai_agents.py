@@ -566,6 +566,7 @@ class RespawnSession(SessionABC):
             "decided": decided,
         }
         self._checkpoint(session, final_answer=None, data=data, pending=approval)
+        session.final_answer = ""  # the last turn's answer is not this run's
         if self._lease is None:
             session.status = "waiting_input"
             session.lease_owner = None
