@@ -13,7 +13,6 @@ from agents import Runner
 from sessions_app.models import AgentSession, AuditEvent, Status
 
 from ..conftest import wait_for
-from ..stubs.sdk_model import sdk_model  # noqa: F401
 from .conftest import login, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]

@@ -13,7 +13,6 @@ from sessions_app.models import AgentSession, ApiToken, Checkpoint, Status, Step
 from sessions_app.services import session_cancel, session_fork, session_resume, session_start
 
 from ..conftest import wait_for
-from ..stubs.sdk_model import sdk_model  # noqa: F401
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
