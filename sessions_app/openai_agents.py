@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import dataclasses
 import functools
 import json
 import threading
@@ -657,8 +658,8 @@ class OpenAIAgentRunner:
         max_turns: int = 10,
     ) -> None:
         self.agent = agent
-        self.run_config = run_config or RunConfig(tracing_disabled=True)
-        self.run_config.tracing_disabled = True
+        # A copy: the caller's RunConfig may serve its own runs, with tracing of its choice.
+        self.run_config = dataclasses.replace(run_config or RunConfig(), tracing_disabled=True)
         self.max_turns = max_turns
 
     def run(self, context: RunContext) -> RunnerResult:
