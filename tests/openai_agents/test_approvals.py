@@ -22,12 +22,12 @@ pytestmark = pytest.mark.django_db(transaction=True)
 AGENTS = ["acme_sdk:agents"]
 
 
-def paused_refund(make_session, text="refund O-7 1250", sid="conv-refund"):
+def paused_refund(make_session, text="refund O-7 1250", sid="conv-refund", calls=1):
     from acme_sdk import run_config, support
 
     session = make_session(sid, agent="acme-sdk")
     result = asyncio.run(Runner.run(support, text, session=session, run_config=run_config))
-    assert result.final_output is None and len(result.interruptions) == 1
+    assert result.final_output is None and len(result.interruptions) == calls
     pending = asyncio.run(session.wait_for_approval(result))
     return session, pending
 
@@ -162,3 +162,62 @@ def test_wait_for_approval_refuses_a_run_that_did_not_stop(make_session, sdk_mod
         asyncio.run(session.wait_for_approval(result))
     with pytest.raises(TypeError, match="RunResult or a RunState"):
         asyncio.run(session.wait_for_approval("nope"))
+
+
+def test_two_calls_waiting_in_one_turn_are_decided_one_by_one(
+    make_session, sdk_model, settings, users, tmp_path, monkeypatch
+):
+    settings.RESPAWN_AGENTS = AGENTS
+    monkeypatch.setenv("ACME_SDK_LOG", str(tmp_path / "tools.log"))
+    session, pending = paused_refund(
+        make_session, text="refunds O-1 10 O-2 20", sid="conv-two", calls=2
+    )
+    assert [p["arguments"]["order"] for p in pending] == ["O-1", "O-2"]
+    row = AgentSession.objects.get(id=session.respawn_id)
+    assert head_state(row)["pending_approval"]["arguments"]["order"] == "O-1"
+
+    session_approve(session_id=row.id, actor=users["operator"])
+    row = run_inline(row)
+    # The first is decided; the session waits for the second, the run not resumed yet.
+    assert row.status == Status.WAITING_INPUT, row.last_error
+    assert head_state(row)["pending_approval"]["arguments"]["order"] == "O-2"
+    assert not (tmp_path / "tools.log").exists()
+
+    session_reject(session_id=row.id, actor=users["operator"], reason="duplicate")
+    row = run_inline(row)
+    assert row.status == Status.COMPLETED, row.last_error
+    assert (tmp_path / "tools.log").read_text() == "refund O-1 10\n"
+    assert row.final_answer == (
+        "Refunds: refunded 10 on O-1; A person rejected this tool call: duplicate"
+    )
+
+
+def test_a_resumed_run_that_stored_the_tool_output_before_dying_does_not_run_it_again(
+    make_session, sdk_model, settings, users, tmp_path, monkeypatch
+):
+    settings.RESPAWN_AGENTS = AGENTS
+    monkeypatch.setenv("ACME_SDK_LOG", str(tmp_path / "tools.log"))
+    session, pending = paused_refund(make_session, sid="conv-died")
+    row = session_approve(session_id=session.respawn_id, actor=users["operator"])
+    # What the resumed run stored before its worker died: the approved call's output.
+    Step.objects.create(
+        session=row,
+        seq=row.last_seq + 1,
+        kind="tool_result",
+        payload={
+            "call_id": pending[0]["call_id"],
+            "name": "refund",
+            "status": "ok",
+            "output": "refunded 1250 on O-7",
+            "item": {
+                "type": "function_call_output",
+                "call_id": pending[0]["call_id"],
+                "output": "refunded 1250 on O-7",
+            },
+        },
+    )
+    AgentSession.objects.filter(id=row.id).update(last_seq=row.last_seq + 1)
+    row = run_inline(row)
+    assert row.status == Status.COMPLETED, row.last_error
+    assert row.final_answer == "Refund result: refunded 1250 on O-7"
+    assert not (tmp_path / "tools.log").exists()

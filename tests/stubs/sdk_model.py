@@ -6,6 +6,7 @@ The last user message decides:
   "loop N"            call `work` (step 1, 2, ...) until N results came back, then
                       answer "Worked N steps."
   "refund ORDER N"    call `refund` once; answer with what the tool returned
+  "refunds A N B M"   call `refund` twice in one turn; answer with both results
   anything else       "You said: TEXT (turn K, saw M messages)", K counting user messages
 """
 
@@ -51,6 +52,16 @@ def support_model(recorded: Recorded) -> Reply:
                 None, ((call_id, "refund", {"order": match[1], "amount": int(match[2])}),)
             )
         return openai_reply(f"Refund result: {_texts(results[-1]['content'])}")
+    if match := re.fullmatch(r"refunds (\S+) (\d+) (\S+) (\d+)", request):
+        if not results:
+            return openai_reply(
+                None,
+                (
+                    (f"{call_id}-a", "refund", {"order": match[1], "amount": int(match[2])}),
+                    (f"{call_id}-b", "refund", {"order": match[3], "amount": int(match[4])}),
+                ),
+            )
+        return openai_reply("Refunds: " + "; ".join(_texts(r["content"]) for r in results))
     return openai_reply(f"You said: {request} (turn {len(users)}, saw {len(messages)} messages)")
 
 
