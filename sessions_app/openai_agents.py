@@ -248,6 +248,7 @@ class RespawnSession(SessionABC):
         database: str = "default",
         lease: Lease | None = None,
         check: Callable[[], None] | None = None,
+        agent_version: str = "",
     ) -> None:
         _ensure_django()
         self.session_id = session_id
@@ -256,6 +257,9 @@ class RespawnSession(SessionABC):
         self._db = database
         self._lease = lease
         self._check = check
+        # The version of the agent running the session (a worker's run): its checkpoints
+        # say which version last ran it, so an older worker refuses it afterwards.
+        self._agent_version = agent_version
         self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
@@ -510,7 +514,7 @@ class RespawnSession(SessionABC):
 
         state = SessionState(
             agent_name=session.agent,
-            agent_version=session.agent_version or "",
+            agent_version=self._agent_version or session.agent_version or "",
             pending_approval=pending,
             final_answer=final_answer,
             agent_state={
@@ -668,6 +672,7 @@ class OpenAIAgentRunner:
             agent=context.agent.name,
             lease=context.lease,
             check=context.check,
+            agent_version=context.agent.version,
         )
         try:
             return asyncio.run(self._run(context, session))

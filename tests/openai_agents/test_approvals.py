@@ -221,3 +221,31 @@ def test_a_resumed_run_that_stored_the_tool_output_before_dying_does_not_run_it_
     assert row.status == Status.COMPLETED, row.last_error
     assert row.final_answer == "Refund result: refunded 1250 on O-7"
     assert not (tmp_path / "tools.log").exists()
+
+
+def test_checkpoints_name_the_version_that_ran_so_an_older_worker_refuses(
+    sdk_model, settings, users
+):
+    from agent_runtime.loop import Outcome, run_session
+    from sessions_app.runtime import agent_registry, run_config
+    from sessions_app.services import session_send_message
+    from sessions_app.store import DjangoEffects, DjangoSessionStore
+
+    settings.RESPAWN_AGENTS = AGENTS
+    row = run_inline(session_start(agent="acme-sdk", input="hello"))
+    assert head_state(row)["agent"]["version"] == "1"
+    settings.RESPAWN_AGENTS = ["acme_sdk:agents_v2"]
+    session_send_message(session_id=row.id, content="again", actor=users["operator"])
+    row = run_inline(row)
+    assert row.status == Status.COMPLETED and head_state(row)["agent"]["version"] == "2"
+    settings.RESPAWN_AGENTS = AGENTS
+    session_send_message(session_id=row.id, content="once more", actor=users["operator"])
+    result = run_session(
+        str(row.id),
+        store=DjangoSessionStore(),
+        agents=agent_registry(),
+        effects=DjangoEffects(),
+        config=run_config(),
+    )
+    assert result.outcome == Outcome.INCOMPATIBLE
+    assert "already ran on version 2" in result.error

@@ -240,3 +240,18 @@ def test_sync_methods_for_code_that_is_not_async(make_session):
     assert session.pop_item_sync() == user("b")
     session.clear_session_sync()
     assert session.get_items_sync() == []
+
+
+def test_an_sdk_conversation_is_found_by_the_dashboards_search(make_session, client, users):
+    from django.urls import reverse
+
+    from sessions_app import search
+
+    session = make_session("conv-search")
+    run(session.add_items([user("my platypus is missing"), assistant("Let me look for it.")]))
+    other = make_session("conv-other")
+    run(other.add_items([user("nothing to see")]))
+    search.index_pending()
+    client.force_login(users["viewer"])
+    page = client.get(reverse("sessions:list"), {"q": "platypus"})
+    assert [s.id for s in page.context["sessions"]] == [session.respawn_id]

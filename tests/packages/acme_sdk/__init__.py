@@ -79,3 +79,6 @@ agents = [
         max_turns=30,
     )
 ]
+
+# The next release of the same agent (tests of the version rule).
+agents_v2 = [openai_agent("acme-sdk", support, version="2", run_config=run_config, max_turns=30)]
