@@ -364,6 +364,10 @@ class RespawnSession(SessionABC):
             step.superseded_at = now
             step.save(using=self._db, update_fields=["superseded_at"])
             self._system_step(session, {"event": "sdk_item_popped", "seq": step.seq})
+            last = self._item_steps().order_by("-seq").first()
+            if last is None or last.kind != StepKind.TOOL_CALL:
+                # What is left is a consistent point again (no call waits for its output).
+                self._checkpoint(session, final_answer=None)
             return item_of(step.kind, step.payload)
 
         return self._write(write)
@@ -404,7 +408,7 @@ class RespawnSession(SessionABC):
             self._may_write(session)
             value = write(session)
             session.updated_at = _now()
-            session.save(using=self._db)
+            session.save(using=self._db, update_fields=_SESSION_FIELDS)
         return value
 
     def _locked(self) -> Any:
@@ -598,6 +602,18 @@ class RespawnSession(SessionABC):
 
 
 _RUNNABLE = ("queued", "running")
+# What a session's writes change on its row.
+_SESSION_FIELDS = [
+    "last_seq",
+    "step_count",
+    "head",
+    "final_answer",
+    "status",
+    "fencing_token",
+    "lease_owner",
+    "lease_expires_at",
+    "updated_at",
+]
 
 
 def _approval(item: Any) -> dict[str, Any]:

@@ -75,6 +75,11 @@ def test_pop_returns_the_latest_item_and_none_when_empty(make_session):
         "sdk_item_popped",
         "sdk_item_popped",
     ]
+    # What is left after a pop is a consistent point: the head checkpoint is there.
+    row = AgentSession.objects.get(id=session.respawn_id)
+    assert (
+        row.head == row.last_seq and Checkpoint.objects.filter(session=row, seq=row.head).exists()
+    )
 
 
 def test_clear_empties_the_session_and_keeps_the_history(make_session):
