@@ -691,7 +691,7 @@ class OpenAIAgentRunner:
             agent_version=context.agent.version,
         )
         try:
-            return asyncio.run(self._run(context, session))
+            return _run_coroutine(self._run(context, session))
         finally:
             session.close()
 
@@ -772,6 +772,17 @@ class OpenAIAgentRunner:
         output = result.final_output
         text = output if isinstance(output, str) else json.dumps(output, default=str)
         return RunnerResult.completed(text)
+
+
+def _run_coroutine(coroutine: Any) -> Any:
+    """asyncio.run, on a thread of its own when this thread already runs an event loop (a
+    run started from async code: asyncio.run cannot nest)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coroutine)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="respawn-sdk-run") as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def openai_agent(

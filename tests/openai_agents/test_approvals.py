@@ -249,3 +249,17 @@ def test_checkpoints_name_the_version_that_ran_so_an_older_worker_refuses(
     )
     assert result.outcome == Outcome.INCOMPATIBLE
     assert "already ran on version 2" in result.error
+
+
+def test_a_run_started_from_async_code_runs_its_loop_on_a_thread(sdk_model, settings, monkeypatch):
+    settings.RESPAWN_AGENTS = AGENTS
+    # The ORM calls of run_inline itself, made from a coroutine here, are the test's own.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    session = session_start(agent="acme-sdk", input="hello")
+
+    async def from_async_code():
+        return run_inline(session)
+
+    row = asyncio.run(from_async_code())
+    assert row.status == Status.COMPLETED, row.last_error
+    assert row.final_answer == "You said: hello (turn 1, saw 2 messages)"
