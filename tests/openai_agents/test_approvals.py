@@ -258,7 +258,12 @@ def test_a_run_started_from_async_code_runs_its_loop_on_a_thread(sdk_model, sett
     session = session_start(agent="acme-sdk", input="hello")
 
     async def from_async_code():
-        return run_inline(session)
+        from django.db import connections
+
+        try:
+            return run_inline(session)
+        finally:
+            connections.close_all()  # the connection this context opened
 
     row = asyncio.run(from_async_code())
     assert row.status == Status.COMPLETED, row.last_error
