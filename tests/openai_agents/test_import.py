@@ -1,6 +1,7 @@
-"""The SDK reaches nothing but the model it is given: importing the integration and running
-a conversation through it in a fresh interpreter opens no connection and resolves no name
-beyond loopback, before or at exit (when the SDK would flush traces)."""
+"""What importing the integration does. The SDK reaches nothing but the model it is given:
+importing the integration and running a conversation through it in a fresh interpreter
+opens no connection and resolves no name beyond loopback, even when traces are flushed.
+Without the SDK, the import says what to install."""
 
 from __future__ import annotations
 
@@ -101,3 +102,15 @@ def test_import_and_run_reach_only_loopback(sdk_model, tmp_path):
     assert out == {"answer": "Worked 2 steps.", "tracing_disabled": True}
     assert attempts.read_text() == ""
     assert len(sdk_model.requests) == 3  # the conversation did reach the local model
+
+
+def test_importing_without_the_sdk_says_what_to_install():
+    code = "import sys; sys.modules['agents'] = None\nimport sessions_app.openai_agents"
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode != 0
+    assert (
+        "sessions_app.openai_agents needs the OpenAI Agents SDK: install it with "
+        "`pip install openai-agents`" in done.stderr
+    )
