@@ -44,7 +44,7 @@ from typing import Any
 try:
     from agents import Agent as SDKAgent
     from agents import RunConfig, Runner, RunState, set_tracing_disabled
-    from agents.memory import SessionABC
+    from agents.memory import SessionABC, SessionSettings
     from agents.run_state import CURRENT_SCHEMA_VERSION as SDK_STATE_VERSION
     from agents.version import __version__ as SDK_VERSION
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
@@ -231,14 +231,14 @@ class RespawnSession(SessionABC):
     workers resume its paused runs and answer its new messages.
     database: the Django database alias to write through.
     lease: a worker's lease: this session then writes only under it (used by the workers).
+    session_settings: the SDK's settings for the session (`SessionSettings(limit=N)`: how
+    many of the latest items a run reads).
 
     The SDK's protocol methods are coroutines; `get_items_sync` and the other `*_sync`
     methods do the same from code that is not async. Every write is one transaction under
     the session row's lock, so concurrent writers never interleave inside one call, and a
     pop returns each item once.
     """
-
-    session_settings = None
 
     def __init__(
         self,
@@ -249,9 +249,11 @@ class RespawnSession(SessionABC):
         lease: Lease | None = None,
         check: Callable[[], None] | None = None,
         agent_version: str = "",
+        session_settings: SessionSettings | None = None,
     ) -> None:
         _ensure_django()
         self.session_id = session_id
+        self.session_settings = session_settings
         self.respawn_id = session_id_for(session_id)
         self._agent = agent
         self._db = database
@@ -774,6 +776,13 @@ class OpenAIAgentRunner:
         return RunnerResult.completed(text)
 
 
+def _describe(agent: SDKAgent) -> str:
+    names = [getattr(t, "name", type(t).__name__) for t in agent.tools]
+    return f"OpenAI Agents SDK agent {agent.name!r}" + (
+        f" (tools: {', '.join(names)})" if names else ""
+    )
+
+
 def _run_coroutine(coroutine: Any) -> Any:
     """asyncio.run, on a thread of its own when this thread already runs an event loop (a
     run started from async code: asyncio.run cannot nest)."""
@@ -803,7 +812,7 @@ def openai_agent(
     return Agent(
         name=name,
         version=version,
-        description=description or f"OpenAI Agents SDK agent {agent.name!r}",
+        description=description or _describe(agent),
         compatible_since=compatible_since,
         runner=OpenAIAgentRunner(agent, run_config=run_config, max_turns=max_turns),
     )

@@ -260,3 +260,15 @@ def test_an_sdk_conversation_is_found_by_the_dashboards_search(make_session, cli
     client.force_login(users["viewer"])
     page = client.get(reverse("sessions:list"), {"q": "platypus"})
     assert [s.id for s in page.context["sessions"]] == [session.respawn_id]
+
+
+def test_session_settings_limit_what_a_run_reads(make_session, sdk_model):
+    from acme_sdk import run_config, support
+    from agents.memory import SessionSettings
+
+    session = make_session("conv-settings", session_settings=SessionSettings(limit=2))
+    for text in ("one", "two", "three"):
+        run(Runner.run(support, text, session=session, run_config=run_config))
+    # The third run read the latest 2 items (the second turn) before its own input.
+    assert [m["role"] for m in sent_messages(sdk_model)] == ["system", "user", "assistant", "user"]
+    assert len(run(session.get_items())) == 6
