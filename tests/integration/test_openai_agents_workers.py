@@ -127,3 +127,30 @@ def test_cancel_fork_and_resume_an_sdk_session(settings, start_worker, sdk_model
     wait_status(fork, Status.COMPLETED, timeout=90)
     assert fork.final_answer == "Worked 20 steps."
     assert tool_results(fork) == [f"step {n} done" for n in range(1, 21)]
+
+
+def test_a_worker_killed_while_the_approved_call_runs_resumes_from_the_stored_run_state(
+    settings, start_worker, sdk_model, tmp_path, users
+):
+    from sessions_app.services import session_approve
+
+    settings.RESPAWN_AGENTS = [AGENTS]
+    log = tmp_path / "tools.log"
+    first = start_worker(**env(sdk_model, log, ACME_SDK_DELAY="2.0"))
+    session = session_start(agent="acme-sdk", input="refund O-7 1250")
+    wait_status(session, Status.WAITING_INPUT)
+    session_approve(session_id=session.id, actor=users["operator"])
+    wait_for(
+        lambda: log.exists() and "refund O-7 1250" in log.read_text(),
+        timeout=60,
+        interval=0.02,
+        what="the approved refund to start",
+    )
+    first.kill()
+    start_worker(**env(sdk_model, log, ACME_SDK_DELAY="0.1"))
+    wait_status(session, Status.COMPLETED)
+    assert session.final_answer == "Refund result: refunded 1250 on O-7"
+    # The approval held across the crash: the call ran again (at least once), not asked again.
+    assert log.read_text() == "refund O-7 1250\nrefund O-7 1250\n"
+    assert Step.objects.filter(session=session, payload__event="approval_requested").count() == 1
+    assert tool_results(session) == ["refunded 1250 on O-7"]

@@ -3,8 +3,8 @@
 
 Its model is whatever speaks the OpenAI Chat Completions protocol at ACME_SDK_BASE_URL
 (read at each model call, so a test's local stub server can change between tests).
-`work` takes ACME_SDK_DELAY seconds (default 0) and records each call in ACME_SDK_LOG if
-set; `refund` needs a person's approval.
+`work` and `refund` take ACME_SDK_DELAY seconds (default 0) and record each call in
+ACME_SDK_LOG if set; `refund` needs a person's approval.
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ def work(step: int) -> str:
 def refund(order: str, amount: int) -> str:
     """Refund an order (a person approves it first)."""
     _log(f"refund {order} {amount}")
+    time.sleep(float(os.environ.get("ACME_SDK_DELAY", "0")))
     return f"refunded {amount} on {order}"
 
 
