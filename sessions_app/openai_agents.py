@@ -208,16 +208,47 @@ def step_for(item: dict[str, Any], names: dict[str, str]) -> tuple[str, dict[str
     return StepKind.SYSTEM, {"event": "sdk_item", "type": str(kind or role or "item"), "item": item}
 
 
+OPERATOR_INPUT = ("instruction", "correct_result")  # operator steps the model is shown
+
+
 def _is_item(payload: dict[str, Any], kind: str) -> bool:
-    return "item" in payload or kind == StepKind.USER
+    return (
+        "item" in payload
+        or kind == StepKind.USER
+        or (kind == StepKind.OPERATOR and payload.get("action") in OPERATOR_INPUT)
+    )
 
 
-def item_of(kind: str, payload: dict[str, Any]) -> dict[str, Any]:
-    """The SDK item a step holds; a user step written by Respawn (a message sent from the
-    dashboard or the API, the input a session started with) as a user message."""
-    if "item" in payload:
-        return payload["item"]
-    return {"role": "user", "content": step_text(payload) or ""}
+def item_of(
+    kind: str, payload: dict[str, Any], correction: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The SDK item a step holds. A user step written by Respawn (a message sent from the
+    dashboard or the API, the input a session started with) is a user message; an
+    operator's instruction or correction is a user message marked as the operator's, as
+    Respawn's own loop shows them; a corrected tool output carries the corrected value,
+    labelled as the operator's (`correction`: the payload of the step that corrected it)."""
+    if kind == StepKind.OPERATOR and payload.get("action") == "instruction":
+        return {"role": "user", "content": f"[Operator instruction] {step_text(payload) or ''}"}
+    if kind == StepKind.OPERATOR and payload.get("action") == "correct_result":
+        return {
+            "role": "user",
+            "content": (
+                f"[Operator correction] The result of tool call {payload.get('call_id')} was "
+                "corrected by an operator; continue from the corrected result."
+            ),
+        }
+    if "item" not in payload:
+        return {"role": "user", "content": step_text(payload) or ""}
+    item = payload["item"]
+    if correction is not None and item.get("type") == "function_call_output":
+        corrected = {
+            "output": correction.get("output"),
+            "corrected_by_operator": correction.get("actor"),
+        }
+        if correction.get("note"):
+            corrected["operator_note"] = correction["note"]
+        item = {**item, "output": json.dumps(corrected, sort_keys=True, default=str)}
+    return item
 
 
 # --- the session --------------------------------------------------------------------------
@@ -234,10 +265,11 @@ class RespawnSession(SessionABC):
     session_settings: the SDK's settings for the session (`SessionSettings(limit=N)`: how
     many of the latest items a run reads).
 
-    The SDK's protocol methods are coroutines; `get_items_sync` and the other `*_sync`
-    methods do the same from code that is not async. Every write is one transaction under
-    the session row's lock, so concurrent writers never interleave inside one call, and a
-    pop returns each item once.
+    The SDK's protocol methods are coroutines, whose database work runs on the session's
+    own thread; `get_items_sync` and the other `*_sync` methods do the same from code that
+    is not async, on the caller's thread (and its Django connection). Every write is one
+    transaction under the session row's lock, so concurrent writers never interleave inside
+    one call, and a pop returns each item once.
     """
 
     def __init__(
@@ -302,10 +334,17 @@ class RespawnSession(SessionABC):
             raise ValueError(f"limit must be None or an integer >= 0, got {limit!r}")
         if limit == 0:
             return []
-        rows = self._item_steps().order_by("-seq").values_list("kind", "payload")
+        rows = self._item_steps().order_by("-seq").values_list("seq", "kind", "payload")
         if limit is not None:
             rows = rows[:limit]
-        return [copy.deepcopy(item_of(kind, payload)) for kind, payload in reversed(list(rows))]
+        rows = list(reversed(list(rows)))
+        corrections = (
+            self._corrections() if any(k == StepKind.TOOL_RESULT for _, k, _ in rows) else {}
+        )
+        return [
+            copy.deepcopy(item_of(kind, payload, corrections.get(seq)))
+            for seq, kind, payload in rows
+        ]
 
     def add_items_sync(self, items: list[Any]) -> None:
         """Append items, in order, as steps; a consistent point (no tool call without its
@@ -476,10 +515,29 @@ class RespawnSession(SessionABC):
         from .models import Step
 
         return Step.objects.using(self._db).filter(
-            Q(payload__has_key="item") | Q(kind=StepKind.USER),
+            Q(payload__has_key="item")
+            | Q(kind=StepKind.USER)
+            | Q(kind=StepKind.OPERATOR, payload__action__in=OPERATOR_INPUT),
             session_id=self.respawn_id,
             superseded_at__isnull=True,
         )
+
+    def _corrections(self) -> dict[int, dict[str, Any]]:
+        """The live operator corrections of tool outputs: result seq -> the latest one."""
+        from .models import Step
+
+        rows = (
+            Step.objects.using(self._db)
+            .filter(
+                session_id=self.respawn_id,
+                kind=StepKind.OPERATOR,
+                payload__action="correct_result",
+                superseded_at__isnull=True,
+            )
+            .order_by("seq")
+            .values_list("payload", flat=True)
+        )
+        return {p.get("result_seq"): p for p in rows}
 
     def _tool_names(self, call_ids: set[str]) -> dict[str, str]:
         from .models import Step

@@ -6,6 +6,7 @@ process, as a job would run it) resuming the SDK run from the stored state."""
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 from agents import Runner
@@ -268,3 +269,38 @@ def test_a_run_started_from_async_code_runs_its_loop_on_a_thread(sdk_model, sett
     row = asyncio.run(from_async_code())
     assert row.status == Status.COMPLETED, row.last_error
     assert row.final_answer == "You said: hello (turn 1, saw 2 messages)"
+
+
+def test_an_operators_instruction_and_correction_reach_the_sdk_model(sdk_model, settings, users):
+    from sessions_app.services import session_add_instruction, session_correct_result
+
+    settings.RESPAWN_AGENTS = AGENTS
+    row = run_inline(session_start(agent="acme-sdk", input="loop 1"))
+    assert row.final_answer == "Worked 1 steps."
+    result = Step.objects.get(session=row, kind="tool_result")
+    session_correct_result(
+        session_id=row.id,
+        result_seq=result.seq,
+        output="step 1 redone",
+        note="checked",
+        actor=users["operator"],
+    )
+    row = run_inline(row)
+    assert row.status == Status.COMPLETED, row.last_error
+    sent = sdk_model.bodies()[-1]["messages"]
+    tool = [m for m in sent if m["role"] == "tool"]
+    assert json.loads(tool[0]["content"]) == {
+        "output": "step 1 redone",
+        "corrected_by_operator": "olivia",
+        "operator_note": "checked",
+    }
+    assert sent[-1]["content"].startswith("[Operator correction] The result of tool call")
+
+    session_add_instruction(session_id=row.id, text="answer in French", actor=users["operator"])
+    row = run_inline(row)
+    assert row.status == Status.COMPLETED, row.last_error
+    assert sdk_model.bodies()[-1]["messages"][-1] == {
+        "role": "user",
+        "content": "[Operator instruction] answer in French",
+    }
+    assert row.final_answer.startswith("You said: [Operator instruction] answer in French")

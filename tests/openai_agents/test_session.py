@@ -10,6 +10,7 @@ import threading
 import pytest
 from agents import Runner
 from agents.memory import Session
+from django.db import connections
 
 from sessions_app.models import AgentSession, Checkpoint, Step
 from sessions_app.openai_agents import RespawnSession, SessionBusy, session_id_for
@@ -134,6 +135,7 @@ def test_concurrent_pops_return_each_item_once(make_session):
                     popped.append(item["content"])
         finally:
             session.close()
+            connections.close_all()  # the *_sync calls used this thread's own connection
 
     threads = [threading.Thread(target=pop_all) for _ in range(4)]
     for thread in threads:
