@@ -327,6 +327,12 @@ class RespawnSession(SessionABC):
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool(), functools.partial(method, *args))
 
+    async def record_usage(self, result: Any, *, since: Any = None) -> None:
+        """Record what a run's model calls used (a RunResult's usage; less `since`, the
+        usage a resumed RunState carried in) as a `sdk_usage` step and on the session's
+        token counters, which the dashboard shows."""
+        await self._on_thread(self.record_usage_sync, result, since)
+
     # -- the same, synchronous ------------------------------------------------------------
     def get_items_sync(self, limit: int | None = None) -> list[dict[str, Any]]:
         """The live items, oldest first; with `limit`, the latest `limit` of them."""
@@ -435,6 +441,23 @@ class RespawnSession(SessionABC):
         data = state.to_json()
         self._write(lambda session: self._pause(session, data, pending, decided={}))
         return pending
+
+    def record_usage_sync(self, result: Any, since: Any = None) -> None:
+        usage = result.context_wrapper.usage
+        delta = {
+            name: max(0, int(getattr(usage, name, 0) or 0) - int(getattr(since, name, 0) or 0))
+            for name in ("requests", "input_tokens", "output_tokens")
+        }
+        if not any(delta.values()):
+            return
+        self._write(
+            lambda session: self._system_step(
+                session,
+                {"event": "sdk_usage", **delta},
+                tokens_in=delta["input_tokens"],
+                tokens_out=delta["output_tokens"],
+            )
+        )
 
     # -- writing ---------------------------------------------------------------------------
     def _write(self, write: Callable[[Any], Any]) -> Any:
@@ -549,17 +572,23 @@ class RespawnSession(SessionABC):
         )
         return {r.payload.get("call_id"): r.payload.get("name") for r in rows}
 
-    def _system_step(self, session: Any, payload: dict[str, Any]) -> int:
+    def _system_step(
+        self, session: Any, payload: dict[str, Any], *, tokens_in: int = 0, tokens_out: int = 0
+    ) -> int:
         from .models import Step
 
         now = _now()
         session.last_seq += 1
         session.step_count += 1
+        session.tokens_in += tokens_in
+        session.tokens_out += tokens_out
         Step.objects.using(self._db).create(
             session_id=session.id,
             seq=session.last_seq,
             kind=StepKind.SYSTEM,
             payload=payload,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
             started_at=now,
             finished_at=now,
             created_at=now,
@@ -672,6 +701,8 @@ _SESSION_FIELDS = [
     "fencing_token",
     "lease_owner",
     "lease_expires_at",
+    "tokens_in",
+    "tokens_out",
     "updated_at",
 ]
 
@@ -772,6 +803,7 @@ class OpenAIAgentRunner:
         result = await Runner.run(
             self.agent, [], session=session, run_config=self.run_config, max_turns=self.max_turns
         )
+        await session.record_usage(result)
         return await self._outcome(session, result)
 
     async def _resume(
@@ -806,6 +838,7 @@ class OpenAIAgentRunner:
             )
         check_run_state_version(run_state)
         state = await RunState.from_json(self.agent, run_state)
+        carried = copy.copy(state._context.usage) if state._context is not None else None
         for item in state.get_interruptions():
             decision = decided.get(_approval(item)["call_id"])
             if decision is None:
@@ -823,6 +856,7 @@ class OpenAIAgentRunner:
         result = await Runner.run(
             self.agent, state, session=session, run_config=self.run_config, max_turns=self.max_turns
         )
+        await session.record_usage(result, since=carried)
         return await self._outcome(session, result)
 
     async def _outcome(self, session: RespawnSession, result: Any) -> RunnerResult:

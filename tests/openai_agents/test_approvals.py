@@ -123,6 +123,14 @@ def test_a_session_started_on_the_workers_pauses_and_resumes(sdk_model, settings
         .values_list("kind", flat=True)
     )
     assert kinds == ["user", "tool_call", "operator", "tool_result", "model"]
+    # Each run recorded what its model calls used (the stub reports 12 in, 5 out a call);
+    # the resumed run counts only its own call, not the one its RunState carried in.
+    usage = Step.objects.filter(session=row, payload__event="sdk_usage").order_by("seq")
+    assert [(s.payload["requests"], s.tokens_in, s.tokens_out) for s in usage] == [
+        (1, 12, 5),
+        (1, 12, 5),
+    ]
+    assert (row.tokens_in, row.tokens_out) == (24, 10)
 
 
 def test_messages_sent_from_the_dashboard_continue_the_conversation(sdk_model, settings, users):
