@@ -312,3 +312,28 @@ def test_an_operators_instruction_and_correction_reach_the_sdk_model(sdk_model, 
         "content": "[Operator instruction] answer in French",
     }
     assert row.final_answer.startswith("You said: [Operator instruction] answer in French")
+
+
+def test_a_run_paused_by_sdk_schema_1_21_still_resumes(make_session, sdk_model, settings, users):
+    """A frozen pause (tests/fixtures/openai_agents, recorded with openai-agents 0.24.0,
+    RunState schema 1.21): an SDK upgrade must still resume what the old one stored."""
+    from pathlib import Path
+
+    frozen = json.loads(
+        (Path(__file__).parents[1] / "fixtures/openai_agents/paused_refund_1.21.json").read_text()
+    )
+    settings.RESPAWN_AGENTS = AGENTS
+    session = make_session("conv-frozen", agent="acme-sdk")
+    asyncio.run(session.add_items(frozen["items"]))
+
+    async def pause():
+        from acme_sdk import support
+        from agents import RunState
+
+        await session.wait_for_approval(await RunState.from_json(support, frozen["run_state"]))
+
+    asyncio.run(pause())
+    row = session_approve(session_id=session.respawn_id, actor=users["operator"])
+    row = run_inline(row)
+    assert row.status == Status.COMPLETED, row.last_error
+    assert row.final_answer == "Refund result: refunded 1250 on O-7"
