@@ -274,3 +274,24 @@ def test_session_settings_limit_what_a_run_reads(make_session, sdk_model):
     # The third run read the latest 2 items (the second turn) before its own input.
     assert [m["role"] for m in sent_messages(sdk_model)] == ["system", "user", "assistant", "user"]
     assert len(run(session.get_items())) == 6
+
+
+def test_a_streamed_run_stores_its_items_too(make_session, sdk_model):
+    from acme_sdk import run_config, support
+
+    session = make_session("conv-streamed")
+
+    async def streamed():
+        result = Runner.run_streamed(support, "loop 1", session=session, run_config=run_config)
+        async for _event in result.stream_events():
+            pass
+        return result.final_output
+
+    assert run(streamed()) == "Worked 1 steps."
+    items = run(session.get_items())
+    assert [i.get("type", "message") for i in items] == [
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]

@@ -8,6 +8,7 @@ The last user message decides:
   "refund ORDER N"    call `refund` once; answer with what the tool returned
   "refunds A N B M"   call `refund` twice in one turn; answer with both results
   anything else       "You said: TEXT (turn K, saw M messages)", K counting user messages
+A request with "stream": true gets the same answer as server-sent chunks.
 """
 
 from __future__ import annotations
@@ -34,7 +35,33 @@ def _texts(content) -> str:
 
 
 def support_model(recorded: Recorded) -> Reply:
-    messages = recorded.json["messages"]
+    reply = _answer(recorded.json["messages"])
+    return _as_stream(reply) if recorded.json.get("stream") else reply
+
+
+def _as_stream(reply: Reply) -> Reply:
+    """The same answer as Chat Completions' server-sent chunks (a streamed run)."""
+    body = reply.body
+    message = body["choices"][0]["message"]
+    base = {k: body[k] for k in ("id", "created", "model")} | {"object": "chat.completion.chunk"}
+    delta: dict = {"role": "assistant", "content": message.get("content")}
+    if message.get("tool_calls"):
+        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+    chunks = [
+        {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]},
+        {
+            **base,
+            "choices": [
+                {"index": 0, "delta": {}, "finish_reason": body["choices"][0]["finish_reason"]}
+            ],
+        },
+        {**base, "choices": [], "usage": body.get("usage")},
+    ]
+    text = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    return Reply(body=text, content_type="text/event-stream")
+
+
+def _answer(messages: list[dict]) -> Reply:
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     last = users[-1] if users else 0
     request = _texts(messages[last]["content"]) if users else ""
