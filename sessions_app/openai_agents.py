@@ -526,11 +526,31 @@ class RespawnSession(SessionABC):
                 f"session {self.respawn_id} is {session.status}: {holder} owns its "
                 "conversation until the run ends; nothing was written"
             )
+        pending = self._pending_call(session) if session.status == "waiting_input" else None
+        if pending:
+            raise SessionBusy(
+                f"session {self.respawn_id} waits for a person's decision on tool call "
+                f"{pending}: approve or reject it (the dashboard, the API), "
+                "and a worker resumes the run; nothing was written"
+            )
         if session.lease_owner:
             # An expired lease of a run that ended badly: fence it off for good.
             session.fencing_token += 1
             session.lease_owner = None
             session.lease_expires_at = None
+
+    def _pending_call(self, session: Any) -> str | None:
+        """The call id of the approval the head checkpoint waits for, if any."""
+        from .models import Checkpoint
+
+        pending = (
+            Checkpoint.objects.using(self._db)
+            .filter(session_id=session.id, seq=session.head)
+            .order_by("-id")
+            .values_list("state__pending_approval", flat=True)
+            .first()
+        )
+        return pending.get("call_id") if isinstance(pending, dict) else None
 
     def _item_steps(self) -> Any:
         from django.db.models import Q

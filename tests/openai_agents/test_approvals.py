@@ -337,3 +337,15 @@ def test_a_run_paused_by_sdk_schema_1_21_still_resumes(make_session, sdk_model, 
     row = run_inline(row)
     assert row.status == Status.COMPLETED, row.last_error
     assert row.final_answer == "Refund result: refunded 1250 on O-7"
+
+
+def test_a_program_cannot_write_past_a_pending_approval(make_session, sdk_model):
+    from sessions_app.openai_agents import SessionBusy
+
+    session, pending = paused_refund(make_session, sid="conv-pending")
+    before = Step.objects.filter(session_id=session.respawn_id).count()
+    with pytest.raises(SessionBusy, match=f"decision on tool call {pending[0]['call_id']}"):
+        asyncio.run(session.add_items([{"role": "user", "content": "never mind"}]))
+    with pytest.raises(SessionBusy):
+        asyncio.run(session.pop_item())
+    assert Step.objects.filter(session_id=session.respawn_id).count() == before
