@@ -89,8 +89,9 @@ SUMMARY_CHARS = 200
 
 
 class SessionBusy(LeaseLost):
-    """A worker runs this session (or is about to): a program outside it cannot write the
-    conversation now. The refused write wrote nothing."""
+    """A worker runs this session (or is about to), or a tool call in it waits for a
+    person's decision: a program outside it cannot write the conversation now. The refused
+    write wrote nothing."""
 
 
 class RunStateVersionError(ValueError):
