@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from ..stubs.sdk_model import sdk_model  # noqa: F401
+
 # Playwright's sync API runs an event loop in this thread; the ORM calls the tests make
 # around it are still plain synchronous calls.
 os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")

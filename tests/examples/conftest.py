@@ -5,6 +5,7 @@ import sys
 
 from ..conftest import ROOT
 from ..stubs.llm_servers import openai_server
+from ..stubs.sdk_model import sdk_model  # noqa: F401
 
 SUPPORT_AGENT = ROOT / "examples" / "support_agent"
 sys.path.insert(0, str(SUPPORT_AGENT))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -52,8 +53,11 @@ class Recorded:
 class StubServer:
     """A ThreadingHTTPServer on 127.0.0.1, port 0, serving one POST path from a thread."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, respond: Callable[[Recorded], Reply] | None = None) -> None:
         self.path = path
+        # Answers a request when no scripted reply is left (a stub that decides from what
+        # it was sent, for runs whose number of calls a crash changes).
+        self.respond = respond
         self.requests: list[Recorded] = []
         self._replies: list[Reply] = []
         self._lock = threading.Lock()
@@ -103,6 +107,8 @@ class StubServer:
             self.requests.append(recorded)
             if recorded.path != self.path:
                 return Reply(404, {"error": {"message": f"stub serves only {self.path}"}})
+            if not self._replies and self.respond is not None:
+                return self.respond(recorded)
             if not self._replies:
                 return Reply(500, {"error": {"message": "stub: no scripted reply left"}})
             return self._replies.pop(0)

@@ -1,0 +1,1 @@
+from ..stubs.sdk_model import sdk_model  # noqa: F401
