@@ -732,37 +732,12 @@ def _tool_flags(agent: str, name: str) -> tuple[bool | None, bool]:
     return tool.idempotent, tool.needs_approval
 
 
-def _pending_calls(session: AgentSession, after_seq: int) -> list[RerunCall]:
-    """Tool calls of the last model turn at or before the resume point that have no result."""
-    live = Step.objects.filter(session=session, superseded_at__isnull=True)
-    model = (
-        live.filter(kind="model", seq__lte=max(after_seq, session.last_seq))
-        .order_by("-seq")
-        .first()
-    )
-    if model is None:
-        return []
-    later = list(live.filter(seq__gt=model.seq).order_by("seq"))
-    done = {s.payload.get("call_id") for s in later if s.kind == "tool_result"}
-    recorded = {s.payload.get("call_id"): s.seq for s in later if s.kind == "tool_call"}
-    out = []
-    for call in model.payload.get("tool_calls") or []:
-        if call.get("id") in done:
-            continue
-        idempotent, approval = _tool_flags(session.agent, call.get("name", ""))
-        out.append(
-            RerunCall(
-                recorded.get(call.get("id")),
-                call.get("name", ""),
-                call.get("id", ""),
-                idempotent,
-                approval,
-            )
-        )
-    return out
-
-
 def preview_resume(session: AgentSession) -> Preview:
+    """What a resume will do, decided by the engine's own reading of the trace
+    (agent_runtime.loop.next_action over the tail a worker loads), so the preview and the
+    worker cannot disagree."""
+    from agent_runtime.loop import Finished, RunTools, next_action
+
     preview = Preview(action="resume", checkpoint_seq=session.head)
     after = Step.objects.filter(session=session, seq__gt=session.head, superseded_at__isnull=True)
     count = after.count()
@@ -771,16 +746,46 @@ def preview_resume(session: AgentSession) -> Preview:
             f"{count} step(s) after checkpoint {session.head} are kept and folded into the state; "
             "nothing before the checkpoint runs again."
         )
-    preview.reruns = _pending_calls(session, session.last_seq)
-    for call in preview.reruns:
-        if call.seq is not None:
-            preview.notes.append(
-                f"Tool call #{call.seq} ({call.name}) was recorded but has no result: it runs "
-                "again with the same idempotency key"
-                + ("." if call.idempotent else " — it is NOT idempotent.")
+    try:
+        head = DjangoSessionStore().load_tail(str(session.id))
+    except IncompatibleSchemaError as exc:
+        preview.notes.append(f"This code cannot load the session; a worker will refuse it: {exc}")
+        return preview
+    action = next_action(head.history)
+    if isinstance(action, RunTools):
+        for pending in action.calls:
+            call = pending.call
+            idempotent, approval = _tool_flags(session.agent, call.name)
+            recorded = pending.tool_call_step
+            preview.reruns.append(
+                RerunCall(
+                    recorded.seq if recorded else None, call.name, call.id, idempotent, approval
+                )
             )
-    if not preview.reruns:
+            if recorded is not None:
+                preview.notes.append(
+                    f"Tool call #{recorded.seq} ({call.name}) was recorded but has no result: "
+                    + (
+                        "it runs again with the same idempotency key."
+                        if idempotent is not False
+                        else "it is NOT idempotent, so the session waits for a person to say "
+                        "whether it happened."
+                    )
+                )
+            elif approval and pending.decision is None:
+                preview.notes.append(f"{call.name} needs approval: the session waits for it.")
+    elif isinstance(action, Finished):
+        preview.notes.append("The turn is answered already: the run only settles the status.")
+    else:
         preview.notes.append("The model is called next, with the history as it stands.")
+    if session.status == Status.PAUSED and session.last_error.startswith(BUDGET_REACHED):
+        reached = [b for b in session_budgets(session) if b.reached]
+        if reached:
+            names = ", ".join(b.name for b in reached)
+            preview.notes.append(
+                f"The {names} budget is still used up: raise it first, or the session pauses "
+                "again at once."
+            )
     return preview
 
 

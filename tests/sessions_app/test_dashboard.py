@@ -8,7 +8,7 @@ from django.urls import reverse
 from agent_runtime.loop import run_session
 from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
 from sessions_app.runtime import agent_registry, run_config
-from sessions_app.services import session_start
+from sessions_app.services import session_add_instruction, session_start
 from sessions_app.store import DjangoEffects, DjangoSessionStore
 
 pytestmark = pytest.mark.django_db
@@ -243,6 +243,16 @@ def test_preview_of_resume_names_the_call_that_runs_again(client, users):
     client.force_login(users["operator"])
     page = client.get(reverse("sessions:preview", args=[session.id, "resume"])).content.decode()
     assert "Tool call #3 (tick) was recorded but has no result: it runs again" in page
+
+    # Then a person adds an instruction: the worker answers it (the engine's next_action
+    # reads new input after the model's turn first), and the preview says the same.
+    store.release(lease)
+    AgentSession.objects.filter(id=session.id).update(status=Status.PAUSED)
+    session_add_instruction(session_id=session.id, text="stop counting", actor=users["operator"])
+    AgentSession.objects.filter(id=session.id).update(status=Status.PAUSED)
+    page = client.get(reverse("sessions:preview", args=[session.id, "resume"])).content.decode()
+    assert "The model is called next" in page
+    assert "was recorded but has no result" not in page
 
 
 def test_bulk_resume_counts_first_then_reports_per_session(client, users):
