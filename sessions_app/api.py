@@ -403,14 +403,6 @@ class AnswerIn(Schema):
 
 # --- Helpers ----------------------------------------------------------------------------
 
-STATUS_CODES = {
-    "not_found": 404,
-    "bad_status": 409,
-    "already_running": 409,
-    "exists": 409,
-}
-
-
 def _meta(request: HttpRequest) -> dict[str, Any]:
     return request_meta(request, "api")
 
@@ -528,7 +520,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 @api.exception_handler(services.ActionError)
 def action_error(request: HttpRequest, exc: services.ActionError):
     return api.create_response(
-        request, {"error": exc.code, "detail": str(exc)}, status=STATUS_CODES.get(exc.code, 400)
+        request, {"error": exc.code, "detail": str(exc)}, status=exc.status
     )
 
 

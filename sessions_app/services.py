@@ -47,11 +47,24 @@ MAX_INPUT_CHARS = 100_000
 
 
 class ActionError(Exception):
-    """An action that does not fit: bad input, or the session's status does not allow it."""
+    """An action that does not fit: bad input, or the session's status does not allow it.
+    `status` is the HTTP status every face (dashboard, API) answers it with."""
+
+    STATUS = {
+        "not_found": 404,
+        "forbidden": 403,
+        "bad_status": 409,
+        "already_running": 409,
+        "exists": 409,
+    }
 
     def __init__(self, message: str, *, code: str = "invalid") -> None:
         super().__init__(message)
         self.code = code
+
+    @property
+    def status(self) -> int:
+        return self.STATUS.get(self.code, 400)
 
 
 @dataclass(frozen=True)

@@ -639,9 +639,6 @@ def _action_response(
     return response
 
 
-ACTION_STATUS = {"not_found": 404, "bad_status": 409, "already_running": 409}
-
-
 @login_required
 @require_POST
 def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpResponse:
@@ -764,7 +761,7 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
             raise Http404("no such action")
     except services.ActionError as exc:
         return _action_response(
-            request, session, ok=False, text=str(exc), status=ACTION_STATUS.get(exc.code, 400)
+            request, session, ok=False, text=str(exc), status=exc.status
         )
     return _action_response(request, session, ok=True, text=text)
 
