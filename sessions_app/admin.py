@@ -17,10 +17,8 @@ from __future__ import annotations
 import json
 import math
 import uuid
-from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
@@ -35,7 +33,6 @@ from django.db.models.functions import Cast, Left
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse, reverse_lazy
-from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django_rq.models import Dashboard as RqDashboard
@@ -46,7 +43,6 @@ from . import admin_services, queues_admin, services
 from .admin_forms import ApiTokenAddForm, CheckpointAdminForm, SessionAdminForm, StepAdminForm
 from .admin_site import RoleRules
 from .models import (
-    RUNNABLE,
     AgentSession,
     ApiToken,
     AuditEvent,
@@ -251,20 +247,6 @@ def _search_by_session_id(queryset: QuerySet, search_term: str) -> tuple[QuerySe
 # --- Filters (each served by an index; none lists values by scanning the table) ----------
 
 
-def stuck_sessions_q(now=None) -> Q:
-    """The queryset form of AgentSession.is_stuck (tests keep the two in step)."""
-    now = now or timezone.now()
-    grace = now - timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
-    no_live_lease = (
-        Q(lease_owner__isnull=True)
-        | Q(lease_owner="")
-        | Q(lease_expires_at__isnull=True)
-        | Q(lease_expires_at__lte=now)
-    )
-    overdue = Q(status=Status.RUNNING) | Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=grace)
-    return Q(status__in=RUNNABLE) & no_live_lease & overdue
-
-
 class StuckFilter(admin.SimpleListFilter):
     title = "stuck"
     parameter_name = "stuck"
@@ -275,7 +257,7 @@ class StuckFilter(admin.SimpleListFilter):
     def queryset(self, request, queryset):
         if self.value() == "yes":
             # Served by the partial index session_runnable_updated.
-            return queryset.filter(stuck_sessions_q())
+            return queryset.filter(AgentSession.stuck_q())
         return queryset
 
 

@@ -171,6 +171,23 @@ class AgentSession(models.Model):
     def is_incompatible(self) -> bool:
         return self.incompatible_at is not None
 
+    @staticmethod
+    def stuck_q(now=None) -> Q:
+        """is_stuck as a query (the admin's filter, "needs attention", the metrics; a test
+        keeps the two in step)."""
+        now = now or timezone.now()
+        grace = now - timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
+        no_live_lease = (
+            Q(lease_owner__isnull=True)
+            | Q(lease_owner="")
+            | Q(lease_expires_at__isnull=True)
+            | Q(lease_expires_at__lte=now)
+        )
+        overdue = (
+            Q(status=Status.RUNNING) | Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=grace)
+        )
+        return Q(status__in=RUNNABLE, incompatible_at__isnull=True) & no_live_lease & overdue
+
     def is_stuck(self, now=None) -> bool:
         """Should be running, but nobody holds a live lease and the dispatch is overdue.
         (An incompatible session is not stuck: it waits for code that can load it.)"""

@@ -24,7 +24,6 @@ from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
 from .models import (
     FINAL,
-    RUNNABLE,
     AgentSession,
     Checkpoint,
     ModelUsage,
@@ -437,27 +436,8 @@ def agents_overview() -> AgentsOverview:
 # --- Needs attention --------------------------------------------------------------------
 
 
-def stuck_sessions(limit: int = 100) -> list[AgentSession]:
-    now = timezone.now()
-    grace = now - timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
-    rows = (
-        AgentSession.objects.filter(status__in=RUNNABLE)
-        .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lte=now))
-        .filter(
-            Q(status=Status.RUNNING) | Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=grace)
-        )
-        .order_by("updated_at")[:limit]
-    )
-    return [s for s in rows if s.is_stuck(now)]
 
 
-def overdue_approvals(limit: int = 100) -> list[AgentSession]:
-    cutoff = timezone.now() - timedelta(seconds=settings.RESPAWN_APPROVAL_SLA)
-    return list(
-        AgentSession.objects.filter(status=Status.WAITING_INPUT, updated_at__lt=cutoff).order_by(
-            "updated_at"
-        )[:limit]
-    )
 
 
 @dataclass(frozen=True)
@@ -508,14 +488,6 @@ def uncertain_call(session: AgentSession, state: dict[str, Any]) -> dict[str, An
     return {**step.payload, "seq": step.seq} if step else {"call_id": uncertain[0]}
 
 
-def uncertain_sessions(limit: int = 100) -> list[AgentSession]:
-    """Sessions waiting for a person because a side effect may or may not have happened."""
-    ids = Checkpoint.objects.filter(
-        session__status=Status.WAITING_INPUT,
-        seq=F("session__head"),
-        state__uncertain_calls__0__isnull=False,
-    ).values_list("session_id", flat=True)[:limit]
-    return list(AgentSession.objects.filter(id__in=list(ids)).order_by("updated_at"))
 
 
 def old_schema_sessions(cap: int = 1000) -> tuple[int, bool]:
@@ -592,8 +564,6 @@ class AttentionSection:
 
 
 def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
-    from .admin import stuck_sessions_q  # the one definition of "stuck" as a query
-
     uncertain = Checkpoint.objects.filter(
         session__status=Status.WAITING_INPUT,
         seq=F("session__head"),
@@ -602,7 +572,7 @@ def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
     cutoff = now - timedelta(seconds=settings.RESPAWN_APPROVAL_SLA)
     recent = now - timedelta(days=FAILED_RECENT_DAYS)
     return {
-        "stuck": AgentSession.objects.filter(stuck_sessions_q(now), incompatible_at__isnull=True),
+        "stuck": AgentSession.objects.filter(AgentSession.stuck_q(now)),
         "uncertain": AgentSession.objects.filter(id__in=uncertain),
         "approvals": AgentSession.objects.filter(
             status=Status.WAITING_INPUT, updated_at__lt=cutoff
