@@ -127,12 +127,7 @@ def step_edit_payload(
 
 def _head_checkpoint_id(session: AgentSession) -> int | None:
     # The checkpoint a resume loads (the same choice as the store's load_head).
-    return (
-        Checkpoint.objects.filter(session=session, seq=session.head)
-        .order_by("-id")
-        .values_list("id", flat=True)
-        .first()
-    )
+    return session.head_checkpoints().values_list("id", flat=True).first()
 
 
 def checkpoint_edit_state(

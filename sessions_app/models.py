@@ -208,6 +208,14 @@ class AgentSession(models.Model):
             return 100
         return min(100, (self.progress_done or 0) * 100 // self.progress_total)
 
+    def head_checkpoints(self):
+        """The head checkpoint as a query: the last one written at seq `head` (a rollback
+        may leave an older copy at the same seq). What a worker's load_head loads."""
+        return Checkpoint.objects.filter(session=self, seq=self.head).order_by("-id")
+
+    def head_checkpoint(self) -> Checkpoint | None:
+        return self.head_checkpoints().first()
+
     def can_resume(self) -> bool:
         return self.status in (Status.PAUSED, Status.FAILED, Status.WAITING_INPUT) or (
             self.status in RUNNABLE and not self.lease_is_live()

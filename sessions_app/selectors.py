@@ -814,9 +814,7 @@ def first_error_seq(session: AgentSession) -> int | None:
 def head_state(session: AgentSession) -> dict[str, Any]:
     """The head checkpoint's state, upgraded to the current schema (as stored if it cannot
     be: the page then shows the session's incompatibility)."""
-    checkpoint = (
-        Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
-    )
+    checkpoint = session.head_checkpoint()
     return upgraded_state(checkpoint.state) if checkpoint else {}
 
 

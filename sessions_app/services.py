@@ -138,7 +138,7 @@ def _load_checkpoint_state(checkpoint: Checkpoint) -> SessionState:
 
 def _head_state(session: AgentSession) -> SessionState | None:
     """The state of the checkpoint a resume would load; None if the session has none."""
-    checkpoint = session.checkpoints.filter(seq=session.head).order_by("-id").first()
+    checkpoint = session.head_checkpoint()
     return _load_checkpoint_state(checkpoint) if checkpoint else None
 
 
@@ -581,9 +581,7 @@ def checkpoint_rollback(
             )
         target_state = _load_checkpoint_state(target)
         before = _summary(session)
-        current = (
-            Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
-        )
+        current = session.head_checkpoint()
         now = timezone.now()
         if current is not None:
             # A copy of what was there, kept in the version it was stored in.

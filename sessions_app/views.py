@@ -551,11 +551,7 @@ def checkpoint_diff(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
     def pick(raw: str | None, default: Checkpoint | None) -> Checkpoint | None:
         if raw in (None, "", "head"):
-            return (
-                Checkpoint.objects.filter(session=session, seq=session.head).order_by("-id").first()
-                if raw == "head"
-                else default
-            )
+            return session.head_checkpoint() if raw == "head" else default
         try:
             pk = parse_int(raw, "checkpoint", maximum=2**63 - 1)
             return Checkpoint.objects.get(session=session, pk=pk)
