@@ -216,10 +216,30 @@ class AgentSession(models.Model):
     def head_checkpoint(self) -> Checkpoint | None:
         return self.head_checkpoints().first()
 
+    def resume_refusal(self) -> tuple[str, str] | None:
+        """Why a resume is refused now (message, error code), or None: the one rule the
+        resume action enforces and the dashboard offers the button by."""
+        if self.status in RUNNABLE and self.lease_is_live():
+            return "session is already running", "already_running"
+        if self.status in RUNNABLE and not self.is_stuck() and not self.is_incompatible:
+            # Queued and dispatched moments ago: a worker will take it. Resuming again
+            # would only hand out a second job (and, under a burst of clicks, many).
+            return "session is already queued; a worker will pick it up", "already_running"
+        if self.status in (Status.COMPLETED, Status.CANCELLED):
+            return (
+                f"a {self.get_status_display().lower()} session cannot be resumed; "
+                "send it a new message instead",
+                "bad_status",
+            )
+        if self.status == Status.WAITING_INPUT:
+            return (
+                "session is waiting for an approval: approve or reject the pending tool call",
+                "bad_status",
+            )
+        return None
+
     def can_resume(self) -> bool:
-        return self.status in (Status.PAUSED, Status.FAILED, Status.WAITING_INPUT) or (
-            self.status in RUNNABLE and not self.lease_is_live()
-        )
+        return self.resume_refusal() is None
 
     def can_cancel(self) -> bool:
         return self.status not in FINAL

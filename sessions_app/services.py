@@ -406,25 +406,10 @@ def session_resume(
     who = _actor(actor)
     with transaction.atomic():
         session = _locked(session_id)
-        if session.status in RUNNABLE and session.lease_is_live():
-            raise ActionError("session is already running", code="already_running")
-        if session.status in RUNNABLE and not session.is_stuck() and not session.is_incompatible:
-            # Queued and dispatched moments ago: a worker will take it. Resuming again
-            # would only hand out a second job (and, under a burst of clicks, many).
-            raise ActionError(
-                "session is already queued; a worker will pick it up", code="already_running"
-            )
-        if session.status in (Status.COMPLETED, Status.CANCELLED):
-            raise ActionError(
-                f"a {session.get_status_display().lower()} session cannot be resumed; "
-                "send it a new message instead",
-                code="bad_status",
-            )
-        if session.status == Status.WAITING_INPUT:
-            raise ActionError(
-                "session is waiting for an approval: approve or reject the pending tool call",
-                code="bad_status",
-            )
+        refusal = session.resume_refusal()
+        if refusal is not None:
+            message, code = refusal
+            raise ActionError(message, code=code)
         before = _summary(session)
         session.status = Status.QUEUED
         session.last_error = ""

@@ -311,3 +311,28 @@ def test_rollback_supersedes_later_steps_and_pauses():
         "tool_result",
         "operator",
     ]
+
+
+@pytest.mark.parametrize("status", [s.value for s in Status])
+@pytest.mark.parametrize("lease", ["none", "live", "expired"])
+def test_the_resume_button_is_offered_exactly_when_the_resume_is_allowed(status, lease):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    now = timezone.now()
+    fields = {"status": status, "dispatched_at": now - timedelta(hours=1)}
+    if lease != "none":
+        delta = timedelta(minutes=5)
+        fields.update(
+            lease_owner="w", lease_expires_at=now + delta if lease == "live" else now - delta
+        )
+    session = AgentSession.objects.create(agent="echo", last_seq=1, step_count=1, **fields)
+    offered = session.can_resume()
+    try:
+        session_resume(session_id=session.id, dispatch_now=False)
+    except ActionError:
+        allowed = False
+    else:
+        allowed = True
+    assert offered == allowed, (status, lease)
