@@ -19,7 +19,9 @@ ARTIFACTS = Path(os.environ.get("RESPAWN_TEST_ARTIFACTS", ROOT / "test-artifacts
 CHROMIUM = os.environ.get("RESPAWN_CHROMIUM", shutil.which("chromium") or "/usr/bin/chromium")
 
 
-@pytest.fixture(scope="session")
+# Package scope: Playwright's sync API runs an event loop in the main thread while it is
+# open, and tests after these (the OpenAI Agents SDK's, say) call asyncio.run() there.
+@pytest.fixture(scope="package")
 def browser():
     if not Path(CHROMIUM).exists():
         pytest.fail(
