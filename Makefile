@@ -30,9 +30,16 @@ run: $(STAMP)
 services:
 	@scripts/test-services.sh
 
+# The store contract, the worker and the fault suites run a second time through a PgBouncer
+# in transaction mode that the run starts (RESPAWN_POOLER_SAFE on): see tests/servers.py.
+POOLER_TESTS ?= tests/contract tests/integration/test_workers.py tests/fault/test_faults.py \
+	tests/scale/test_pooler.py
+
 test: $(STAMP) services
 	$(BIN)/ruff check .
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(BIN)/python -m pytest $(PYTEST_ARGS)
+	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
+		$(BIN)/python -m pytest --through-pgbouncer $(POOLER_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

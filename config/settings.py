@@ -155,6 +155,9 @@ else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(VAR_DIR / "respawn.sqlite3")}
 
+# RESPAWN_POOLER_SAFE=1: DATABASE_URL names a pooler in transaction mode (PgBouncer), not
+# PostgreSQL itself; no session state is kept on a server connection between transactions.
+RESPAWN_POOLER_SAFE = env_bool("RESPAWN_POOLER_SAFE", False)
 if _db["ENGINE"] == "django.db.backends.postgresql":
     # Django's native psycopg pool in web processes. A worker process runs one job at a
     # time and keeps one plain persistent connection from job to job instead, checked
@@ -165,6 +168,14 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
         _db["CONN_MAX_AGE"] = None
         _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("TEST", {})["NAME"] = os.environ.get("RESPAWN_TEST_DB_NAME") or None
+    if RESPAWN_POOLER_SAFE:
+        # Behind a pooler in transaction mode (PgBouncer's pool_mode=transaction) each
+        # transaction may run on another server connection: nothing may outlive one. No
+        # server-side prepared statements (psycopg's prepare_threshold None; the store's
+        # explicit ones are off too, sessions_app.store) and no cursors held open across
+        # transactions (Django's .iterator() declares them WITH HOLD outside a transaction).
+        _db.setdefault("OPTIONS", {})["prepare_threshold"] = None
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
 elif _db["ENGINE"] == "django.db.backends.sqlite3":
     # Web server and worker write the same file: WAL lets readers go on during a write,
     # IMMEDIATE transactions take the write lock up front instead of failing on upgrade.
