@@ -196,10 +196,56 @@ _EMBEDDED_REDIS = VAR_DIR / "redis.url"
 REDIS_URL = os.environ.get("REDIS_URL") or (
     _EMBEDDED_REDIS.read_text().strip() if _EMBEDDED_REDIS.exists() else "redis://127.0.0.1:6379/0"
 )
+
+
+def redis_sentinels(value: str) -> list[tuple[str, int]]:
+    """REDIS_SENTINELS: comma-separated host:port pairs of the Sentinels to ask."""
+    sentinels = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SystemExit(
+                f"REDIS_SENTINELS: {item!r} is not host:port "
+                "(e.g. REDIS_SENTINELS=10.0.0.5:26379,10.0.0.6:26379,10.0.0.7:26379)"
+            )
+        sentinels.append((host.strip("[]"), int(port)))
+    return sentinels
+
+
+# Redis through Sentinel (a highly available Redis): the Sentinels to ask and the name of
+# the master they monitor; REDIS_URL is then not used. Every connection to Redis, in every
+# process, is made from RQ_QUEUES below by django-rq (sessions_app.dispatch.redis_connection):
+# after a failover, new connections go to the new master.
+REDIS_SENTINELS = redis_sentinels(os.environ.get("REDIS_SENTINELS", ""))
+REDIS_SENTINEL_MASTER = os.environ.get("REDIS_SENTINEL_MASTER", "").strip()
+REDIS_PASSWORD = env_secret("REDIS_PASSWORD")
+REDIS_SENTINEL_PASSWORD = env_secret("REDIS_SENTINEL_PASSWORD")
+if REDIS_SENTINELS:
+    if not REDIS_SENTINEL_MASTER:
+        raise SystemExit(
+            "REDIS_SENTINELS is set but REDIS_SENTINEL_MASTER is not: set it to the name the "
+            "Sentinels monitor the master under (their `sentinel monitor <name> ...` line)"
+        )
+    REDIS_CONNECTION = {
+        "SENTINELS": REDIS_SENTINELS,
+        "MASTER_NAME": REDIS_SENTINEL_MASTER,
+        "DB": int(env_float("REDIS_DB", 0)),
+        "PASSWORD": REDIS_PASSWORD or None,
+        # Asking a Sentinel that is down must not hang a request: the next one is asked.
+        "SENTINEL_KWARGS": {
+            "password": REDIS_SENTINEL_PASSWORD or None,
+            "socket_timeout": 1.0,
+            "socket_connect_timeout": 1.0,
+        },
+    }
+else:
+    REDIS_CONNECTION = {"URL": REDIS_URL}
 # Session runs go to this queue; `manage.py rqworker` with no argument serves "default".
 RESPAWN_QUEUE = os.environ.get("RESPAWN_QUEUE", "default")
 RQ_QUEUES = {
-    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600} for name in {"default", RESPAWN_QUEUE}
+    name: {**REDIS_CONNECTION, "DEFAULT_TIMEOUT": 3600} for name in {"default", RESPAWN_QUEUE}
 }
 # The worker class runs jobs in a long-lived process under a supervisor that restarts it
 # when it dies, and the reconciler on a timer beside the job loop (sessions_app/worker.py).
@@ -292,6 +338,8 @@ RESPAWN_REDACT_SECRETS = [
     SECRET_KEY if SECRET_KEY != DEVELOPMENT_SECRET_KEY else "",
     DATABASES["default"].get("PASSWORD") or "",
     urlsplit(REDIS_URL).password or "",
+    REDIS_PASSWORD,
+    REDIS_SENTINEL_PASSWORD,
     *(env_secret(name) for name in RESPAWN_REDACT_ENV),
 ]
 # Seconds one model call may take before it is abandoned and retried.
