@@ -114,6 +114,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "sessions_app.middleware.ContentSecurityPolicyMiddleware",
+    # Read-only pages from the read replica, when DATABASE_REPLICA_URL configures one.
+    "sessions_app.replicas.ReplicaReadsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -187,6 +189,32 @@ elif _db["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
 DATABASES = {"default": _db}
+
+# A read replica (a streaming replica of the primary) for the dashboard's and the API's
+# read-only pages (sessions_app.replicas): everything else, and every page that must see
+# its own writes, reads the primary.
+DATABASE_REPLICA_URL = os.environ.get("DATABASE_REPLICA_URL", "")
+if DATABASE_REPLICA_URL:
+    _replica = dj_database_url.parse(DATABASE_REPLICA_URL, conn_max_age=0)
+    if _db["ENGINE"] != "django.db.backends.postgresql" or (
+        _replica["ENGINE"] != "django.db.backends.postgresql"
+    ):
+        raise SystemExit(
+            "DATABASE_REPLICA_URL needs PostgreSQL: both DATABASE_URL and DATABASE_REPLICA_URL "
+            "must be postgres:// URLs (the replica streaming from the primary)"
+        )
+    for _key in ("CONN_MAX_AGE", "CONN_HEALTH_CHECKS", "DISABLE_SERVER_SIDE_CURSORS"):
+        if _key in _db:
+            _replica[_key] = _db[_key]
+    _replica["OPTIONS"] = {**_db.get("OPTIONS", {}), **_replica.get("OPTIONS", {})}
+    # The tests' replica is the test database itself.
+    _replica["TEST"] = {"MIRROR": "default"}
+    DATABASES["replica"] = _replica
+    DATABASE_ROUTERS = ["sessions_app.replicas.ReplicaRouter"]
+# Seconds after a write during which the client that wrote reads only from the primary.
+RESPAWN_REPLICA_STICKY = env_float("RESPAWN_REPLICA_STICKY", 10.0)
+# A replica further behind than this many seconds is not read from (the primary is).
+RESPAWN_REPLICA_MAX_LAG = env_float("RESPAWN_REPLICA_MAX_LAG", 30.0)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis and RQ -----------------------------------------------------------------------
@@ -337,6 +365,7 @@ RESPAWN_REDACT_SECRETS = [
     ANTHROPIC_API_KEY,
     SECRET_KEY if SECRET_KEY != DEVELOPMENT_SECRET_KEY else "",
     DATABASES["default"].get("PASSWORD") or "",
+    DATABASES.get("replica", {}).get("PASSWORD") or "",
     urlsplit(REDIS_URL).password or "",
     REDIS_PASSWORD,
     REDIS_SENTINEL_PASSWORD,
