@@ -235,8 +235,9 @@ class PostgresServer:
     """A PostgreSQL cluster of the tests' own (initdb), or a streaming replica of one
     (pg_basebackup), on a loopback port; trust authentication for user postgres."""
 
-    def __init__(self, name: str = "primary") -> None:
+    def __init__(self, name: str = "primary", *, durable: bool = False) -> None:
         self.name = name
+        self.durable = durable
         self.port = free_port()
         self.workdir = service_dir(f"pg-{name}")
         self.data = self.workdir / "data"
@@ -246,13 +247,15 @@ class PostgresServer:
         return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
 
     def _settings(self) -> str:
-        # Durability is not what these servers are for: no fsync keeps them quick.
+        # Durability is not what the tests' servers are for: no fsync keeps them quick
+        # (a benchmark asks for durable=True, PostgreSQL's defaults).
+        quick = "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
         return (
             f"port = {self.port}\n"
             "listen_addresses = '127.0.0.1'\n"
             f"unix_socket_directories = '{self.workdir}'\n"
-            "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
-            "shared_buffers = 32MB\nmax_connections = 200\n"
+            f"{'' if self.durable else quick}"
+            "shared_buffers = 128MB\nmax_connections = 200\n"
             "wal_level = replica\nmax_wal_senders = 5\nhot_standby = on\n"
             "hot_standby_feedback = on\n"
         )

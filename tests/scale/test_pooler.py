@@ -10,6 +10,7 @@ fault suites also run whole through one: `pytest --through-pgbouncer` (make test
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -150,3 +151,22 @@ def test_workers_behind_pgbouncer_lose_and_double_nothing(own_pgbouncer, start_w
     assert int(row.split("|")[1]) > 100  # total_xact_count
     for worker in workers:
         assert "prepared statement" not in worker.log(), worker.log()
+
+
+def test_nothing_outlives_a_transaction_on_a_server_connection():
+    """What a transaction-mode pooler cannot carry from one transaction to the next: no
+    session-level advisory lock, no LISTEN, no session-level SET, no explicit prepare
+    outside the store's switch (sessions_app.store._prepare)."""
+    forbidden = re.compile(
+        r"pg_(try_)?advisory_lock\(|\bLISTEN\b|execute\(\s*f?[\"']\s*SET\s(?!LOCAL)"
+        r"|prepare=True|\bDECLARE\b.*\bWITH HOLD\b",
+        re.IGNORECASE,
+    )
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for package in ("agent_runtime", "sessions_app", "config", "demo_agents")
+        for path in (ROOT / package).rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if forbidden.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert found == []

