@@ -36,17 +36,22 @@ class ConnectionSampler(threading.Thread):
     """The most backends of the bench database PostgreSQL had at once."""
 
     def __init__(self, url: str, database: str) -> None:
+        from django.db import connection
+
         super().__init__(daemon=True)
         self.conn = psycopg.connect(url, autocommit=True)
         self.database = database
+        with connection.cursor() as cursor:  # the bench process's own, left out
+            cursor.execute("SELECT pg_backend_pid()")
+            self.own = cursor.fetchone()[0]
         self.peak = 0
         self.stopped = threading.Event()
 
     def sample(self) -> int:
         return self.conn.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
-            " AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
-            [self.database],
+            " AND backend_type = 'client backend' AND pid <> pg_backend_pid() AND pid <> %s",
+            [self.database, self.own],
         ).fetchone()[0]
 
     def run(self) -> None:
