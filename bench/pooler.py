@@ -7,12 +7,16 @@ and through PgBouncer in transaction mode, and the PostgreSQL connections each n
 Real `manage.py rqworker` processes (Respawn's worker, the bench agent added: see
 `_workers.py`) on a database of its own (respawn_bench_pooler) on the server DATABASE_URL
 names, and its Redis. For each worker count, the workers are started once straight to
-PostgreSQL and once through a PgBouncer of the bench's own (Debian's, transaction mode,
-`--pool-size` server connections, RESPAWN_POOLER_SAFE=1); the two take turns, `--repeat`
-rounds each of `--sessions` sessions of `--turns` turns started at once. Steps per second:
-durable steps committed / (last step - first enqueue). Connections: the most client
-backends PostgreSQL had open on the bench database at once while the workers ran (sampled
-every 20 ms), the bench process's own left out.
+PostgreSQL, once through a PgBouncer of the bench's own (Debian's, transaction mode,
+`--pool-size` server connections, RESPAWN_POOLER_SAFE=1) and once straight to PostgreSQL
+with RESPAWN_POOLER_SAFE=1 (unprepared statements, no pooler: what the mode costs by
+itself), each group on a queue of its own; then rounds of `--sessions` sessions of
+`--turns` turns started at once go to the three in turn, `--repeat` each, so that load
+from elsewhere on the machine falls on all three alike. Steps per second: durable steps
+committed / (last step - first enqueue), the median of the rounds. Connections: the most
+client backends PostgreSQL had open at once for each group (by application_name), and for
+PgBouncer the most server connections its process held (sampled every 20 ms).
+PgBouncer's CPU: its process's CPU seconds over the rounds through it, per durable step.
 """
 
 from __future__ import annotations
@@ -33,30 +37,50 @@ DB_NAME = "respawn_bench_pooler"
 
 
 class ConnectionSampler(threading.Thread):
-    """The most backends of the bench database PostgreSQL had at once."""
+    """The most backends of the bench database PostgreSQL had at once: all of them (less the
+    bench process's own and this sampler's), or per application_name, and the server
+    connections a PgBouncer process held open at once."""
 
-    def __init__(self, url: str, database: str) -> None:
+    def __init__(
+        self, url: str, database: str, bouncer_pid: int | None = None, upstream_port: int = 5432
+    ) -> None:
         from django.db import connection
 
         super().__init__(daemon=True)
         self.conn = psycopg.connect(url, autocommit=True)
         self.database = database
+        self.bouncer_pid = bouncer_pid
+        self.upstream_port = upstream_port
         with connection.cursor() as cursor:  # the bench process's own, left out
             cursor.execute("SELECT pg_backend_pid()")
             self.own = cursor.fetchone()[0]
         self.peak = 0
+        self.peaks: dict[str, int] = {}
         self.stopped = threading.Event()
 
-    def sample(self) -> int:
-        return self.conn.execute(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s"
-            " AND backend_type = 'client backend' AND pid <> pg_backend_pid() AND pid <> %s",
+    def sample(self) -> None:
+        rows = self.conn.execute(
+            "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = %s"
+            " AND backend_type = 'client backend' AND pid <> pg_backend_pid() AND pid <> %s"
+            " GROUP BY application_name",
             [self.database, self.own],
-        ).fetchone()[0]
+        ).fetchall()
+        self.peak = max(self.peak, sum(n for _, n in rows))
+        for name, n in rows:
+            self.peaks[name] = max(self.peaks.get(name, 0), n)
+        if self.bouncer_pid:
+            import psutil
+
+            servers = sum(
+                1
+                for c in psutil.Process(self.bouncer_pid).net_connections("tcp")
+                if c.raddr and c.status == "ESTABLISHED" and c.raddr.port == self.upstream_port
+            )
+            self.peaks["pgbouncer"] = max(self.peaks.get("pgbouncer", 0), servers)
 
     def run(self) -> None:
         while not self.stopped.wait(0.02):
-            self.peak = max(self.peak, self.sample())
+            self.sample()
 
     def stop(self) -> int:
         self.stopped.set()
@@ -65,7 +89,8 @@ class ConnectionSampler(threading.Thread):
         return self.peak
 
 
-def one_round(sessions: int, turns: int) -> float:
+def one_round(sessions: int, turns: int) -> tuple[float, int]:
+    """Steps per second of one round, and the steps."""
     from django.db.models import Max
 
     from sessions_app.models import Step
@@ -78,7 +103,8 @@ def one_round(sessions: int, turns: int) -> float:
     wait_final(ids, 600)
     steps = Step.objects.filter(session_id__in=ids, seq__gt=1)
     last = steps.aggregate(last=Max("created_at"))["last"].timestamp()
-    return steps.count() / (last - started)
+    count = steps.count()
+    return count / (last - started), count
 
 
 def main() -> None:
@@ -109,61 +135,110 @@ def main() -> None:
                         pool_size=args.pool_size)  # fmt: skip
     bouncer.start()
     log_dir = Path(tempfile.mkdtemp(prefix="respawn-bench-"))
-    modes = {
-        "direct": worker_env(url, redis_url, queue),
-        "pgbouncer": worker_env(bouncer.url(DB_NAME), redis_url, queue, RESPAWN_POOLER_SAFE="1"),
+    # Straight to PostgreSQL as deployed without a pooler; straight to PostgreSQL with the
+    # statements unprepared (what pooler-safe mode costs by itself); through PgBouncer.
+    # Each on a queue of its own; the rounds of the three take turns.
+    safe = {"RESPAWN_POOLER_SAFE": "1"}
+    targets = {
+        "direct": (f"{url}?application_name=bench-direct", {}),
+        "unprepared": (f"{url}?application_name=bench-unprepared", safe),
+        "pgbouncer": (bouncer.url(DB_NAME), safe),
+    }
+    queues = {mode: f"{queue}-{mode}" for mode in targets}
+    settings.RQ_QUEUES = {
+        name: {"URL": redis_url, "DEFAULT_TIMEOUT": 3600} for name in [*queues.values(), "default"]
     }
     print(
-        f"{os.cpu_count()} CPUs; PgBouncer {bouncer.pool_mode} mode, pool of {args.pool_size}; "
-        f"{args.sessions} sessions x {args.turns} turns per round, {args.repeat} rounds",
+        f"{os.cpu_count()} CPUs (shared with other work: load average "
+        f"{os.getloadavg()[0]:.1f} at the start); PgBouncer {bouncer.pool_mode} mode, pool of "
+        f"{args.pool_size}; {args.sessions} sessions x {args.turns} turns per round, "
+        f"{args.repeat} rounds per mode, the modes taking turns",
         flush=True,
     )
     results: dict[tuple[int, str], dict[str, float]] = {}
     try:
         for n in args.workers:
-            rates: dict[str, list[float]] = {mode: [] for mode in modes}
-            peaks: dict[str, int] = {}
-            for mode, env in modes.items():
-                sampler = ConnectionSampler(url, DB_NAME)
-                sampler.start()
-                workers = [
-                    Worker(env, queue, f"bench-{mode}-{n}-{i}-{os.getpid()}", log_dir)
+            groups = {
+                mode: [
+                    Worker(
+                        # No re-dispatch of another group's sessions by this group's reconciler.
+                        worker_env(
+                            target, redis_url, queues[mode], RESPAWN_DISPATCH_GRACE="600", **extra
+                        ),  # fmt: skip
+                        queues[mode],
+                        f"bench-{mode}-{n}-{i}-{os.getpid()}",
+                        log_dir,
+                    )
                     for i in range(n)
                 ]
-                try:
-                    wait_ready(workers, redis_url)
-                    time.sleep(1.0)  # past the reconcilers' first pass
-                    for _ in range(args.repeat):
-                        rates[mode].append(one_round(args.sessions, args.turns))
-                finally:
-                    for w in workers:
+                for mode, (target, extra) in targets.items()
+            }
+            rates: dict[str, list[float]] = {mode: [] for mode in targets}
+            bouncer_cpu, bouncer_steps = 0.0, 0
+            sampler = ConnectionSampler(
+                url, DB_NAME, bouncer.process.pid, int(db.get("PORT") or 5432)
+            )
+            sampler.start()
+            try:
+                wait_ready([w for group in groups.values() for w in group], redis_url)
+                time.sleep(1.0)  # past the reconcilers' first pass
+                for _ in range(args.repeat):
+                    for mode in targets:
+                        settings.RESPAWN_QUEUE = queues[mode]
+                        cpu0 = _cpu(bouncer.process.pid)
+                        rate, count = one_round(args.sessions, args.turns)
+                        rates[mode].append(rate)
+                        if mode == "pgbouncer":
+                            bouncer_cpu += _cpu(bouncer.process.pid) - cpu0
+                            bouncer_steps += count
+            finally:
+                for group in groups.values():
+                    for w in group:
                         w.stop()
-                peaks[mode] = sampler.stop()
-            for mode in modes:
+                sampler.stop()
+            peaks = {
+                "direct": sampler.peaks.get("bench-direct", 0),
+                "unprepared": sampler.peaks.get("bench-unprepared", 0),
+                "pgbouncer": sampler.peaks.get("pgbouncer", 0),
+            }
+            for mode in targets:
                 results[n, mode] = {"rate": statistics.median(rates[mode]), "peak": peaks[mode]}
-            direct, pooled = results[n, "direct"], results[n, "pgbouncer"]
+            results[n, "pgbouncer"]["cpu_ms"] = bouncer_cpu / bouncer_steps * 1000
+            direct, bare, pooled = (results[n, m] for m in ("direct", "unprepared", "pgbouncer"))
             print(
                 f"{n} worker(s): direct {direct['rate']:,.0f} steps/s with "
-                f"{direct['peak']} connections; through PgBouncer {pooled['rate']:,.0f} "
-                f"steps/s with {pooled['peak']} server connections "
-                f"(ratio {pooled['rate'] / direct['rate']:.2f})",
+                f"{direct['peak']} connections; unprepared {bare['rate']:,.0f}; through "
+                f"PgBouncer {pooled['rate']:,.0f} steps/s with {pooled['peak']} server "
+                f"connections (ratio {pooled['rate'] / direct['rate']:.2f}; PgBouncer's own CPU "
+                f"{pooled['cpu_ms']:.2f} ms a step); rounds: "
+                + "; ".join(f"{m} " + " ".join(f"{r:,.0f}" for r in rates[m]) for m in targets),
                 flush=True,
             )
     finally:
         bouncer.stop()
         from sessions_app.dispatch import queue as get_queue
 
-        get_queue().empty()
+        for name in queues.values():
+            settings.RESPAWN_QUEUE = name
+            get_queue().empty()
 
-    print("\n| workers | direct steps/s | PostgreSQL connections | through PgBouncer steps/s "
-          "| server connections | pooled / direct |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print("\n| workers | direct steps/s | PostgreSQL connections | unprepared steps/s "
+          "| through PgBouncer steps/s | server connections | pooled / direct "
+          "| PgBouncer CPU per step |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for n in args.workers:
-        d, p = results[n, "direct"], results[n, "pgbouncer"]
+        d, u, p = (results[n, m] for m in ("direct", "unprepared", "pgbouncer"))
         print(
-            f"| {n} | {d['rate']:,.0f} | {d['peak']} | {p['rate']:,.0f} | {p['peak']} "
-            f"| {p['rate'] / d['rate']:.2f} |"
+            f"| {n} | {d['rate']:,.0f} | {d['peak']} | {u['rate']:,.0f} | {p['rate']:,.0f} "
+            f"| {p['peak']} | {p['rate'] / d['rate']:.2f} | {p['cpu_ms']:.2f} ms |"
         )
+
+
+def _cpu(pid: int) -> float:
+    import psutil
+
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 if __name__ == "__main__":

@@ -29,6 +29,43 @@ def pytest_addoption(parser):
         "mode that the run starts (with RESPAWN_POOLER_SAFE on), in front of DATABASE_URL",
     )
 
+    parser.addoption(
+        "--through-sentinel",
+        action="store_true",
+        help="run the tests and their worker processes against Redis through Sentinel: a "
+        "master, a replica and three Sentinels that the run starts (REDIS_SENTINELS)",
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _redis_through_sentinel(request):
+    """With --through-sentinel: every queue of the run, in the test process and in the
+    worker processes it starts, reaches Redis by asking Sentinels for the master, as
+    REDIS_SENTINELS and REDIS_SENTINEL_MASTER configure it."""
+    if not request.config.getoption("--through-sentinel"):
+        yield None
+        return
+    from tests.servers import RedisSentinelSet
+
+    servers = RedisSentinelSet(master_name="respawn").start()
+    through = {
+        "SENTINELS": servers.sentinels,
+        "MASTER_NAME": servers.master_name,
+        "DB": 0,
+        "PASSWORD": None,
+        "SENTINEL_KWARGS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0},
+    }
+    before = settings.RQ_QUEUES
+    settings.RQ_QUEUES = {name: {**through, "DEFAULT_TIMEOUT": 3600} for name in before}
+    os.environ.update(
+        REDIS_SENTINELS=servers.sentinels_setting, REDIS_SENTINEL_MASTER=servers.master_name
+    )
+    yield servers
+    settings.RQ_QUEUES = before
+    os.environ.pop("REDIS_SENTINELS")
+    os.environ.pop("REDIS_SENTINEL_MASTER")
+    servers.stop()
+
 
 @pytest.fixture(scope="session")
 def pgbouncer(request):
