@@ -289,7 +289,7 @@ def run(args, rng, env, web_env, token, webs, workers, log_dir, redis_set, free_
         candidates = busy()
         if not candidates:
             continue
-        worker, (sid, seq) = rng.choice(candidates)
+        worker, (sid, _) = rng.choice(candidates)
         pids = worker.pids()
         if kind == "job process":
             for pid in pids[1:]:
@@ -299,7 +299,8 @@ def run(args, rng, env, web_env, token, webs, workers, log_dir, redis_set, free_
             worker.kill()
             start_worker()
             faults["worker SIGKILL (supervisor too)"] += 1
-        pending.append((sid, seq, time.monotonic()))
+        # From the kill on: a step committed later comes from a run after it.
+        pending.append((sid, last_seq(sid) or 0, time.monotonic()))
 
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
+from django.conf import settings
+from django.contrib.auth.models import User
 
 from sessions_app.dispatch import queue, redis_connection
 from sessions_app.models import Status, Step
@@ -90,6 +92,16 @@ def test_dispatch_reaches_the_master_the_sentinels_name(sentinel_redis, rq_queue
     import redis
 
     assert redis.Redis(port=master).get("respawn-probe") == b"1"
+
+
+@pytest.mark.django_db(transaction=True)  # enqueued at once, not after a test's transaction
+def test_the_queue_pages_read_the_master_the_sentinels_name(sentinel_redis, rq_queue, client):
+    queue().enqueue("sessions_app.jobs.run_session_job", "no-such-session", job_id="probe-job")
+    client.force_login(User.objects.create_superuser("sue", password="pw"))
+    index = sorted(settings.RQ_QUEUES).index(settings.RESPAWN_QUEUE)
+    page = client.get(f"/admin/rq/queues/{index}/")
+    assert page.status_code == 200
+    assert "probe-job" in page.content.decode()
 
 
 @pytest.mark.integration
