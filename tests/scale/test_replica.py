@@ -25,7 +25,7 @@ from ..conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 SESSIONS = AgentSession._meta.db_table
-MAX_LAG = 8  # RESPAWN_REPLICA_MAX_LAG of the web process
+MAX_LAG = 15  # RESPAWN_REPLICA_MAX_LAG of the web process (generous: a loaded machine)
 
 pytestmark = pytest.mark.integration
 
