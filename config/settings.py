@@ -114,6 +114,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "sessions_app.middleware.ContentSecurityPolicyMiddleware",
+    # Read-only pages from the read replica, when DATABASE_REPLICA_URL configures one.
+    "sessions_app.replicas.ReplicaReadsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -155,6 +157,9 @@ else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(VAR_DIR / "respawn.sqlite3")}
 
+# RESPAWN_POOLER_SAFE=1: DATABASE_URL names a pooler in transaction mode (PgBouncer), not
+# PostgreSQL itself; no session state is kept on a server connection between transactions.
+RESPAWN_POOLER_SAFE = env_bool("RESPAWN_POOLER_SAFE", False)
 if _db["ENGINE"] == "django.db.backends.postgresql":
     # Django's native psycopg pool in web processes. A worker process runs one job at a
     # time and keeps one plain persistent connection from job to job instead, checked
@@ -165,6 +170,14 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
         _db["CONN_MAX_AGE"] = None
         _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("TEST", {})["NAME"] = os.environ.get("RESPAWN_TEST_DB_NAME") or None
+    if RESPAWN_POOLER_SAFE:
+        # Behind a pooler in transaction mode (PgBouncer's pool_mode=transaction) each
+        # transaction may run on another server connection: nothing may outlive one. No
+        # server-side prepared statements (psycopg's prepare_threshold None; the store's
+        # explicit ones are off too, sessions_app.store) and no cursors held open across
+        # transactions (Django's .iterator() declares them WITH HOLD outside a transaction).
+        _db.setdefault("OPTIONS", {})["prepare_threshold"] = None
+        _db["DISABLE_SERVER_SIDE_CURSORS"] = True
 elif _db["ENGINE"] == "django.db.backends.sqlite3":
     # Web server and worker write the same file: WAL lets readers go on during a write,
     # IMMEDIATE transactions take the write lock up front instead of failing on upgrade.
@@ -176,6 +189,32 @@ elif _db["ENGINE"] == "django.db.backends.sqlite3":
         }
     )
 DATABASES = {"default": _db}
+
+# A read replica (a streaming replica of the primary) for the dashboard's and the API's
+# read-only pages (sessions_app.replicas): everything else, and every page that must see
+# its own writes, reads the primary.
+DATABASE_REPLICA_URL = os.environ.get("DATABASE_REPLICA_URL", "")
+if DATABASE_REPLICA_URL:
+    _replica = dj_database_url.parse(DATABASE_REPLICA_URL, conn_max_age=0)
+    if _db["ENGINE"] != "django.db.backends.postgresql" or (
+        _replica["ENGINE"] != "django.db.backends.postgresql"
+    ):
+        raise SystemExit(
+            "DATABASE_REPLICA_URL needs PostgreSQL: both DATABASE_URL and DATABASE_REPLICA_URL "
+            "must be postgres:// URLs (the replica streaming from the primary)"
+        )
+    for _key in ("CONN_MAX_AGE", "CONN_HEALTH_CHECKS", "DISABLE_SERVER_SIDE_CURSORS"):
+        if _key in _db:
+            _replica[_key] = _db[_key]
+    _replica["OPTIONS"] = {**_db.get("OPTIONS", {}), **_replica.get("OPTIONS", {})}
+    # The tests' replica is the test database itself.
+    _replica["TEST"] = {"MIRROR": "default"}
+    DATABASES["replica"] = _replica
+    DATABASE_ROUTERS = ["sessions_app.replicas.ReplicaRouter"]
+# Seconds after a write during which the client that wrote reads only from the primary.
+RESPAWN_REPLICA_STICKY = env_float("RESPAWN_REPLICA_STICKY", 10.0)
+# A replica further behind than this many seconds is not read from (the primary is).
+RESPAWN_REPLICA_MAX_LAG = env_float("RESPAWN_REPLICA_MAX_LAG", 30.0)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis and RQ -----------------------------------------------------------------------
@@ -185,10 +224,56 @@ _EMBEDDED_REDIS = VAR_DIR / "redis.url"
 REDIS_URL = os.environ.get("REDIS_URL") or (
     _EMBEDDED_REDIS.read_text().strip() if _EMBEDDED_REDIS.exists() else "redis://127.0.0.1:6379/0"
 )
+
+
+def redis_sentinels(value: str) -> list[tuple[str, int]]:
+    """REDIS_SENTINELS: comma-separated host:port pairs of the Sentinels to ask."""
+    sentinels = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        host, sep, port = item.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise SystemExit(
+                f"REDIS_SENTINELS: {item!r} is not host:port "
+                "(e.g. REDIS_SENTINELS=10.0.0.5:26379,10.0.0.6:26379,10.0.0.7:26379)"
+            )
+        sentinels.append((host.strip("[]"), int(port)))
+    return sentinels
+
+
+# Redis through Sentinel (a highly available Redis): the Sentinels to ask and the name of
+# the master they monitor; REDIS_URL is then not used. Every connection to Redis, in every
+# process, is made from RQ_QUEUES below by django-rq (sessions_app.dispatch.redis_connection):
+# after a failover, new connections go to the new master.
+REDIS_SENTINELS = redis_sentinels(os.environ.get("REDIS_SENTINELS", ""))
+REDIS_SENTINEL_MASTER = os.environ.get("REDIS_SENTINEL_MASTER", "").strip()
+REDIS_PASSWORD = env_secret("REDIS_PASSWORD")
+REDIS_SENTINEL_PASSWORD = env_secret("REDIS_SENTINEL_PASSWORD")
+if REDIS_SENTINELS:
+    if not REDIS_SENTINEL_MASTER:
+        raise SystemExit(
+            "REDIS_SENTINELS is set but REDIS_SENTINEL_MASTER is not: set it to the name the "
+            "Sentinels monitor the master under (their `sentinel monitor <name> ...` line)"
+        )
+    REDIS_CONNECTION = {
+        "SENTINELS": REDIS_SENTINELS,
+        "MASTER_NAME": REDIS_SENTINEL_MASTER,
+        "DB": int(env_float("REDIS_DB", 0)),
+        "PASSWORD": REDIS_PASSWORD or None,
+        # Asking a Sentinel that is down must not hang a request: the next one is asked.
+        "SENTINEL_KWARGS": {
+            "password": REDIS_SENTINEL_PASSWORD or None,
+            "socket_timeout": 1.0,
+            "socket_connect_timeout": 1.0,
+        },
+    }
+else:
+    REDIS_CONNECTION = {"URL": REDIS_URL}
 # Session runs go to this queue; `manage.py rqworker` with no argument serves "default".
 RESPAWN_QUEUE = os.environ.get("RESPAWN_QUEUE", "default")
 RQ_QUEUES = {
-    name: {"URL": REDIS_URL, "DEFAULT_TIMEOUT": 3600} for name in {"default", RESPAWN_QUEUE}
+    name: {**REDIS_CONNECTION, "DEFAULT_TIMEOUT": 3600} for name in {"default", RESPAWN_QUEUE}
 }
 # The worker class runs jobs in a long-lived process under a supervisor that restarts it
 # when it dies, and the reconciler on a timer beside the job loop (sessions_app/worker.py).
@@ -284,7 +369,10 @@ RESPAWN_REDACT_SECRETS = [
     ANTHROPIC_API_KEY,
     SECRET_KEY if SECRET_KEY != DEVELOPMENT_SECRET_KEY else "",
     DATABASES["default"].get("PASSWORD") or "",
+    DATABASES.get("replica", {}).get("PASSWORD") or "",
     urlsplit(REDIS_URL).password or "",
+    REDIS_PASSWORD,
+    REDIS_SENTINEL_PASSWORD,
     *(env_secret(name) for name in RESPAWN_REDACT_ENV),
 ]
 # Seconds one model call may take before it is abandoned and retried.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Make sure the PostgreSQL and Redis servers the tests use answer. Starts local servers
-# that are installed but stopped; says what to install when they are missing.
+# that are installed but stopped; says what to install when they are missing. Installs
+# Debian's Chromium (browser tests) and PgBouncer (pooler tests) when they are missing.
 set -euo pipefail
 
 db_url="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/respawn}"
@@ -75,3 +76,25 @@ if [ -z "$chromium_bin" ] || [ ! -x "$chromium_bin" ]; then
     fi
 fi
 echo "Chromium: $(command -v chromium || echo "$RESPAWN_CHROMIUM")"
+
+# The pooler tests start Debian's PgBouncer in transaction mode (tests/servers.py); they
+# need PostgreSQL's server binaries too (initdb, pg_basebackup) for the replica tests.
+pgbouncer_bin="$(command -v pgbouncer || { [ -x /usr/sbin/pgbouncer ] && echo /usr/sbin/pgbouncer; } || true)"
+if [ -z "$pgbouncer_bin" ]; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing Debian's pgbouncer for the pooler tests"
+        apt-get update -qq >/dev/null
+        # The package's own service is not wanted: the tests start their own instances.
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
+        pgbouncer_bin="$(command -v pgbouncer || echo /usr/sbin/pgbouncer)"
+    else
+        echo "PgBouncer is not installed. Install it (Debian/Ubuntu: sudo apt-get install pgbouncer)." >&2
+        exit 1
+    fi
+fi
+echo "PgBouncer: $pgbouncer_bin ($("$pgbouncer_bin" --version | head -1))"
+if ! ls /usr/lib/postgresql/*/bin/pg_basebackup >/dev/null 2>&1 && ! command -v pg_basebackup >/dev/null 2>&1; then
+    echo "PostgreSQL's server binaries (initdb, pg_ctl, pg_basebackup) are missing." >&2
+    echo "Install them (Debian/Ubuntu: apt-get install postgresql) or set RESPAWN_PG_BIN." >&2
+    exit 1
+fi

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
+from redis import Redis
 from redis.exceptions import RedisError
 from rq.job import Job, JobStatus
 
@@ -31,8 +32,17 @@ RUN_JOB = "sessions_app.jobs.run_session_job"
 BRANCH_JOB = "sessions_app.jobs.run_branch_job"
 
 
+def redis_connection() -> Redis:
+    """The one way Respawn opens Redis: django-rq's connection from RQ_QUEUES, which
+    settings build from REDIS_URL, or from REDIS_SENTINELS and REDIS_SENTINEL_MASTER (then
+    each new connection goes to the master the Sentinels name, the new one after a
+    failover). The workers (`manage.py rqworker`) and the queue pages get theirs from the
+    same settings through django-rq."""
+    return django_rq.get_connection(settings.RESPAWN_QUEUE)
+
+
 def queue():
-    return django_rq.get_queue(settings.RESPAWN_QUEUE)
+    return django_rq.get_queue(settings.RESPAWN_QUEUE, connection=redis_connection())
 
 
 def new_job_id(session_id) -> str:
@@ -169,7 +179,7 @@ def reconcile(*, limit: int | None = None) -> list[str]:
         .values_list("id", "job_id", "dispatched_at")[:limit]
     )
     try:
-        connection = queue().connection
+        connection = redis_connection()
         connection.ping()
     except RedisError as exc:
         log.warning("reconciler: Redis unavailable (%s); will try again", exc)

@@ -21,6 +21,7 @@ from typing import Any
 
 import orjson
 import psycopg
+from django.conf import settings
 from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import Case, F, Value, When
 from django.db.models.signals import post_migrate, pre_migrate
@@ -159,11 +160,18 @@ def _json(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str | bytes) else value
 
 
+def _prepare() -> bool:
+    """Whether the store's statements are prepared on the server: not behind a pooler in
+    transaction mode (RESPAWN_POOLER_SAFE), where the next transaction may run on another
+    server connection, which does not have the statement (or has another one by its name)."""
+    return not settings.RESPAWN_POOLER_SAFE
+
+
 def _raw_connection():
     connection.ensure_connection()
     connection.validate_no_broken_transaction()
     raw = connection.connection
-    if raw.prepare_threshold is None:
+    if raw.prepare_threshold is None and _prepare():
         # Django turns psycopg's automatic preparation off (its own cursors bind on the
         # client and cannot prepare), which also ignores prepare=True. A threshold no query
         # reaches keeps automatic preparation off and honours an explicit request.
@@ -187,7 +195,7 @@ def _fetch_all(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
     with connection.wrap_database_errors:
         with psycopg.Cursor(_raw_connection()) as cursor:
             set_json_loads(_loads, cursor)
-            cursor.execute(sql, params, prepare=True, binary=True)
+            cursor.execute(sql, params, prepare=_prepare(), binary=True)
             return cursor.fetchall()
 
 
@@ -198,11 +206,13 @@ def _execute_prepared(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
     Django's own cursors bind parameters on the client and never prepare: every append
     would send its payload escaped into the SQL text and have PostgreSQL parse and plan the
     CTE again. A psycopg cursor of the same connection sends the parameters apart and
-    plans each shape of the statement once per connection. Transactions are unaffected:
-    the connection's autocommit and any atomic block are Django's, as for any query."""
+    plans each shape of the statement once per connection (behind a transaction-mode
+    pooler, RESPAWN_POOLER_SAFE, it is sent apart but unnamed, and planned each time).
+    Transactions are unaffected: the connection's autocommit and any atomic block are
+    Django's, as for any query."""
     with connection.wrap_database_errors:
         with psycopg.Cursor(_raw_connection()) as cursor:
-            cursor.execute(sql, params, prepare=True)
+            cursor.execute(sql, params, prepare=_prepare())
             return cursor.fetchone()
 
 

@@ -110,6 +110,16 @@ class SearchIndexer(threading.Thread):
 
 
 class RespawnWorker(SimpleWorker):
+    def teardown(self) -> None:
+        # A warm shutdown of an idle worker interrupts its blocking dequeue from the
+        # signal handler. A connection made through Sentinel (redis-py's
+        # SentinelManagedConnection) is not closed when a read is interrupted: it goes back
+        # to the pool with the dequeue's answer still due, and the next command on it (the
+        # worker's own death registration) waits behind the dequeue for minutes. Closing
+        # the pool's connections first makes teardown open fresh ones.
+        self.connection.connection_pool.disconnect()
+        super().teardown()
+
     def work(self, *args, **kwargs):  # type: ignore[override]
         if settings.RESPAWN_WORKER_SUPERVISE:
             return Supervisor(self).run(lambda: self._work(*args, **kwargs))

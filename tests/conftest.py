@@ -21,6 +21,81 @@ PACKAGES = ROOT / "tests" / "packages"
 sys.path.insert(0, str(PACKAGES))
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--through-pgbouncer",
+        action="store_true",
+        help="run the tests and their worker processes through a PgBouncer in transaction "
+        "mode that the run starts (with RESPAWN_POOLER_SAFE on), in front of DATABASE_URL",
+    )
+
+    parser.addoption(
+        "--through-sentinel",
+        action="store_true",
+        help="run the tests and their worker processes against Redis through Sentinel: a "
+        "master, a replica and three Sentinels that the run starts (REDIS_SENTINELS)",
+    )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _redis_through_sentinel(request):
+    """With --through-sentinel: every queue of the run, in the test process and in the
+    worker processes it starts, reaches Redis by asking Sentinels for the master, as
+    REDIS_SENTINELS and REDIS_SENTINEL_MASTER configure it."""
+    if not request.config.getoption("--through-sentinel"):
+        yield None
+        return
+    from tests.servers import RedisSentinelSet
+
+    servers = RedisSentinelSet(master_name="respawn").start()
+    through = {
+        "SENTINELS": servers.sentinels,
+        "MASTER_NAME": servers.master_name,
+        "DB": 0,
+        "PASSWORD": None,
+        "SENTINEL_KWARGS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0},
+    }
+    before = settings.RQ_QUEUES
+    settings.RQ_QUEUES = {name: {**through, "DEFAULT_TIMEOUT": 3600} for name in before}
+    os.environ.update(
+        REDIS_SENTINELS=servers.sentinels_setting, REDIS_SENTINEL_MASTER=servers.master_name
+    )
+    yield servers
+    settings.RQ_QUEUES = before
+    os.environ.pop("REDIS_SENTINELS")
+    os.environ.pop("REDIS_SENTINEL_MASTER")
+    servers.stop()
+
+
+@pytest.fixture(scope="session")
+def pgbouncer(request):
+    """The run's PgBouncer (transaction mode) with --through-pgbouncer, else None."""
+    return getattr(request.config, "_respawn_pgbouncer", None)
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(request, django_db_modify_db_settings_parallel_suffix):
+    """With --through-pgbouncer: start PgBouncer in transaction mode in front of the
+    configured server and point the test database (and so every worker process the tests
+    start) at it, in pooler-safe mode, before the test database is created."""
+    if not request.config.getoption("--through-pgbouncer"):
+        return
+    from tests.servers import PgBouncer
+
+    db = settings.DATABASES["default"]
+    if db["ENGINE"] != "django.db.backends.postgresql":
+        pytest.exit("--through-pgbouncer needs DATABASE_URL to name a PostgreSQL server")
+    bouncer = PgBouncer(db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432)
+    bouncer.start()
+    request.config._respawn_pgbouncer = bouncer
+    request.addfinalizer(bouncer.stop)
+    db["HOST"], db["PORT"] = "127.0.0.1", bouncer.port
+    db.setdefault("OPTIONS", {})["prepare_threshold"] = None
+    db["DISABLE_SERVER_SIDE_CURSORS"] = True
+    settings.RESPAWN_POOLER_SAFE = True
+    os.environ["RESPAWN_POOLER_SAFE"] = "1"  # the worker processes' environment
+
+
 def wait_for(
     condition: Callable[[], object],
     *,
@@ -198,7 +273,7 @@ def pytest_runtest_makereport(item, call):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _close_connection_pools(django_db_setup, django_db_blocker):
+def _close_connection_pools(django_db_setup, django_db_blocker, request):
     """Web processes pool their connections; give the pooled ones back before the test
     database is dropped, or PostgreSQL refuses to drop a database still in use."""
     from django.db import connections
@@ -209,6 +284,12 @@ def _close_connection_pools(django_db_setup, django_db_blocker):
             close_pool = getattr(conn, "close_pool", None)
             if close_pool is not None:
                 close_pool()
+    bouncer = getattr(request.config, "_respawn_pgbouncer", None)
+    if bouncer is not None:
+        # PgBouncer keeps its server connections to the test database open: close them,
+        # or PostgreSQL refuses to drop it.
+        connections.close_all()
+        bouncer.drop_server_connections(settings.DATABASES["default"]["NAME"])
 
 
 def run_inline(session):

