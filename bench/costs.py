@@ -9,8 +9,11 @@ alike):
   step path as it was before costs were summed;
 - "usage rows": as shipped: a model step's append also upserts its session's row of the
   day (one more INSERT .. ON CONFLICT in the same statement);
-- "usage + metrics + traces": as shipped, with the worker's Prometheus counters and an
-  OpenTelemetry tracer exporting to nowhere (an in-memory exporter), every hook called.
+- "usage + metrics": as shipped, with the worker's Prometheus counters and histograms (what
+  every worker does);
+- "usage + metrics + traces": also an OpenTelemetry tracer whose spans end in an
+  in-memory exporter through the SDK's synchronous processor (a deployment's batch
+  processor exports off the step's path), every hook called.
 
 Printed: p50 ms per durable step per variant (median of rounds) and each variant's ratio
 to "no usage rows" (median of the per-round ratios).
@@ -50,6 +53,7 @@ def variants():
     return {
         "no usage rows": (lambda steps: [], NO_TELEMETRY, exporter),
         "usage rows": (shipped, NO_TELEMETRY, exporter),
+        "usage + metrics": (shipped, telemetry.PrometheusTelemetry(), exporter),
         "usage + metrics + traces": (shipped, observed, exporter),
     }
 
