@@ -210,6 +210,10 @@ RESPAWN_RECONCILE_INTERVAL = env_float("RESPAWN_RECONCILE_INTERVAL", 15.0)
 # A dispatched session whose job has not started after this many seconds is dispatched again.
 RESPAWN_DISPATCH_GRACE = env_float("RESPAWN_DISPATCH_GRACE", 30.0)
 RESPAWN_MODEL_RETRIES = int(env_float("RESPAWN_MODEL_RETRIES", 3))
+# A tool call that fails on the infrastructure (the database, Redis or the network
+# unavailable, out of connections, timing out) is tried again with backoff for this many
+# seconds before its error is recorded (idempotent tools only).
+RESPAWN_TRANSIENT_RETRY_FOR = env_float("RESPAWN_TRANSIENT_RETRY_FOR", 60.0)
 RESPAWN_MODEL_BACKOFF = env_float("RESPAWN_MODEL_BACKOFF", 0.5)
 # The agents this deployment runs: `module:attribute` paths, comma-separated, each naming
 # an Agent, a list of agents or a function returning them (agent_runtime.discovery).
