@@ -483,19 +483,20 @@ class Heartbeat:
 
     def _run(self) -> None:
         cleanup = getattr(self._store, "thread_cleanup", None)
+        last_error, last_logged = "", 0.0
         try:
             while not self._stop.wait(self._interval):
                 sent = time.monotonic()
                 try:
                     result = self._store.heartbeat(self._lease, self._ttl)
                 except Exception as exc:  # retried; the lease TTL is the bound
-                    log.warning(
-                        "heartbeat for %s failed: %s: %s",
-                        self._lease.session_id,
-                        type(exc).__name__,
-                        exc,
-                    )
+                    # The same error again (the database down) is logged once a minute.
+                    error = f"{type(exc).__name__}: {exc}"
+                    if error != last_error or sent - last_logged >= 60:
+                        log.warning("heartbeat for %s failed: %s", self._lease.session_id, error)
+                        last_error, last_logged = error, sent
                     continue
+                last_error = ""
                 self.cancel_requested = result.cancel_requested
                 if not result.alive:
                     self.lost.set()

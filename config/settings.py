@@ -113,6 +113,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A database that is down or out of connections: a quick 503 (JSON for the API).
+    "sessions_app.middleware.DatabaseUnavailableMiddleware",
     "sessions_app.middleware.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -159,11 +161,20 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
     # Django's native psycopg pool in web processes. A worker process runs one job at a
     # time and keeps one plain persistent connection from job to job instead, checked
     # before the first query of each job (the server may have dropped it while idle).
+    #
+    # While the database is down, a request waits at most RESPAWN_DB_WAIT seconds for a
+    # connection (then answers 503, see sessions_app.middleware), and a connection attempt
+    # to a host that does not answer gives up after as long.
+    _db_wait = env_float("RESPAWN_DB_WAIT", 3.0)
+    _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", max(1, round(_db_wait)))
     if env_bool("RESPAWN_DB_POOL", True) and not _IS_WORKER:
-        _db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 10, "timeout": 10}
+        _db["OPTIONS"]["pool"] = {"min_size": 1, "max_size": 10, "timeout": _db_wait}
     else:
         _db["CONN_MAX_AGE"] = None
-        _db["CONN_HEALTH_CHECKS"] = True
+    # Pooled: each connection is checked as it leaves the pool (an empty query), so one
+    # that a database restart broke is replaced, not handed to a request that then fails.
+    # Persistent: checked before the first query of each job or request.
+    _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("TEST", {})["NAME"] = os.environ.get("RESPAWN_TEST_DB_NAME") or None
 elif _db["ENGINE"] == "django.db.backends.sqlite3":
     # Web server and worker write the same file: WAL lets readers go on during a write,

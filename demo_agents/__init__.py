@@ -137,6 +137,7 @@ def make_send_notification(delay: float) -> Tool:
     def send_notification(ctx: ToolContext, to: str, text: str) -> dict[str, Any]:
         """Send a notification. Not idempotent: the receiving service ignores the key, so
         after a crash nobody can tell whether it went out."""
+        ctx.report_progress(0, 1, f"sending to {to}")
         time.sleep(delay)
         # The notification is a row in the demo's database: tied to the run's fence, a run
         # that lost the session (it froze past its lease, say) cannot send it late.

@@ -21,9 +21,18 @@ from agent_runtime.compat import session_problems
 from agent_runtime.state import SCHEMA_VERSION, describe_step
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
-from .models import FINAL, RUNNABLE, AgentSession, Checkpoint, Status, Step, StepSearch
+from .models import (
+    FINAL,
+    RUNNABLE,
+    AgentSession,
+    AuditEvent,
+    Checkpoint,
+    Status,
+    Step,
+    StepSearch,
+)
 from .runtime import agent_registry
-from .store import DjangoSessionStore
+from .store import LATE_CALL_ACTION, DjangoSessionStore
 from .validation import InvalidInput, check_datetime, parse_date
 
 SORTS = {
@@ -599,6 +608,14 @@ def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
         ).exclude(id__in=uncertain),
         "incompatible": AgentSession.objects.filter(incompatible_at__isnull=False),
         "failed": AgentSession.objects.filter(status=Status.FAILED, updated_at__gte=recent),
+        "failed_calls": AgentSession.objects.filter(
+            status=Status.COMPLETED, failed_calls__gt=0, updated_at__gte=recent
+        ),
+        "late_calls": AgentSession.objects.filter(
+            id__in=AuditEvent.objects.filter(
+                action=LATE_CALL_ACTION, created_at__gte=recent
+            ).values("session_id")
+        ),
     }
 
 
@@ -629,6 +646,20 @@ ATTENTION_SECTIONS = {
         f"Failed in the last {FAILED_RECENT_DAYS} days",
         "Inspect the failed step, correct it or add an instruction, and resume.",
         "last_error",
+    ),
+    "failed_calls": (
+        f"Completed with failed tool calls (last {FAILED_RECENT_DAYS} days)",
+        "They finished, but some tool calls failed, on the tool or on the infrastructure "
+        "(the database, Redis, the network) after every retry: their effects may be missing. "
+        "Read the failed calls; correct a result or add an instruction and resume.",
+        "agent",
+    ),
+    "late_calls": (
+        f"Late calls: a fenced-off worker started a call (last {FAILED_RECENT_DAYS} days)",
+        "A worker that had lost the session (frozen past its lease, or overruled by a person) "
+        "had started a call that is not idempotent. Its audit record says whether its effect "
+        "was refused or may have happened outside the trace: check it was not done twice.",
+        "agent",
     ),
 }
 

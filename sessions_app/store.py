@@ -453,9 +453,15 @@ class DjangoSessionStore:
     ) -> AppendResult:
         for step in steps:
             validate_step_payload(step.kind, step.payload)
-        if connection.vendor == "postgresql":
-            return self._append_postgresql(lease, steps, checkpoint, status, error, release)
-        return self._append_portable(lease, steps, checkpoint, status, error, release)
+        append = (
+            self._append_postgresql if connection.vendor == "postgresql" else self._append_portable
+        )
+        if status != SessionStatus.COMPLETED:
+            return append(lease, steps, checkpoint, status, error, release)
+        with transaction.atomic():
+            result = append(lease, steps, checkpoint, status, error, release)
+            count_failed_calls(lease.session_id)
+            return result
 
     def _append_postgresql(
         self,
@@ -781,6 +787,32 @@ class DjangoSessionStore:
     def thread_cleanup(self) -> None:
         """Close the calling thread's connections (the heartbeat thread's, when it ends)."""
         connections.close_all()
+
+
+def count_failed_calls(session_id: Any) -> int:
+    """Count the session's failed tool calls (its live error results, less a person's
+    rejections and the results an operator corrected) on its row. Served by the
+    step_failed partial index; the corrections are read only when something failed."""
+    failed = {
+        seq
+        for seq, failure in Step.objects.filter(
+            session_id=session_id,
+            kind=StepKind.TOOL_RESULT.value,
+            payload__status="error",
+            superseded_at__isnull=True,
+        ).values_list("seq", "payload__failure")
+        if failure != "rejected"
+    }
+    if failed:
+        corrected = Step.objects.filter(
+            session_id=session_id,
+            kind=StepKind.OPERATOR.value,
+            payload__action="correct_result",
+            superseded_at__isnull=True,
+        ).values_list("payload__result_seq", flat=True)
+        failed -= {seq for seq in corrected if isinstance(seq, int)}
+    AgentSession.objects.filter(id=session_id).update(failed_calls=len(failed))
+    return len(failed)
 
 
 # The audit action of a non-idempotent call started by a run that was then fenced off.
