@@ -176,7 +176,8 @@ def test_twenty_concurrent_resumes_start_exactly_one_run(live_server, fleet, use
             f"{live_server.url}/api/sessions/{session.id}/resume",
             method="POST",
             data=b"",
-            headers={"Authorization": f"Bearer {token}"},
+            # urllib labels any body a form; the API takes JSON bodies only (415 otherwise).
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
         )
         try:
             with urllib.request.urlopen(request, timeout=20) as response:
@@ -296,7 +297,9 @@ def test_redis_down_reads_answer_and_actions_are_dispatched_once_it_is_back(
         assert client.get(url).status_code == 200, url
     assert client.get(f"/api/sessions/{session.id}", **auth).status_code == 200
     assert client.get(f"/api/sessions/{session.id}/steps", **auth).status_code == 200
-    response = client.post(f"/api/sessions/{session.id}/resume", **auth)
+    response = client.post(
+        f"/api/sessions/{session.id}/resume", content_type="application/json", **auth
+    )
     assert response.status_code == 202  # recorded in PostgreSQL, dispatched later
     assert AgentSession.objects.get(id=session.id).status == Status.QUEUED
     private_redis.start()
