@@ -102,9 +102,11 @@ class TransientRetry:
     seconds after its first failure. `is_transient` says which errors are the
     infrastructure's."""
 
+    # At most 2 s apart: a database back from a restart is used within 2 s, for the cost
+    # of a connection attempt every 2 s per waiting call while it is down.
     retry_for: float = 60.0
-    backoff: float = 0.5
-    backoff_max: float = 8.0
+    backoff: float = 0.25
+    backoff_max: float = 2.0
     is_transient: Callable[[BaseException], bool] = is_infrastructure_error
 
 

@@ -410,3 +410,28 @@ def private_db(private_postgres, transactional_db):
     finally:
         connection.close()
         connection.settings_dict.update(saved)
+
+
+def figures(test: str, **measured: float | int) -> None:
+    """Print what a fault test measured (shown with `pytest -s`); docs/RELIABILITY.md
+    quotes these."""
+    shown = ", ".join(
+        f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in measured.items()
+    )
+    print(f"\n[fault figures] {test}: {shown}")
+
+
+def first_step_after(sessions, moment: float) -> float | None:
+    """Seconds from `moment` (time.time()) to the first step any of the sessions committed
+    after it; None when none did."""
+    from datetime import UTC, datetime
+
+    after = (
+        Step.objects.filter(
+            session__in=sessions, created_at__gt=datetime.fromtimestamp(moment, UTC)
+        )
+        .order_by("created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    return None if after is None else after.timestamp() - moment

@@ -22,7 +22,14 @@ from sessions_app.models import ApiToken, SideEffect, Status, Step
 from sessions_app.services import session_start
 
 from ..conftest import ROOT, wait_for
-from .conftest import assert_invariants, conversation, free_port, wait_final
+from .conftest import (
+    assert_invariants,
+    conversation,
+    figures,
+    first_step_after,
+    free_port,
+    wait_final,
+)
 from .test_faults import reference, runs_of
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -69,11 +76,14 @@ def test_connection_slots_exhausted_tool_calls_are_retried_and_nothing_is_lost(f
                 assert "too many clients" in str(exc), exc
                 break
             assert len(hogs) < 100, "the server never ran out of connection slots"
+        exhausted = time.time()
         time.sleep(10)
     finally:
         for hog in hogs:
             hog.close()
+    released = time.time()
     wait_final(sessions, timeout=60)
+    done = time.time()
     expected = reference("slow", f"count to {ticks}")
     for session in sessions:
         session.refresh_from_db()
@@ -86,11 +96,22 @@ def test_connection_slots_exhausted_tool_calls_are_retried_and_nothing_is_lost(f
     retried = infrastructure_retries(sessions)
     assert retried, "no tool call met the exhausted server"
     assert all("too many clients" in e or "connection" in e for e in retried), retried
+    met = Step.objects.filter(
+        session__in=sessions, kind="tool_result", payload__attempt_errors__isnull=False
+    ).count()
+    figures(
+        "connection slots exhausted 10 s",
+        calls_retried=met,
+        retries=len(retried),
+        failed_calls=0,
+        slots_taken=len(hogs),
+        first_step_after_release_s=first_step_after(sessions, released) or -1.0,
+        all_done_after_release_s=done - released,
+        exhausted_s=released - exhausted,
+    )
 
 
-def test_postgres_restarts_running_sessions_finish_and_first_jobs_after_succeed(
-    fleet, private_db
-):
+def test_postgres_restarts_running_sessions_finish_and_first_jobs_after_succeed(fleet, private_db):
     sessions = [session_start(agent="slow", input="count to 8") for _ in range(3)]
     workers = [fleet.start(DATABASE_URL=private_db.url) for _ in range(2)]
     wait_for(
@@ -98,9 +119,12 @@ def test_postgres_restarts_running_sessions_finish_and_first_jobs_after_succeed(
         timeout=30,
         what="the runs to get going",
     )
+    down = time.time()
     private_db.restart()  # under running sessions: every connection breaks mid-run
+    back = time.time()
     connection.close()  # this test's own, too
     wait_final(sessions, timeout=60)
+    resumed = [first_step_after([s], back) for s in sessions]
     expected = reference("slow", "count to 8")
     for session in sessions:
         session.refresh_from_db()
@@ -130,6 +154,13 @@ def test_postgres_restarts_running_sessions_finish_and_first_jobs_after_succeed(
         assert worker.process.poll() is None
     # Well under a lease TTL plus a reconciler pass: nothing waited for a retry.
     assert elapsed < 15, elapsed
+    figures(
+        "postgres restarted",
+        restart_s=back - down,
+        running_sessions_next_step_after_back_s_max=max(r for r in resumed if r is not None),
+        idle_restart_six_new_sessions_done_s=elapsed,
+        failed_jobs_after_idle_restart=0,
+    )
 
 
 def _get(url: str, **headers: str) -> tuple[int, dict[str, str], bytes, float]:
@@ -186,7 +217,9 @@ def test_web_process_answers_503_in_an_outage_and_recovers_on_the_first_request_
         # are served, none is a 500.
         private_db.restart()
         connection.close()
+        first = time.monotonic()
         assert both() == [200, 200]
+        first_after_restart = time.monotonic() - first
         with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
             codes = list(pool.map(lambda _: both(), range(16)))
         assert {c for pair in codes for c in pair} == {200}
@@ -194,11 +227,13 @@ def test_web_process_answers_503_in_an_outage_and_recovers_on_the_first_request_
         private_db.stop()
         outage = time.monotonic()
         status, headers, body, took = _get(api, **auth)
+        api_503 = took
         assert status == 503 and took < 6, (status, took)
         assert headers["Content-Type"] == "application/json"
         assert json.loads(body)["error"] == "unavailable"
         assert int(headers["Retry-After"]) > 0
         status, headers, body, took = _get(page, **logged_in)
+        page_503 = took
         assert status == 503 and took < 6, (status, took)
         assert headers["Content-Type"].startswith("text/html")
         assert b"The database is unavailable" in body and b"respawn.css" in body
@@ -207,7 +242,9 @@ def test_web_process_answers_503_in_an_outage_and_recovers_on_the_first_request_
 
         private_db.start()
         connection.close()
+        first = time.monotonic()
         assert both() == [200, 200]
+        first_after_outage = time.monotonic() - first
         wait_for(
             lambda: "reconciler works again" in worker.log(),
             timeout=20,
@@ -225,3 +262,13 @@ def test_web_process_answers_503_in_an_outage_and_recovers_on_the_first_request_
     failures = [line for line in worker.log().splitlines() if "reconciler failed:" in line]
     assert 1 <= len(failures) <= 4, failures
     assert sum("Connection refused" in line for line in failures) <= 2, failures
+    figures(
+        "web process, postgres restarted then down",
+        first_requests_after_restart_s=first_after_restart,
+        requests_after_restart=34,
+        non_200_after_restart=0,
+        api_503_s=api_503,
+        page_503_s=page_503,
+        first_requests_after_outage_s=first_after_outage,
+        reconciler_errors_logged=len(failures),
+    )

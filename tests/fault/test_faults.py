@@ -20,7 +20,13 @@ from sessions_app.models import AgentSession, ApiToken, SideEffect, Status, Step
 from sessions_app.services import checkpoint_rollback, session_cancel, session_start
 
 from ..conftest import wait_for, without_ids
-from .conftest import assert_invariants, conversation, kill_worker_process_only, wait_final
+from .conftest import (
+    assert_invariants,
+    conversation,
+    figures,
+    kill_worker_process_only,
+    wait_final,
+)
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -407,6 +413,7 @@ def test_a_frozen_worker_continued_after_a_person_reran_its_call_sends_nothing(f
     assert late.after["idempotency_key"] == effects.get().key
     assert "was refused by the fence" in frozen.log()
     assert_invariants(session)
+    figures("frozen worker continued", notifications=effects.count(), late_calls_reported=1)
 
 
 def test_jobs_lost_before_a_worker_took_them_run_within_the_reconcile_interval(
@@ -438,3 +445,4 @@ def test_jobs_lost_before_a_worker_took_them_run_within_the_reconcile_interval(
         assert_invariants(session)
     # A pass every 0.5 s (±20 %), plus the run itself, on a busy machine: far from 30 s.
     assert took < 8, took
+    figures("jobs lost before a worker took them", sessions=len(sessions), all_done_s=took)
