@@ -218,7 +218,8 @@ RESPAWN_LEASE_TTL = env_float("RESPAWN_LEASE_TTL", 10.0)
 # runs just after the next live lease expires, so a dead worker's session is taken over
 # about RESPAWN_LEASE_TTL after its last heartbeat, not up to this much later.
 RESPAWN_RECONCILE_INTERVAL = env_float("RESPAWN_RECONCILE_INTERVAL", 15.0)
-# A dispatched session whose job has not started after this many seconds is dispatched again.
+# A queued session whose job a worker took but has not run after this many seconds is
+# dispatched again (one whose job is gone from Redis, or failed, on the reconciler's next pass).
 RESPAWN_DISPATCH_GRACE = env_float("RESPAWN_DISPATCH_GRACE", 30.0)
 RESPAWN_MODEL_RETRIES = int(env_float("RESPAWN_MODEL_RETRIES", 3))
 # A tool call that fails on the infrastructure (the database, Redis or the network
