@@ -7,6 +7,9 @@ The public API for writing agents is what this module exports:
 
     from agent_runtime import Agent, AgentState, Limits, ToolContext, ToolError, tool
 
+A tool's `ctx.fenced()` raises `LeaseLost` when the run no longer holds its session (let it
+propagate: the run stops, and a call that is not idempotent is reported).
+
 An agent whose turn loop is another framework's takes a `runner` instead of a model and
 tools (`agent_runtime.runners`: Runner, RunContext, RunnerResult, RunnerCancelled).
 
@@ -36,6 +39,7 @@ from .providers import (
 from .providers.scripted import scripted_model
 from .runners import RunContext, Runner, RunnerCancelled, RunnerResult, RunnerStatus
 from .state import SessionState
+from .store import LeaseLost
 from .tools import Tool, ToolContext, ToolError, tool
 
 __all__ = [
@@ -44,6 +48,7 @@ __all__ = [
     "AgentRegistry",
     "AgentState",
     "AgentStateError",
+    "LeaseLost",
     "Limits",
     "Message",
     "ModelSettings",

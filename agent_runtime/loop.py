@@ -8,6 +8,7 @@ committed step left off. The state is a fold of the steps over the head checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import enum
 import json
@@ -52,7 +53,7 @@ from .telemetry import (
     guarded,
     observe,
 )
-from .tools import ToolContext, ToolOutcome
+from .tools import FenceGuard, Tool, ToolContext, ToolOutcome, TransientRetry
 from .upgraders import IncompatibleSchemaError
 
 log = logging.getLogger("respawn.loop")
@@ -87,6 +88,9 @@ class RunConfig:
     prices: PriceTable = field(default_factory=lambda: load_price_table(""))
     # Where runs, model and tool calls and writes are reported (agent_runtime.telemetry).
     telemetry: Telemetry = NO_TELEMETRY
+    # How a tool call that failed on the infrastructure (database, Redis, network) is
+    # retried, and which errors count as such.
+    transient: TransientRetry = field(default_factory=TransientRetry)
 
 
 class Outcome(enum.StrEnum):
@@ -442,9 +446,21 @@ class Conversation:
 
 
 class Heartbeat:
-    """Keeps the lease alive from a background thread while a model call or tool runs."""
+    """Keeps the lease alive from a background thread while a model call or tool runs, and
+    knows, by this worker's own clock, until when the lease is surely still the run's.
 
-    def __init__(self, store: SessionStore, lease: Lease, ttl: float, interval: float) -> None:
+    `since` is the monotonic time just before the lease was taken or last renewed: the
+    lease runs out no earlier than `since + ttl` wherever it is looked at (clocks in sync
+    to well under the TTL, as the lease protocol already requires)."""
+
+    def __init__(
+        self,
+        store: SessionStore,
+        lease: Lease,
+        ttl: float,
+        interval: float,
+        since: float | None = None,
+    ) -> None:
         self._store = store
         self._lease = lease
         self._ttl = ttl
@@ -452,7 +468,34 @@ class Heartbeat:
         self._stop = threading.Event()
         self.lost = threading.Event()
         self.cancel_requested = False
+        self.valid_until = (time.monotonic() if since is None else since) + ttl
         self._thread = threading.Thread(target=self._run, name="respawn-heartbeat", daemon=True)
+
+    def ensure(self) -> None:
+        """Raise LeaseLost unless the run still holds its lease: before a tool call
+        starts, so that a worker that froze past its lease (a stopped process, a long
+        pause) never starts one after another worker may have taken the session over.
+        Past the expiry by this clock, or close to it, the lease is renewed first (it
+        is still the run's if nobody took it: the token decides)."""
+        if self.lost.is_set():
+            raise LeaseLost(f"session {self._lease.session_id}: the lease was fenced off")
+        if time.monotonic() < self.valid_until - self._ttl / 10:
+            return
+        sent = time.monotonic()
+        try:
+            result = self._store.heartbeat(self._lease, self._ttl)
+        except Exception as exc:
+            raise LeaseLost(
+                f"session {self._lease.session_id}: the lease ran out by this worker's clock "
+                f"and could not be renewed ({type(exc).__name__}: {exc})"
+            ) from exc
+        if not result.alive:
+            self.lost.set()
+            raise LeaseLost(
+                f"session {self._lease.session_id}: the lease ran out by this worker's clock "
+                "and another holder has it"
+            )
+        self.valid_until = sent + self._ttl
 
     def __enter__(self) -> Heartbeat:
         self._thread.start()
@@ -464,17 +507,25 @@ class Heartbeat:
 
     def _run(self) -> None:
         cleanup = getattr(self._store, "thread_cleanup", None)
+        last_error, last_logged = "", 0.0
         try:
             while not self._stop.wait(self._interval):
+                sent = time.monotonic()
                 try:
                     result = self._store.heartbeat(self._lease, self._ttl)
-                except Exception:  # a failed heartbeat is retried; the lease TTL is the bound
-                    log.warning("heartbeat for %s failed", self._lease.session_id, exc_info=True)
+                except Exception as exc:  # retried; the lease TTL is the bound
+                    # The same error again (the database down) is logged once a minute.
+                    error = f"{type(exc).__name__}: {exc}"
+                    if error != last_error or sent - last_logged >= 60:
+                        log.warning("heartbeat for %s failed: %s", self._lease.session_id, error)
+                        last_error, last_logged = error, sent
                     continue
+                last_error = ""
                 self.cancel_requested = result.cancel_requested
                 if not result.alive:
                     self.lost.set()
                     return
+                self.valid_until = sent + self._ttl
         finally:
             if cleanup is not None:
                 cleanup()
@@ -926,6 +977,7 @@ class _Run:
                     "running this call"
                 ),
                 attempts=0,
+                failure="gave_up",
             )
             self.record_result(
                 ToolCall(call.payload["call_id"], call.payload["name"], call.payload["arguments"]),
@@ -984,7 +1036,9 @@ class _Run:
             if pending.decision is not None and pending.decision.get("action") == "reject":
                 reason = pending.decision.get("reason") or "no reason given"
                 actor = pending.decision.get("actor") or "an operator"
-                outcome = ToolOutcome(ok=False, error=f"rejected by {actor}: {reason}", attempts=0)
+                outcome = ToolOutcome(
+                    ok=False, error=f"rejected by {actor}: {reason}", attempts=0, failure="rejected"
+                )
                 self.record_result(call, outcome, started=utcnow(), checkpoint=boundary)
                 continue
             resolution = _uncertain_resolution(pending)
@@ -1045,23 +1099,37 @@ class _Run:
                     )
                 )
             started = utcnow()
-            observed = ToolCallRecord(self.record, call.name, call.id)
             if tool is None:
                 known = ", ".join(t.name for t in self.agent.tools) or "none"
                 outcome = ToolOutcome(
-                    ok=False, error=f"unknown tool {call.name!r} (available: {known})"
+                    ok=False,
+                    error=f"unknown tool {call.name!r} (available: {known})",
+                    failure="tool",
                 )
-            else:
-                with observe(self.config.telemetry, "tool_call", observed):
-                    outcome = self._run_tool(tool, call, key, call_seq)
-                    observed.ok, observed.error = outcome.ok, outcome.error
-                    observed.attempts = outcome.attempts
-            self.record_result(call, outcome, started=started, checkpoint=boundary)
+                self.record_result(call, outcome, started=started, checkpoint=boundary)
+                continue
+            self.run_tool(tool, call, key=key, call_seq=call_seq, boundary=boundary)
         return None
 
-    def _run_tool(self, tool: Any, call: ToolCall, key: str, call_seq: int) -> ToolOutcome:
-        return tool.run(
-            lambda attempt: ToolContext(
+    def run_tool(
+        self, tool: Tool, call: ToolCall, *, key: str, call_seq: int, boundary: bool
+    ) -> None:
+        """Run a recorded call and record its result. Each attempt starts only while the
+        run still holds its lease; a non-idempotent call started by a run that then lost
+        the session is reported (report_late_call), and the run stops."""
+        started = utcnow()
+        begun: list[int] = []  # attempts that were allowed to start
+        held_back: list[int] = []  # an attempt not started: the lease was gone
+
+        def context(attempt: int) -> ToolContext:
+            if self.heartbeat is not None:
+                try:
+                    self.heartbeat.ensure()
+                except LeaseLost:
+                    held_back.append(attempt)
+                    raise
+            begun.append(attempt)
+            return ToolContext(
                 session_id=self.session_id,
                 call_id=call.id,
                 seq=call_seq,
@@ -1074,9 +1142,33 @@ class _Run:
                 agent_version=self.agent.version,
                 agent_state=self.state.agent_state,
                 progress=progress_sink(self.store, self.lease),
-            ),
-            call.arguments,
-        )
+                fence_token=self.lease.token,
+                fence=fence_guard(self.store, self.lease, self.heartbeat),
+            )
+
+        ran: ToolOutcome | None = None
+        observed = ToolCallRecord(self.record, call.name, call.id)
+        try:
+            with observe(self.config.telemetry, "tool_call", observed):
+                ran = tool.run(context, call.arguments, self.config.transient)
+                observed.ok, observed.error, observed.attempts = ran.ok, ran.error, ran.attempts
+            self.record_result(call, ran, started=started, checkpoint=boundary)
+        except LeaseLost as exc:
+            guarded(self.config.telemetry.fenced, self.record, "tool_call")
+            if begun and not tool.idempotent:
+                # A call started, and the session is someone else's now: whatever it did
+                # is not in the trace. Said out loud, never hidden.
+                report_late_call(
+                    self.store,
+                    self.lease,
+                    worker=self.config.worker_id,
+                    call=call,
+                    tool_call_seq=call_seq,
+                    idempotency_key=key,
+                    refused=ran is None and not held_back,
+                    reason=str(exc),
+                )
+            raise
 
     def record_result(
         self,
@@ -1135,6 +1227,71 @@ def result_payload(call: ToolCall, outcome: ToolOutcome) -> dict[str, Any]:
     return payload
 
 
+def fence_guard(store: SessionStore, lease: Lease, heartbeat: Heartbeat | None) -> FenceGuard:
+    """What a tool's `ctx.fenced()` enters: the lease checked by this worker's clock (and
+    renewed if need be), then the store's own fence (SessionStore.fenced) around the
+    tool's writes."""
+    fenced = getattr(store, "fenced", None)
+
+    @contextlib.contextmanager
+    def guard():
+        if heartbeat is not None:
+            heartbeat.ensure()
+        if fenced is None:
+            yield
+            return
+        with fenced(lease):
+            yield
+
+    return guard
+
+
+def report_late_call(
+    store: SessionStore,
+    lease: Lease,
+    *,
+    worker: str,
+    call: ToolCall,
+    tool_call_seq: int,
+    idempotency_key: str,
+    refused: bool,
+    reason: str,
+) -> None:
+    """Report a non-idempotent call that a run fenced off had started (the store keeps it
+    outside the trace, and the worker's log says it too)."""
+    effect = "refused" if refused else "may have happened"
+    log.warning(
+        "session %s: %s (call %s, seq %s) was started by this run, which then lost the "
+        "session (%s); its effect %s",
+        lease.session_id,
+        call.name,
+        call.id,
+        tool_call_seq,
+        reason,
+        "was refused by the fence" if refused else "may have happened: not in the trace",
+    )
+    report = getattr(store, "report_late_call", None)
+    if report is None:
+        return
+    try:
+        report(
+            lease,
+            {
+                "worker": worker,
+                "call_id": call.id,
+                "tool": call.name,
+                "arguments": call.arguments,
+                "tool_call_seq": tool_call_seq,
+                "idempotency_key": idempotency_key,
+                "token": lease.token,
+                "effect": effect,
+                "reason": reason,
+            },
+        )
+    except Exception:  # the log line above is the report of last resort
+        log.exception("session %s: the late call could not be recorded", lease.session_id)
+
+
 def progress_sink(store: SessionStore, lease: Lease) -> Callable[[int, int | None, str], bool]:
     """Where a tool's `report_progress` goes: the session row, fenced on the run's lease."""
 
@@ -1159,6 +1316,7 @@ def run_session(
     records: RecordSource | None = None,
 ) -> RunResult:
     """Advance one session as far as it goes: to an answer, a pause, a failure or a cancel."""
+    claimed_at = time.monotonic()  # the lease lasts at least the TTL from here
     lease = store.claim(session_id, config.worker_id, config.lease_ttl)
     if lease is None:
         log.info("session %s: not claimed (leased elsewhere or not runnable)", session_id)
@@ -1230,7 +1388,9 @@ def run_session(
         record.recovery_seconds = _since_last_step(head)
     with observe(config.telemetry, "run", record):
         try:
-            with Heartbeat(store, lease, config.lease_ttl, interval) as heartbeat:
+            with Heartbeat(
+                store, lease, config.lease_ttl, interval, since=claimed_at
+            ) as heartbeat:
                 run.heartbeat = heartbeat
                 result = run.run(head, agent_state, upgraders)
         except _Stop as stop:
@@ -1317,8 +1477,9 @@ def run_branch(
     if seq not in fan_calls or seq not in pending:
         return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED)
     lease = Lease(session_id, fan.payload["owner"], int(fan.payload["token"]))
+    renewed_at = time.monotonic()
     if not store.heartbeat(lease, config.lease_ttl).alive:
-        return BranchResult(session_id, seq, BranchOutcome.FENCED)
+        return _refused(store, session_id, seq, pending[seq].call.id)
     try:
         agent = agents.get(head.agent_name)
     except UnknownAgent as exc:
@@ -1350,30 +1511,37 @@ def run_branch(
     key = step.idempotency_key or f"{session_id}:{seq}"
     tool = agent.tools.get(call.name)
     interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
-    with Heartbeat(store, lease, config.lease_ttl, interval) as heartbeat:
+    with Heartbeat(store, lease, config.lease_ttl, interval, since=renewed_at) as heartbeat:
         started = utcnow()
-        if tool is None:
-            outcome = ToolOutcome(ok=False, error=f"unknown tool {call.name!r}")
-        else:
-            outcome = tool.run(
-                lambda attempt: ToolContext(
-                    session_id=session_id,
-                    call_id=call.id,
-                    seq=seq,
-                    idempotency_key=key,
-                    attempt=attempt,
-                    effects=effects,
-                    options=config.tool_options,
-                    records=records,
-                    agent_name=agent.name,
-                    agent_version=agent.version,
-                    agent_state=state.agent_state if agent.state is not None else None,
-                    progress=progress_sink(store, lease),
-                ),
-                call.arguments,
+
+        def context(attempt: int) -> ToolContext:
+            heartbeat.ensure()  # never start a call after the lease is gone
+            return ToolContext(
+                session_id=session_id,
+                call_id=call.id,
+                seq=seq,
+                idempotency_key=key,
+                attempt=attempt,
+                effects=effects,
+                options=config.tool_options,
+                records=records,
+                agent_name=agent.name,
+                agent_version=agent.version,
+                agent_state=state.agent_state if agent.state is not None else None,
+                progress=progress_sink(store, lease),
+                fence_token=lease.token,
+                fence=fence_guard(store, lease, heartbeat),
             )
+
+        if tool is None:
+            outcome = ToolOutcome(ok=False, error=f"unknown tool {call.name!r}", failure="tool")
+        else:
+            try:
+                outcome = tool.run(context, call.arguments, config.transient)
+            except LeaseLost:
+                return _refused(store, session_id, seq, call.id)
         if heartbeat.lost.is_set():
-            return BranchResult(session_id, seq, BranchOutcome.FENCED)
+            return _refused(store, session_id, seq, call.id)
         payload = result_payload(call, outcome)
         if step.payload.get("branch"):
             payload["branch"] = step.payload["branch"]
@@ -1388,7 +1556,7 @@ def run_branch(
                 lease, result, call_id=call.id, after_seq=action.model_seq
             )
         except LeaseLost:
-            return BranchResult(session_id, seq, BranchOutcome.FENCED)
+            return _refused(store, session_id, seq, call.id)
         if appended.seq is None:
             return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED)
         if appended.unanswered:
@@ -1401,6 +1569,20 @@ def run_branch(
             more = (fan_calls[index],) if index < len(fan_calls) else ()
             return BranchResult(session_id, seq, BranchOutcome.RECORDED, branches=more)
         return _join(session_id, seq, store=store, agent=agent, lease=lease, fan=fan)
+
+
+def _refused(store: SessionStore, session_id: str, seq: int, call_id: str) -> BranchResult:
+    """The outcome of a branch whose lease check failed. The join releases the fan-out's
+    lease once every call is answered, so a duplicate of a branch (its job run twice) that
+    checks after the join finds the lease gone without being fenced off: its call was
+    answered by the other copy, and it was not needed. Fenced means the call has no
+    result: a new wave, a rollback or a cancel took the session away."""
+    history = store.load_head(session_id).history
+    answered = any(
+        s.kind == StepKind.TOOL_RESULT and s.payload.get("call_id") == call_id for s in history
+    )
+    outcome = BranchOutcome.NOT_NEEDED if answered else BranchOutcome.FENCED
+    return BranchResult(session_id, seq, outcome)
 
 
 def _join(

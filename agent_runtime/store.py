@@ -6,10 +6,11 @@ tests (`tests/contract/`). Methods take ids and engine dataclasses, never ORM ro
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
@@ -179,6 +180,17 @@ class SessionStore(Protocol):
         """Show how far a running tool got (on the session, not in the trace), fenced;
         returns False when the lease is no longer this holder's."""
 
+    def fenced(self, lease: Lease) -> contextlib.AbstractContextManager[None]:
+        """Hold the session's fence while a tool writes: raises LeaseLost at once when the
+        lease is no longer this holder's; otherwise nobody can take the lease over until
+        the block ends, and the writes made in it (on the store's database, in this
+        thread) commit with that check or not at all."""
+
+    def report_late_call(self, lease: Lease, report: dict[str, Any]) -> None:
+        """Record, outside the trace (which belongs to whoever holds the session now),
+        that a run fenced off had started a non-idempotent tool call: what it was and
+        whether its effect was refused or may have happened."""
+
 
 class EffectLedger(Protocol):
     """Where demo tools leave their externally visible side effects, keyed for idempotency."""
@@ -210,6 +222,8 @@ class _MemSession:
     deadline: datetime | None = None
     steps: list[StepRecord] = field(default_factory=list)
     checkpoints: list[CheckpointRecord] = field(default_factory=list)
+    # Non-idempotent calls started by runs that were fenced off (report_late_call).
+    late_calls: list[dict[str, Any]] = field(default_factory=list)
 
 
 class InMemoryStore:
@@ -455,6 +469,17 @@ class InMemoryStore:
                 return False
             session.progress = (done, total, message)
             return True
+
+    @contextlib.contextmanager
+    def fenced(self, lease: Lease) -> Iterator[None]:
+        # The store's lock is the fence: no claim or operator step gets in meanwhile.
+        with self._lock:
+            self._check(self._get(lease.session_id), lease)
+            yield
+
+    def report_late_call(self, lease: Lease, report: dict[str, Any]) -> None:
+        with self._lock:
+            self._get(lease.session_id).late_calls.append({"owner": lease.owner, **report})
 
 
 class InMemoryEffects:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import copy
 import functools
 import inspect
@@ -36,7 +37,7 @@ from typing import Any
 import pydantic
 
 from .records import RecordSource
-from .store import EffectLedger
+from .store import EffectLedger, LeaseLost
 
 # A tool reporting progress writes it to the session row at most this often.
 PROGRESS_INTERVAL = 0.5
@@ -57,6 +58,59 @@ class AgentStateUnavailable(RuntimeError):
 # Reports progress (done, total, message) for the session; returns False once the run's
 # lease is lost.
 ProgressSink = Callable[[int, int | None, str], bool]
+# Holds the run's fence around a tool's own writes (SessionStore.fenced for the run's lease).
+FenceGuard = Callable[[], contextlib.AbstractContextManager[None]]
+
+
+# Modules whose errors are the infrastructure's, not the tool's: a database driver, Redis,
+# an HTTP client's connection layer. Matched on the exception's class and its causes, so
+# the engine needs none of them installed; the host adds its own (RunConfig.transient).
+_INFRASTRUCTURE_MODULES = ("psycopg", "psycopg2", "psycopg_pool", "redis", "sqlite3")
+
+
+def is_infrastructure_error(exc: BaseException) -> bool:
+    """True for an error of the infrastructure a tool runs on rather than of the tool: a
+    connection refused, reset or timed out, a database or Redis that is down or out of
+    connections. Such errors are transient: the call is retried with backoff. Errors the
+    database raises about the query itself (an integrity or programming error) are not."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, ConnectionError | TimeoutError):
+            return True
+        for cls in type(current).__mro__:
+            module = cls.__module__.split(".")[0]
+            if module in _INFRASTRUCTURE_MODULES and cls.__name__ in (
+                "OperationalError",
+                "InterfaceError",
+                "PoolTimeout",
+                "TooManyConnections",
+                "ConnectionError",
+                "TimeoutError",
+                "BusyLoadingError",
+            ):
+                return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+@dataclass(frozen=True)
+class TransientRetry:
+    """How a call that failed on the infrastructure is tried again: with exponential
+    backoff (`backoff`, doubling, at most `backoff_max` apart) for up to `retry_for`
+    seconds after its first failure. `is_transient` says which errors are the
+    infrastructure's."""
+
+    # At most 2 s apart: a database back from a restart is used within 2 s, for the cost
+    # of a connection attempt every 2 s per waiting call while it is down.
+    retry_for: float = 60.0
+    backoff: float = 0.25
+    backoff_max: float = 2.0
+    is_transient: Callable[[BaseException], bool] = is_infrastructure_error
+
+
+NO_TRANSIENT_RETRY = TransientRetry(retry_for=0.0)
 
 
 @dataclass
@@ -71,7 +125,10 @@ class ToolContext:
       result (discarded when the call fails);
     - `report_progress(done, total, message)`: shown on the session page and in the API
       while the tool runs;
-    - `set_plan`, `remember`, `set_batch_cursor`: the engine's own state.
+    - `set_plan`, `remember`, `set_batch_cursor`: the engine's own state;
+    - `fenced()`: a block whose writes land only while this run still holds the session
+      (see its docstring), and `fence_token`, to hand to a service that keeps fencing
+      tokens of its own.
     """
 
     session_id: str
@@ -92,6 +149,10 @@ class ToolContext:
     # keeps none). `state` is the tool's working copy of its data.
     agent_state: dict[str, Any] | None = None
     progress: ProgressSink | None = None
+    # The run's fencing token: it grows with every new holder of the session, so a service
+    # that remembers the highest token it has seen can refuse a late caller's request.
+    fence_token: int = 0
+    fence: FenceGuard | None = field(default=None, repr=False)
     _state: dict[str, Any] | None = field(default=None, repr=False)
     _progress_at: float = field(default=0.0, repr=False)
 
@@ -138,6 +199,23 @@ class ToolContext:
         self._progress_at = now
         return self.progress(int(done), None if total is None else int(total), str(message))
 
+    def fenced(self) -> contextlib.AbstractContextManager[None]:
+        """Tie the tool's own writes to this run's hold on the session:
+
+            with ctx.fenced():
+                Invoice.objects.create(...)  # commits only if the run still holds it
+
+        On entry it checks the run's fencing token against the session (on Respawn's
+        database, locking the session row against a takeover until the block ends; the
+        block is one transaction there, so Django writes on the same database inside it
+        commit with that check or not at all). A run that lost the session, to another
+        worker after it froze past its lease or to an operator's decision, gets
+        `LeaseLost` instead: the write never happens, and the run stops. Outside a run
+        (a tool called directly) it fences nothing."""
+        if self.fence is None:
+            return contextlib.nullcontext()
+        return self.fence()
+
     def set_batch_cursor(self, cursor: dict[str, Any]) -> None:
         """Set the session's batch cursor (how far a batch job got), checkpointed with the
         result of this call."""
@@ -150,6 +228,15 @@ class ToolContext:
     def remember(self, ref: str) -> None:
         """Add a memory reference (a document id, note key, ...) to the session state."""
         self.memory_added.append(ref)
+
+
+# Why a tool call failed, as its result records it ("failure"):
+#   tool            the tool raised, or its arguments were invalid, or it does not exist
+#   timeout         an attempt overran the tool's timeout
+#   infrastructure  the database, Redis or the network failed under it, on every retry
+#   rejected        a person rejected the call (not a failure of anything)
+#   gave_up         a fan-out branch whose worker kept dying
+FAILURE_KINDS = ("tool", "timeout", "infrastructure", "rejected", "gave_up")
 
 
 @dataclass(frozen=True)
@@ -165,6 +252,8 @@ class ToolOutcome:
     plan_update: tuple[tuple[str, str], ...] | None = None
     batch_cursor: dict[str, Any] | None = None
     agent_state: dict[str, Any] | None = None  # ToolContext.state_patch()
+    # Why a failed call failed (FAILURE_KINDS); None when it succeeded.
+    failure: str | None = None
 
     def payload(self, call_id: str, name: str) -> dict[str, Any]:
         """The tool_result step payload (current schema version)."""
@@ -179,6 +268,8 @@ class ToolOutcome:
         if self.attempt_errors:
             # Optional and for people (the trace lists each attempt); the model is not shown it.
             payload["attempt_errors"] = list(self.attempt_errors)
+        if not self.ok and self.failure:
+            payload["failure"] = self.failure
         return payload
 
 
@@ -237,17 +328,26 @@ class Tool:
 
         return functools.partial(function, ctx) if self.takes_context else function
 
-    def run(self, ctx_factory: Callable[[int], ToolContext], arguments: Any) -> ToolOutcome:
-        """Validate, then call the function (with retries for retryable errors)."""
+    def run(
+        self,
+        ctx_factory: Callable[[int], ToolContext],
+        arguments: Any,
+        transient: TransientRetry = NO_TRANSIENT_RETRY,
+    ) -> ToolOutcome:
+        """Validate, then call the function: again after a retryable ToolError (up to
+        `retries` times), and again after an infrastructure error as `transient` says
+        (idempotent tools only: a call that is not may have had its effect before the
+        error). LeaseLost (a fenced write refused) is raised: the run stops."""
         try:
             args = self.validate(arguments)
         except ToolError as exc:
-            return ToolOutcome(ok=False, error=str(exc))
+            return ToolOutcome(ok=False, error=str(exc), failure="tool")
         attempt = 0
         retried: list[str] = []
+        first_transient: float | None = None
         while True:
             attempt += 1
-            ctx = ctx_factory(attempt)
+            ctx = ctx_factory(attempt)  # raises LeaseLost when the run may not start it
             try:
                 output = _call_with_timeout(self._bound(ctx), args, self.timeout)
                 return ToolOutcome(
@@ -260,28 +360,58 @@ class Tool:
                     batch_cursor=ctx.batch_cursor,
                     agent_state=ctx.state_patch(),
                 )
+            except LeaseLost:
+                raise
             except ToolError as exc:
                 if exc.retryable and attempt <= self.retries:
                     retried.append(str(exc))
                     time.sleep(self.retry_backoff * (2 ** (attempt - 1)))
                     continue
                 return ToolOutcome(
-                    ok=False, error=str(exc), attempts=attempt, attempt_errors=tuple(retried)
+                    ok=False,
+                    error=str(exc),
+                    attempts=attempt,
+                    attempt_errors=tuple(retried),
+                    failure="tool",
                 )
-            except TimeoutError:
+            except _Overrun:
                 return ToolOutcome(
                     ok=False,
                     error=f"{self.name} timed out after {self.timeout:g}s",
                     attempts=attempt,
                     attempt_errors=tuple(retried),
+                    failure="timeout",
                 )
             except Exception as exc:  # a tool's bug is the model's problem to see, not a crash
+                error = f"{self.name} raised {type(exc).__name__}: {exc}".strip()
+                if not transient.is_transient(exc):
+                    return ToolOutcome(
+                        ok=False,
+                        error=error,
+                        attempts=attempt,
+                        attempt_errors=tuple(retried),
+                        failure="tool",
+                    )
+                now = time.monotonic()
+                first_transient = now if first_transient is None else first_transient
+                transient_tries = sum(1 for e in retried if e.startswith(INFRASTRUCTURE_PREFIX))
+                delay = min(transient.backoff * (2**transient_tries), transient.backoff_max)
+                if self.idempotent and now + delay - first_transient <= transient.retry_for:
+                    retried.append(f"{INFRASTRUCTURE_PREFIX}{error}")
+                    time.sleep(delay)
+                    continue
+                why = "" if self.idempotent else " (not retried: the tool is not idempotent)"
                 return ToolOutcome(
                     ok=False,
-                    error=f"{self.name} raised {type(exc).__name__}: {exc}",
+                    error=f"{INFRASTRUCTURE_PREFIX}{error}{why}",
                     attempts=attempt,
                     attempt_errors=tuple(retried),
+                    failure="infrastructure",
                 )
+
+
+# The errors of infrastructure failures start with this, in the trace and the model's view.
+INFRASTRUCTURE_PREFIX = "infrastructure error: "
 
 
 # Tool calls run on worker threads, for their timeout. Idle threads are reused: starting a
@@ -317,6 +447,10 @@ def _release_thread(_: concurrent.futures.Future | None) -> None:
         _busy -= 1
 
 
+class _Overrun(Exception):
+    """A tool call overran its timeout (a TimeoutError the tool raises is its own)."""
+
+
 def _call_with_timeout(function: Callable[..., Any], args: dict, timeout: float):
     # A thread cannot be killed: a tool that overruns keeps running in the background, but
     # the loop moves on and records the timeout. Tools with side effects should honour
@@ -335,7 +469,9 @@ def _call_with_timeout(function: Callable[..., Any], args: dict, timeout: float)
         try:
             return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
-            raise TimeoutError from None
+            if future.done() and isinstance(future.exception(), TimeoutError):
+                raise  # the tool's own TimeoutError (a socket's, say), not an overrun
+            raise _Overrun from None
     finally:
         if shared is None:
             pool.shutdown(wait=False)

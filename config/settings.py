@@ -113,6 +113,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # A database that is down or out of connections: a quick 503 (JSON for the API).
+    "sessions_app.middleware.DatabaseUnavailableMiddleware",
     "sessions_app.middleware.ContentSecurityPolicyMiddleware",
     # Read-only pages from the read replica, when DATABASE_REPLICA_URL configures one.
     "sessions_app.replicas.ReplicaReadsMiddleware",
@@ -164,11 +166,20 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
     # Django's native psycopg pool in web processes. A worker process runs one job at a
     # time and keeps one plain persistent connection from job to job instead, checked
     # before the first query of each job (the server may have dropped it while idle).
+    #
+    # While the database is down, a request waits at most RESPAWN_DB_WAIT seconds for a
+    # connection (then answers 503, see sessions_app.middleware), and a connection attempt
+    # to a host that does not answer gives up after as long.
+    _db_wait = env_float("RESPAWN_DB_WAIT", 3.0)
+    _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", max(1, round(_db_wait)))
     if env_bool("RESPAWN_DB_POOL", True) and not _IS_WORKER:
-        _db.setdefault("OPTIONS", {})["pool"] = {"min_size": 1, "max_size": 10, "timeout": 10}
+        _db["OPTIONS"]["pool"] = {"min_size": 1, "max_size": 10, "timeout": _db_wait}
     else:
         _db["CONN_MAX_AGE"] = None
-        _db["CONN_HEALTH_CHECKS"] = True
+    # Pooled: each connection is checked as it leaves the pool (an empty query), so one
+    # that a database restart broke is replaced, not handed to a request that then fails.
+    # Persistent: checked before the first query of each job or request.
+    _db["CONN_HEALTH_CHECKS"] = True
     _db.setdefault("TEST", {})["NAME"] = os.environ.get("RESPAWN_TEST_DB_NAME") or None
     if RESPAWN_POOLER_SAFE:
         # Behind a pooler in transaction mode (PgBouncer's pool_mode=transaction) each
@@ -292,9 +303,14 @@ RESPAWN_LEASE_TTL = env_float("RESPAWN_LEASE_TTL", 10.0)
 # runs just after the next live lease expires, so a dead worker's session is taken over
 # about RESPAWN_LEASE_TTL after its last heartbeat, not up to this much later.
 RESPAWN_RECONCILE_INTERVAL = env_float("RESPAWN_RECONCILE_INTERVAL", 15.0)
-# A dispatched session whose job has not started after this many seconds is dispatched again.
+# A queued session whose job a worker took but has not run after this many seconds is
+# dispatched again (one whose job is gone from Redis, or failed, on the reconciler's next pass).
 RESPAWN_DISPATCH_GRACE = env_float("RESPAWN_DISPATCH_GRACE", 30.0)
 RESPAWN_MODEL_RETRIES = int(env_float("RESPAWN_MODEL_RETRIES", 3))
+# A tool call that fails on the infrastructure (the database, Redis or the network
+# unavailable, out of connections, timing out) is tried again with backoff for this many
+# seconds before its error is recorded (idempotent tools only).
+RESPAWN_TRANSIENT_RETRY_FOR = env_float("RESPAWN_TRANSIENT_RETRY_FOR", 60.0)
 RESPAWN_MODEL_BACKOFF = env_float("RESPAWN_MODEL_BACKOFF", 0.5)
 # The agents this deployment runs: `module:attribute` paths, comma-separated, each naming
 # an Agent, a list of agents or a function returning them (agent_runtime.discovery).

@@ -85,9 +85,10 @@ def save_note(ctx: ToolContext, text: str) -> dict[str, Any]:
     if not text.strip():
         raise ToolError("a note needs some text")
     note_id = f"note-{ctx.session_id}-{ctx.call_id}"
-    ctx.effects.record(
-        ctx.idempotency_key, session_id=ctx.session_id, tool="save_note", payload={"text": text}
-    )
+    with ctx.fenced():  # a run that lost the session writes nothing
+        ctx.effects.record(
+            ctx.idempotency_key, session_id=ctx.session_id, tool="save_note", payload={"text": text}
+        )
     ctx.remember(note_id)
     return {"note": note_id}
 
@@ -97,9 +98,10 @@ def make_tick(delay: float) -> Tool:
     def tick(ctx: ToolContext, n: int) -> dict[str, Any]:
         """Count one tick: waits a moment, then writes a side-effect row keyed by the call."""
         time.sleep(delay)
-        ctx.effects.record(
-            ctx.idempotency_key, session_id=ctx.session_id, tool="tick", payload={"n": n}
-        )
+        with ctx.fenced():
+            ctx.effects.record(
+                ctx.idempotency_key, session_id=ctx.session_id, tool="tick", payload={"n": n}
+            )
         return {"n": n}
 
     return tick
@@ -120,12 +122,13 @@ def send_payment(ctx: ToolContext, recipient: str, amount_cents: int, memo: str 
     """Send a payment. Moves real money, so a person must approve each call."""
     if amount_cents <= 0:
         raise ToolError("amount_cents must be positive")
-    ctx.effects.record(
-        ctx.idempotency_key,
-        session_id=ctx.session_id,
-        tool="send_payment",
-        payload={"recipient": recipient, "amount_cents": amount_cents, "memo": memo},
-    )
+    with ctx.fenced():
+        ctx.effects.record(
+            ctx.idempotency_key,
+            session_id=ctx.session_id,
+            tool="send_payment",
+            payload={"recipient": recipient, "amount_cents": amount_cents, "memo": memo},
+        )
     return {"reference": f"pay-{ctx.session_id}-{ctx.call_id}", "recipient": recipient}
 
 
@@ -134,13 +137,17 @@ def make_send_notification(delay: float) -> Tool:
     def send_notification(ctx: ToolContext, to: str, text: str) -> dict[str, Any]:
         """Send a notification. Not idempotent: the receiving service ignores the key, so
         after a crash nobody can tell whether it went out."""
+        ctx.report_progress(0, 1, f"sending to {to}")
         time.sleep(delay)
-        ctx.effects.record(
-            ctx.idempotency_key,
-            session_id=ctx.session_id,
-            tool="send_notification",
-            payload={"to": to, "text": text},
-        )
+        # The notification is a row in the demo's database: tied to the run's fence, a run
+        # that lost the session (it froze past its lease, say) cannot send it late.
+        with ctx.fenced():
+            ctx.effects.record(
+                ctx.idempotency_key,
+                session_id=ctx.session_id,
+                tool="send_notification",
+                payload={"to": to, "text": text},
+            )
         return {"message_id": f"msg-{ctx.session_id}-{ctx.call_id}", "to": to}
 
     return send_notification
@@ -170,9 +177,13 @@ def _migrate_batch(ctx: ToolContext, cursor: int, size: int, total: int) -> dict
         raise ToolError(f"cursor must be between 0 and total ({total})")
     # The session's own dataset: created on first use, the same records on every re-run.
     ctx.records.ensure(ctx.session_id, total)
-    outcome = ctx.records.migrate_batch(
-        ctx.idempotency_key, dataset=ctx.session_id, start=cursor, size=min(size, total - cursor)
-    )
+    with ctx.fenced():
+        outcome = ctx.records.migrate_batch(
+            ctx.idempotency_key,
+            dataset=ctx.session_id,
+            start=cursor,
+            size=min(size, total - cursor),
+        )
     ctx.set_batch_cursor({"done": outcome.end, "total": total, "size": size})
     return {**outcome.to_dict(), "total": total}
 

@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
+from django.db import InterfaceError, OperationalError
 from django.db.models import Q
 from django.http import HttpRequest
 from django.utils import timezone
@@ -29,6 +30,7 @@ from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
 from . import services
+from .middleware import unavailable_response
 from .models import AgentSession, ApiToken, Status, Step
 from .permissions import can_operate, can_view
 from .runtime import agent_registry
@@ -183,6 +185,11 @@ class SessionOut(Schema):
         None, description="batch work: records done / total, as of the head checkpoint"
     )
     last_error: str | None = None
+    failed_calls: int = Field(
+        0,
+        description="tool calls whose result is an error, counted when the session completed "
+        "(a session that completed with failed calls may be missing their effects)",
+    )
     incompatible: str | None = Field(
         None, description="why no worker with the current code can run it, if none can"
     )
@@ -444,6 +451,7 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
             else None
         ),
         "last_error": session.last_error or None,
+        "failed_calls": session.failed_calls,
         "incompatible": session.incompatible_reason or None,
         "parent": session.parent_id,
         "fork_seq": session.fork_seq,
@@ -515,6 +523,14 @@ def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 
 
 # --- Errors: always JSON, always naming the problem --------------------------------------
+
+
+@api.exception_handler(OperationalError)
+@api.exception_handler(InterfaceError)
+def database_unavailable(request: HttpRequest, exc: Exception):
+    # The database is down, restarting or out of connections: a quick JSON 503 with
+    # Retry-After, not a 500 (the wait for a connection is bounded by RESPAWN_DB_WAIT).
+    return unavailable_response(request)
 
 
 @api.exception_handler(services.ActionError)

@@ -105,24 +105,33 @@ def dispatch_on_commit(session: AgentSession) -> None:
     transaction.on_commit(lambda: enqueue(session_id, job_id))
 
 
-def _job_waiting(job_id: str, connection) -> bool:
-    """True while the session's last job still sits in the queue, waiting for a worker.
+def _job_state(job_id: str, connection) -> str:
+    """Where the session's last job is: "waiting" in its queue (or scheduled), "taken" by
+    a worker (started), or "gone" (missing because Redis lost it, finished, failed, or
+    left "queued" in no queue at all).
 
     The job's status alone is not enough: a worker killed between taking a job off the
     queue and marking it started leaves it "queued" forever, in no queue at all. So a
     queued job must also be found in its queue's list (LPOS)."""
     if not job_id:
-        return False
+        return "gone"
     try:
         job = Job.fetch(job_id, connection=connection)
     except Exception:  # missing (Redis lost it) or unreadable: not waiting
-        return False
+        return "gone"
     status = job.get_status(refresh=False)
     if status in {JobStatus.SCHEDULED, JobStatus.DEFERRED}:
-        return True
+        return "waiting"
+    if status == JobStatus.STARTED:
+        return "taken"
     if status != JobStatus.QUEUED:
-        return False
-    return queue().get_job_position(job_id) is not None
+        return "gone"
+    return "waiting" if queue().get_job_position(job_id) is not None else "gone"
+
+
+# A dispatch younger than this is left alone even if its job cannot be seen: the job is
+# enqueued just after the dispatch commits.
+ENQUEUE_SETTLE = 1.0
 
 
 def next_lease_expiry() -> float | None:
@@ -152,8 +161,12 @@ def _marked_by_this_code() -> Q:
 def reconcile(*, limit: int | None = None) -> list[str]:
     """Dispatch again every runnable session that nobody is running and nothing will run.
 
-    Candidates: queued or running, lease free or expired, and either dispatched longer ago
-    than the grace period or (a running session) not dispatched since its lease expired.
+    Candidates: queued or running, lease free or expired, and either never dispatched,
+    dispatched longer ago than the grace period, (a running session) not dispatched since
+    its lease expired, or dispatched recently but with its job gone from Redis (lost
+    before a worker took it: there is nothing to wait for, so it is dispatched again on
+    this pass, not after the grace period). A job that waits in its queue is left to its
+    worker; a recent one that a worker has taken too.
     A session marked incompatible is skipped unless the code that marked it knew an older
     schema than this code, or another version of the session's agent (or none): after a
     deploy, the new code gets one try at it.
@@ -162,12 +175,13 @@ def reconcile(*, limit: int | None = None) -> list[str]:
     limit = limit or settings.RESPAWN_RECONCILE_BATCH
     now = timezone.now()
     grace = now - timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
+    settled = now - timedelta(seconds=min(ENQUEUE_SETTLE, settings.RESPAWN_DISPATCH_GRACE))
     candidates = (
         AgentSession.objects.filter(status__in=RUNNABLE)
         .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lte=now))
         .filter(
             Q(dispatched_at__isnull=True)
-            | Q(dispatched_at__lt=grace)
+            | Q(dispatched_at__lt=settled)
             | Q(status=Status.RUNNING, dispatched_at__lt=F("lease_expires_at"))
         )
         .filter(
@@ -176,7 +190,7 @@ def reconcile(*, limit: int | None = None) -> list[str]:
             | ~_marked_by_this_code()
         )
         .order_by(F("dispatched_at").asc(nulls_first=True))
-        .values_list("id", "job_id", "dispatched_at")[:limit]
+        .values_list("id", "job_id", "dispatched_at", "status", "lease_expires_at")[:limit]
     )
     try:
         connection = redis_connection()
@@ -185,8 +199,14 @@ def reconcile(*, limit: int | None = None) -> list[str]:
         log.warning("reconciler: Redis unavailable (%s); will try again", exc)
         return []
     dispatched = []
-    for session_id, job_id, dispatched_at in candidates:
-        if _job_waiting(job_id, connection):
+    for session_id, job_id, dispatched_at, status, lease_expires_at in candidates:
+        overdue = (
+            dispatched_at is None
+            or dispatched_at < grace
+            or (status == Status.RUNNING and lease_expires_at and dispatched_at < lease_expires_at)
+        )
+        state = _job_state(job_id, connection)
+        if state == "waiting" or (state == "taken" and not overdue):
             continue
         new_id = new_job_id(session_id)
         # Conditional on the dispatch we read: of several reconcilers, one wins per session.

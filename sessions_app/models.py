@@ -87,6 +87,10 @@ class AgentSession(models.Model):
     progress_total = models.PositiveIntegerField(null=True, blank=True)
     # What a running tool last said of its progress (ToolContext.report_progress).
     progress_note = ScrubbedCharField(max_length=200, blank=True, default="", db_default="")
+    # Tool calls whose live result is an error (a person's rejection and a result an
+    # operator corrected aside), counted when the session completes: a session that
+    # completed with failed calls may be missing their effects ("needs attention").
+    failed_calls = models.PositiveIntegerField(default=0, db_default=0)
     # Set when a worker could not load the session (a blob newer than its code, or one that
     # does not have its version's shape): why, when, and the SCHEMA_VERSION of that code.
     # Such a session is not dispatched again until code with a newer SCHEMA_VERSION runs
@@ -148,6 +152,12 @@ class AgentSession(models.Model):
                 fields=["-incompatible_at"],
                 name="session_incompatible",
                 condition=Q(incompatible_at__isnull=False),
+            ),
+            # "Needs attention": sessions that completed with failed tool calls.
+            models.Index(
+                fields=["updated_at", "id"],
+                name="session_completed_failed",
+                condition=Q(status="completed", failed_calls__gt=0),
             ),
             # The admin's "stuck" filter: runnable sessions, latest activity first.
             models.Index(
@@ -466,6 +476,7 @@ class AuditAction(models.TextChoices):
     RETENTION_DELETE = "retention_delete", "retention deleted sessions"
     RETENTION_CHECKPOINTS = "retention_checkpoints", "retention pruned checkpoints"
     RETENTION_COMPACT = "retention_compact", "retention compacted steps"
+    LATE_TOOL_CALL = "late_tool_call", "a fenced-off worker had started a tool call"
 
 
 class AuditEvent(models.Model):

@@ -13,6 +13,7 @@ from typing import Any
 
 from agent_runtime.loop import BUDGET_REACHED
 from agent_runtime.state import step_text, tool_ok
+from agent_runtime.tools import INFRASTRUCTURE_PREFIX
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
 from .models import AgentSession, Status, Step
@@ -125,6 +126,13 @@ def status_view(session: AgentSession) -> StatusView:
     if session.status == "paused" and session.last_error.startswith(BUDGET_REACHED):
         return StatusView(
             "Paused by its budget", "a budget is used up: raise it to continue (below)"
+        )
+    if session.status == Status.COMPLETED and session.failed_calls:
+        n = session.failed_calls
+        return StatusView(
+            f"Completed with {n} failed tool call{'' if n == 1 else 's'}",
+            "finished with an answer, but tool calls failed (on the tool, or on the "
+            "infrastructure after every retry): their effects may be missing",
         )
     label, hint = STATUS_TEXT.get(session.status, (session.status, ""))
     return StatusView(label, hint)
@@ -394,6 +402,26 @@ def _present_tool_result(view: StepView, step: Step, payload: dict[str, Any]) ->
         view.marks.append(Mark("retried", f"{attempts - 1} retried", f"attempt 1: {first}"))
     if attempts == 0:
         view.status_label = "not run" if not ok else "recorded"
+    infrastructure = sum(
+        1 for e in payload.get("attempt_errors") or [] if str(e).startswith(INFRASTRUCTURE_PREFIX)
+    )
+    if not ok and payload.get("failure") == "infrastructure":
+        view.marks.append(
+            Mark(
+                "infrastructure",
+                "infrastructure failure",
+                "the database, Redis or the network failed under the tool on every try: "
+                "not the tool's own error; its effect may be missing",
+            )
+        )
+    elif infrastructure:
+        view.marks.append(
+            Mark(
+                "infrastructure",
+                f"{infrastructure} infrastructure error{'' if infrastructure == 1 else 's'}",
+                "retried: the database, Redis or the network failed under the tool",
+            )
+        )
     if payload.get("plan_update") is not None:
         view.noise = True
         view.summary = "plan: " + _plan_line(payload["plan_update"])

@@ -18,6 +18,7 @@ from agent_runtime.loop import RunConfig
 from agent_runtime.pricing import PriceTable, load_price_table
 from agent_runtime.redaction import Redactor
 from agent_runtime.telemetry import Telemetry, combine
+from agent_runtime.tools import TransientRetry, is_infrastructure_error
 
 log = logging.getLogger("respawn.runtime")
 
@@ -91,6 +92,15 @@ def telemetry() -> Telemetry:
     return combine(parts)
 
 
+def is_transient(exc: BaseException) -> bool:
+    """An error of the infrastructure under a tool: the engine's list (database drivers,
+    Redis, connection errors and timeouts) and Django's wrappers of the driver's
+    connection errors (a database down, restarting or out of connection slots)."""
+    from django.db import InterfaceError, OperationalError
+
+    return isinstance(exc, OperationalError | InterfaceError) or is_infrastructure_error(exc)
+
+
 def run_config() -> RunConfig:
     return RunConfig(
         prices=price_table(),
@@ -103,6 +113,9 @@ def run_config() -> RunConfig:
         model_timeout=settings.RESPAWN_MODEL_TIMEOUT,
         redactor=redactor(),
         max_crashes=settings.RESPAWN_MAX_CRASHES,
+        transient=TransientRetry(
+            retry_for=settings.RESPAWN_TRANSIENT_RETRY_FOR, is_transient=is_transient
+        ),
         provider_options={
             "openai_base_url": settings.OPENAI_BASE_URL,
             "openai_api_key": settings.OPENAI_API_KEY,

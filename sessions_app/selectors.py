@@ -25,6 +25,7 @@ from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 from .models import (
     FINAL,
     AgentSession,
+    AuditEvent,
     Checkpoint,
     ModelUsage,
     Status,
@@ -32,7 +33,7 @@ from .models import (
     StepSearch,
 )
 from .runtime import agent_registry
-from .store import DjangoSessionStore
+from .store import LATE_CALL_ACTION, DjangoSessionStore
 from .validation import InvalidInput, check_datetime, parse_date
 
 SORTS = {
@@ -582,6 +583,14 @@ def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
             status=Status.PAUSED, last_error__startswith=BUDGET_REACHED
         ),
         "failed": AgentSession.objects.filter(status=Status.FAILED, updated_at__gte=recent),
+        "failed_calls": AgentSession.objects.filter(
+            status=Status.COMPLETED, failed_calls__gt=0, updated_at__gte=recent
+        ),
+        "late_calls": AgentSession.objects.filter(
+            id__in=AuditEvent.objects.filter(
+                action=LATE_CALL_ACTION, created_at__gte=recent
+            ).values("session_id")
+        ),
     }
 
 
@@ -617,6 +626,20 @@ ATTENTION_SECTIONS = {
         f"Failed in the last {FAILED_RECENT_DAYS} days",
         "Inspect the failed step, correct it or add an instruction, and resume.",
         "last_error",
+    ),
+    "failed_calls": (
+        f"Completed with failed tool calls (last {FAILED_RECENT_DAYS} days)",
+        "They finished, but some tool calls failed, on the tool or on the infrastructure "
+        "(the database, Redis, the network) after every retry: their effects may be missing. "
+        "Read the failed calls; correct a result or add an instruction and resume.",
+        "agent",
+    ),
+    "late_calls": (
+        f"Late calls: a fenced-off worker started a call (last {FAILED_RECENT_DAYS} days)",
+        "A worker that had lost the session (frozen past its lease, or overruled by a person) "
+        "had started a call that is not idempotent. Its audit record says whether its effect "
+        "was refused or may have happened outside the trace: check it was not done twice.",
+        "agent",
     ),
 }
 

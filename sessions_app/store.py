@@ -12,9 +12,10 @@ IncompatibleSchemaError naming the checkpoint or step, before anything is writte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -56,6 +57,8 @@ from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_st
 from .models import (
     RUNNABLE,
     AgentSession,
+    AuditAction,
+    AuditEvent,
     Checkpoint,
     DemoBatch,
     DemoRecord,
@@ -168,6 +171,11 @@ def _prepare() -> bool:
 
 
 def _raw_connection():
+    # Django's cursors check a persistent connection once per job or request before using
+    # it (CONN_HEALTH_CHECKS); this path does not go through them, so it asks for the same
+    # check: after a database restart a worker's first job reconnects instead of failing
+    # on the connection the restart broke.
+    connection.close_if_health_check_failed()
     connection.ensure_connection()
     connection.validate_no_broken_transaction()
     raw = connection.connection
@@ -492,9 +500,15 @@ class DjangoSessionStore:
     ) -> AppendResult:
         for step in steps:
             validate_step_payload(step.kind, step.payload)
-        if connection.vendor == "postgresql":
-            return self._append_postgresql(lease, steps, checkpoint, status, error, release)
-        return self._append_portable(lease, steps, checkpoint, status, error, release)
+        append = (
+            self._append_postgresql if connection.vendor == "postgresql" else self._append_portable
+        )
+        if status != SessionStatus.COMPLETED:
+            return append(lease, steps, checkpoint, status, error, release)
+        with transaction.atomic():
+            result = append(lease, steps, checkpoint, status, error, release)
+            count_failed_calls(lease.session_id)
+            return result
 
     def _append_postgresql(
         self,
@@ -828,8 +842,90 @@ class DjangoSessionStore:
             )
         )
 
+    @contextlib.contextmanager
+    def fenced(self, lease: Lease) -> Iterator[None]:
+        """One transaction around a tool's writes that first checks the lease's token and
+        owner on the session row and holds a share lock on it until commit: a claim (an
+        UPDATE of that row) waits until the writes are in, and writes of a fenced-off run
+        never commit."""
+        try:
+            with transaction.atomic():
+                if connection.vendor == "postgresql":
+                    with connection.cursor() as cursor:
+                        cursor.execute(
+                            f"SELECT 1 FROM {SESSION_TABLE} WHERE id = %s AND fencing_token = %s"
+                            " AND lease_owner = %s FOR SHARE",
+                            [lease.session_id, lease.token, lease.owner],
+                        )
+                        held = cursor.fetchone() is not None
+                else:  # SQLite: an IMMEDIATE transaction holds the database's write lock
+                    held = AgentSession.objects.filter(
+                        id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
+                    ).exists()
+                if not held:
+                    raise LeaseLost(
+                        f"session {lease.session_id}: lease token {lease.token} was fenced "
+                        "off; the tool's write was refused"
+                    )
+                yield
+        finally:
+            _close_in_tool_thread()
+
+    def report_late_call(self, lease: Lease, report: dict[str, Any]) -> None:
+        """An audit record (the trace is the new holder's), shown on the session's page
+        and counted in "needs attention"."""
+        try:
+            AuditEvent.objects.create(
+                actor=None,
+                actor_label=f"worker {report.get('worker') or lease.owner}",
+                action=LATE_CALL_ACTION,
+                session_id=lease.session_id,
+                after=report,
+            )
+        finally:
+            _close_in_tool_thread()
+
     def thread_cleanup(self) -> None:
         """Close the calling thread's connections (the heartbeat thread's, when it ends)."""
+        connections.close_all()
+
+
+def count_failed_calls(session_id: Any) -> int:
+    """Count the session's failed tool calls (its live error results, less a person's
+    rejections and the results an operator corrected) on its row. Served by the
+    step_failed partial index; the corrections are read only when something failed."""
+    failed = {
+        seq
+        for seq, failure in Step.objects.filter(
+            session_id=session_id,
+            kind=StepKind.TOOL_RESULT.value,
+            payload__status="error",
+            superseded_at__isnull=True,
+        ).values_list("seq", "payload__failure")
+        if failure != "rejected"
+    }
+    if failed:
+        corrected = Step.objects.filter(
+            session_id=session_id,
+            kind=StepKind.OPERATOR.value,
+            payload__action="correct_result",
+            superseded_at__isnull=True,
+        ).values_list("payload__result_seq", flat=True)
+        failed -= {seq for seq in corrected if isinstance(seq, int)}
+    AgentSession.objects.filter(id=session_id).update(failed_calls=len(failed))
+    return len(failed)
+
+
+# The audit action of a non-idempotent call started by a run that was then fenced off.
+LATE_CALL_ACTION = AuditAction.LATE_TOOL_CALL.value
+
+
+def _close_in_tool_thread() -> None:
+    """Tools run on worker threads (for their timeout); their connections would otherwise
+    outlive them. Not inside a transaction: that is the tool's, still going."""
+    if threading.current_thread() is threading.main_thread():
+        return
+    if not connection.in_atomic_block:
         connections.close_all()
 
 
@@ -848,10 +944,7 @@ class DjangoEffects:
                 SideEffect.objects.filter(key=key).update(attempts=F("attempts") + 1)
                 return False
         finally:
-            # Tools run on short-lived threads (for their timeout); their connections
-            # would otherwise outlive them.
-            if threading.current_thread() is not threading.main_thread():
-                connections.close_all()
+            _close_in_tool_thread()
 
 
 class DjangoRecords:
@@ -900,5 +993,4 @@ class DjangoRecords:
                 start=done.start, end=done.end, migrated=done.migrated, replayed=True
             )
         finally:
-            if threading.current_thread() is not threading.main_thread():
-                connections.close_all()
+            _close_in_tool_thread()

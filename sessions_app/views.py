@@ -4,6 +4,7 @@ reading works without JavaScript; mutations are POST only and go through `servic
 
 from __future__ import annotations
 
+import sys
 from datetime import timedelta
 from typing import Any
 from urllib.parse import quote
@@ -1038,7 +1039,13 @@ def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
 
 
 def server_error(request: HttpRequest) -> HttpResponse:
-    # No database, no session, no user: whatever failed may fail again here.
+    # No database, no session, no user: whatever failed may fail again here. Called while
+    # the exception is being handled: a database outage met outside a view (a middleware)
+    # is a 503, as the middleware makes it in views.
+    from .middleware import database_unavailable, unavailable_response
+
+    if database_unavailable(sys.exc_info()[1]):
+        return unavailable_response(request)
     return render(request, "500.html", status=500, context={})
 
 

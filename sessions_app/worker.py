@@ -40,6 +40,52 @@ RESTART_DELAY = 0.1
 RESTART_DELAY_MAX = 5.0
 
 
+# A failure that repeats itself (the database down for minutes) is logged with its
+# traceback once, then as one line at most this often, with how often it recurred.
+REPEAT_LOG_INTERVAL = 60.0
+
+
+class RepeatedErrors:
+    """Logs a failing background pass without flooding the log: the first failure with its
+    traceback, the same error (type and message) again at most once per `interval` with a
+    count, another error at once, and the recovery in one line."""
+
+    def __init__(self, what: str, interval: float = REPEAT_LOG_INTERVAL) -> None:
+        self.what = what
+        self.interval = interval
+        self._key: tuple[str, str] | None = None
+        self._since = self._logged = 0.0
+        self._repeats = 0
+
+    def failed(self, exc: BaseException) -> None:
+        key = (type(exc).__name__, str(exc).strip())
+        now = time.monotonic()
+        if key != self._key:
+            self._key, self._since, self._logged, self._repeats = key, now, now, 0
+            log.error("%s failed: %s: %s", self.what, key[0], key[1], exc_info=exc)
+            return
+        self._repeats += 1
+        if now - self._logged >= self.interval:
+            log.error(
+                "%s still failing (%d more time(s) in the last %.0fs): %s: %s",
+                self.what,
+                self._repeats,
+                now - self._logged,
+                key[0],
+                key[1].splitlines()[0] if key[1] else "",
+            )
+            self._logged, self._repeats = now, 0
+
+    def succeeded(self) -> None:
+        if self._key is not None:
+            log.warning(
+                "%s works again (it had failed for %.0fs)",
+                self.what,
+                time.monotonic() - self._since,
+            )
+            self._key = None
+
+
 class Reconciler(threading.Thread):
     """Runs `dispatch.reconcile` every `interval` seconds (±20 %, to spread the passes of
     many workers apart), and also just after a live lease expires: a session whose worker
@@ -59,13 +105,14 @@ class Reconciler(threading.Thread):
         from .dispatch import next_lease_expiry, reconcile
 
         next_pass = time.monotonic() + min(1.0, self.interval)  # start soon
+        errors = RepeatedErrors("reconciler")
         while True:
             now = time.monotonic()
             wake, due = min(next_pass, now + self.watch), next_pass <= now + self.watch
             try:
                 expires_in = next_lease_expiry()
-            except Exception:
-                log.exception("reconciler: reading the next lease expiry failed")
+            except Exception as exc:
+                errors.failed(exc)
                 connections.close_all()
                 expires_in = None
             if expires_in is not None and now + expires_in < wake:
@@ -78,8 +125,9 @@ class Reconciler(threading.Thread):
                 continue
             try:
                 reconcile()
-            except Exception:
-                log.exception("reconciler pass failed")
+                errors.succeeded()
+            except Exception as exc:
+                errors.failed(exc)
                 connections.close_all()
             if time.monotonic() >= next_pass:
                 next_pass = time.monotonic() + self.interval * random.uniform(0.8, 1.2)
@@ -98,13 +146,15 @@ class SearchIndexer(threading.Thread):
     def run(self) -> None:
         from .search import enabled, index_pending
 
+        errors = RepeatedErrors("search indexer")
         while not self.stopped.wait(self.interval * random.uniform(0.8, 1.2)):
             try:
                 if not enabled():
                     break
                 index_pending()
-            except Exception:
-                log.exception("search indexer pass failed")
+                errors.succeeded()
+            except Exception as exc:
+                errors.failed(exc)
                 connections.close_all()
         connections.close_all()
 

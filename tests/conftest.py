@@ -138,6 +138,30 @@ def _no_heartbeat_inside_a_test_transaction(request):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _tools_share_the_test_transaction(request, monkeypatch):
+    """A test that runs inside a transaction (django_db without transaction=True) sees its
+    rows on its own connection only, while tools run on threads of their own (for their
+    timeout), each with its own connection: a tool's fenced write (ctx.fenced) would not
+    find the session it belongs to. In such tests tools run on the test's thread, inside
+    its transaction, as they would see committed rows in production."""
+    marker = request.node.get_closest_marker("django_db")
+    uses_db = marker is not None or "db" in request.fixturenames
+    transactional = (
+        "transactional_db" in request.fixturenames
+        or "live_server" in request.fixturenames
+        or (marker is not None and (marker.kwargs.get("transaction") or marker.args[:1] == (True,)))
+    )
+    if uses_db and not transactional:
+        import agent_runtime.tools
+
+        monkeypatch.setattr(
+            agent_runtime.tools,
+            "_call_with_timeout",
+            lambda function, args, timeout: function(**args),
+        )
+
+
 @pytest.fixture
 def users(db):
     """The trio every view test needs: an operator, a viewer and an outsider."""

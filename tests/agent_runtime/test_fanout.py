@@ -218,3 +218,45 @@ def test_sequential_agents_do_not_fan_out():
     result = plain_run(store, session_id, agents=AGENTS)
     assert result.outcome == Outcome.COMPLETED
     assert not steps(store, session_id, "system", "fan_out")
+
+
+class FirstLoadFrom:
+    """A store whose first load_head answers with a head read earlier: a branch job that
+    read the session just before another copy of it joined the turn."""
+
+    def __init__(self, inner: InMemoryStore, head) -> None:
+        self.inner = inner
+        self.head = head
+
+    def load_head(self, session_id):
+        head, self.head = self.head, None
+        return head if head is not None else self.inner.load_head(session_id)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_a_duplicate_branch_that_finds_the_turn_joined_is_not_needed_not_fenced():
+    """The race test_racing_branches_record_each_result_once_and_join_once lost now and
+    then: a branch job run twice reads the session, the other copy records the last result
+    and joins (releasing the fan-out's lease), and the duplicate then finds the lease gone.
+    Its call was answered, nothing fenced it off: not needed."""
+    store = InMemoryStore()
+    session_id = new_session(store, "research", "research leases in 3 sources")
+    fanned = plain_run(store, session_id, agents=AGENTS)
+    first, *rest = fanned.branches
+    for seq in rest:
+        assert branch(store, session_id, seq).outcome == BranchOutcome.RECORDED
+    before_join = store.load_head(session_id)
+    assert branch(store, session_id, first).outcome == BranchOutcome.JOINED
+    late = branch(FirstLoadFrom(store, before_join), session_id, first)
+    assert late.outcome == BranchOutcome.NOT_NEEDED
+    # A cancel, by contrast, fences a branch off whose call has no result.
+    other = new_session(store, "research", "research queues in 3 sources")
+    fanned = plain_run(store, other, agents=AGENTS)
+    head = store.load_head(other)
+    store.expire_lease(other)
+    assert store.claim(other, "someone-else", ttl=30) is not None
+    assert branch(FirstLoadFrom(store, head), other, fanned.branches[0]).outcome == (
+        BranchOutcome.FENCED
+    )

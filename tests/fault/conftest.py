@@ -3,10 +3,14 @@ workers, and the invariants every run must leave behind in PostgreSQL."""
 
 from __future__ import annotations
 
+import glob
 import os
+import random
+import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,6 +27,21 @@ from ..conftest import live_conversation, wait_for
 
 
 def free_port() -> int:
+    """A free port: the OS's pick, or one of RESPAWN_TEST_PORTS ("55400-55499") when set,
+    for machines where test servers must keep to a range of their own."""
+    span = os.environ.get("RESPAWN_TEST_PORTS", "")
+    if span:
+        low, _, high = span.partition("-")
+        for port in random.sample(
+            range(int(low), int(high or low) + 1), int(high or low) - int(low) + 1
+        ):
+            with socket.socket() as sock:
+                try:
+                    sock.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
+        raise RuntimeError(f"no free port in RESPAWN_TEST_PORTS={span}")
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -85,6 +104,122 @@ class RedisServer:
         import redis
 
         redis.Redis.from_url(self.url).flushall()
+
+
+def _postgres_bin() -> Path:
+    """The directory of PostgreSQL's server programs (initdb, pg_ctl, postgres)."""
+    configured = os.environ.get("RESPAWN_PG_BIN")
+    if configured:
+        return Path(configured)
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]))
+    if found:
+        return Path(found[-1])
+    initdb = shutil.which("initdb")
+    if initdb:
+        return Path(initdb).parent
+    pytest.skip("PostgreSQL's server programs (initdb, pg_ctl) are not installed")
+
+
+class PostgresServer:
+    """A PostgreSQL server of the tests' own, on a port of its own: the tests restart,
+    stop and starve it without touching the server everyone else uses. Its database is a
+    copy of the test database (pg_dump), so Respawn's schema is there already. As root,
+    its programs run as the `postgres` user (they refuse to run as root)."""
+
+    def __init__(self, max_connections: int = 30) -> None:
+        self.bin = _postgres_bin()
+        self.port = free_port()
+        self.max_connections = max_connections
+        self.dir = Path(tempfile.mkdtemp(prefix="respawn-pg-"))
+        self.data = self.dir / "data"
+        self.dbname = "respawn_private"
+        os.chmod(self.dir, 0o755)
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+
+    def _run(self, program: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        command = [str(self.bin / program), *args]
+        if os.geteuid() == 0:
+            command = ["runuser", "-u", "postgres", "--", *command]
+        return subprocess.run(command, capture_output=True, text=True, check=check, timeout=120)
+
+    @property
+    def url(self) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{self.dbname}"
+
+    def init(self, copy_of: str) -> None:
+        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
+        self.start()
+        subprocess.run(
+            [
+                str(self.bin / "createdb"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                self.dbname,
+            ],
+            check=True,
+            capture_output=True,
+        )
+        dump = subprocess.run(
+            [str(self.bin / "pg_dump"), "--no-owner", "--no-privileges", copy_of],
+            check=True,
+            capture_output=True,
+        )
+        subprocess.run(
+            [
+                str(self.bin / "psql"),
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-d",
+                self.dbname,
+            ],
+            input=dump.stdout,
+            check=True,
+            capture_output=True,
+        )
+
+    def start(self) -> None:
+        options = (
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir}"
+            f" -c max_connections={self.max_connections} -c superuser_reserved_connections=0"
+            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        )
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.dir / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
+
+    def stop(self, mode: str = "fast") -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop", check=False)
+
+    def restart(self) -> None:
+        """Down and up again: every connection to it is broken."""
+        self.stop()
+        self.start()
+
+    def destroy(self) -> None:
+        self.stop("immediate")
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 @pytest.fixture
@@ -210,3 +345,94 @@ def openai_stub():
 
     with StubServer(OPENAI_PATH) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def private_postgres(django_db_setup, django_db_blocker):
+    """A PostgreSQL server of this module's tests, with a copy of the test database."""
+    from django.db import connection
+
+    with django_db_blocker.unblock():
+        db = connection.settings_dict
+        name = db["NAME"]
+        host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
+    server = PostgresServer()
+    try:
+        server.init(copy_of=f"postgres://{db.get('USER') or 'postgres'}@{host}:{port}/{name}")
+    except BaseException:
+        server.destroy()
+        raise
+    yield server
+    server.destroy()
+
+
+# Tables a test on the private server starts without rows in (what the flush between
+# transactional tests does on the shared one); the schema's own data stays.
+_KEPT_TABLES = {
+    "django_migrations",
+    "django_content_type",
+    "auth_permission",
+    "auth_group",
+    "auth_group_permissions",
+}
+
+
+@pytest.fixture
+def private_db(private_postgres, transactional_db):
+    """Point this test process's database connection at the private server (the workers
+    a test starts get its URL): the test may restart, stop and starve it."""
+    from django.db import connections
+
+    connection = connections["default"]
+    saved = {key: connection.settings_dict.get(key) for key in ("HOST", "PORT", "NAME")}
+    connection.close()
+    if subprocess.run(
+        [
+            str(private_postgres.bin / "pg_isready"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(private_postgres.port),
+        ],
+        capture_output=True,
+    ).returncode:
+        private_postgres.start()
+    connection.settings_dict.update(
+        HOST="127.0.0.1", PORT=str(private_postgres.port), NAME=private_postgres.dbname
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")
+        tables = [t for (t,) in cursor.fetchall() if t not in _KEPT_TABLES]
+        cursor.execute(
+            "TRUNCATE " + ", ".join(f'"{t}"' for t in tables) + " RESTART IDENTITY CASCADE"
+        )
+    try:
+        yield private_postgres
+    finally:
+        connection.close()
+        connection.settings_dict.update(saved)
+
+
+def figures(test: str, **measured: float | int) -> None:
+    """Print what a fault test measured (shown with `pytest -s`); docs/RELIABILITY.md
+    quotes these."""
+    shown = ", ".join(
+        f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in measured.items()
+    )
+    print(f"\n[fault figures] {test}: {shown}")
+
+
+def first_step_after(sessions, moment: float) -> float | None:
+    """Seconds from `moment` (time.time()) to the first step any of the sessions committed
+    after it; None when none did."""
+    from datetime import UTC, datetime
+
+    after = (
+        Step.objects.filter(
+            session__in=sessions, created_at__gt=datetime.fromtimestamp(moment, UTC)
+        )
+        .order_by("created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    return None if after is None else after.timestamp() - moment

@@ -20,7 +20,13 @@ from sessions_app.models import AgentSession, ApiToken, SideEffect, Status, Step
 from sessions_app.services import checkpoint_rollback, session_cancel, session_start
 
 from ..conftest import wait_for, without_ids
-from .conftest import assert_invariants, conversation, kill_worker_process_only, wait_final
+from .conftest import (
+    assert_invariants,
+    conversation,
+    figures,
+    kill_worker_process_only,
+    wait_final,
+)
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -176,6 +182,7 @@ def test_twenty_concurrent_resumes_start_exactly_one_run(live_server, fleet, use
             f"{live_server.url}/api/sessions/{session.id}/resume",
             method="POST",
             data=b"",
+            # urllib labels any body a form; the API takes JSON bodies only (415 otherwise).
             headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
         )
         try:
@@ -350,3 +357,92 @@ def test_rollback_or_cancel_while_a_step_is_in_flight_fences_the_old_run(fleet, 
         "a late write landed"
     )
     assert_invariants(session)
+
+
+def test_a_frozen_worker_continued_after_a_person_reran_its_call_sends_nothing(fleet):
+    """SIGSTOP a worker while it sends a notification (a tool that is not idempotent); its
+    lease runs out; another worker finds the call uncertain; a person says "run it again";
+    the session completes. Then SIGCONT: the frozen worker's send is refused by the fence
+    and reported, so there is one notification, and it is the one in the trace."""
+    from sessions_app.models import AuditEvent
+    from sessions_app.services import session_resolve_uncertain
+
+    session = session_start(agent="notify", input="deploy finished")
+    frozen = fleet.start(RESPAWN_SLOW_DELAY="1.5")
+    wait_for(
+        lambda: AgentSession.objects.get(id=session.id).progress_note.startswith("sending"),
+        timeout=20,
+        interval=0.01,
+        what="the notification to be on its way",
+    )
+    pids = frozen.pids()
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        fleet.start()
+        wait_for(
+            lambda: Step.objects.filter(
+                session=session, kind="system", payload__event="uncertain_call"
+            ).exists(),
+            timeout=30,
+            what="another worker to find the call uncertain",
+        )
+        wait_final([session], timeout=20)
+        session_resolve_uncertain(session_id=session.id, resolution="rerun", note="not sent")
+        wait_for(
+            lambda: AgentSession.objects.get(id=session.id).status == Status.COMPLETED,
+            timeout=30,
+            what="the rerun to complete the session",
+        )
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    late = wait_for(
+        lambda: AuditEvent.objects.filter(session=session, action="late_tool_call").first(),
+        timeout=15,
+        what="the frozen worker to report its late call",
+    )
+    time.sleep(0.5)
+    session.refresh_from_db()
+    assert session.status == Status.COMPLETED and session.failed_calls == 0
+    effects = SideEffect.objects.filter(session_id=session.id, tool="send_notification")
+    assert effects.count() == 1 and effects.get().attempts == 1, "two notifications"
+    results = Step.objects.filter(session=session, kind="tool_result")
+    assert [r.payload["status"] for r in results] == ["ok"]
+    assert late.after["effect"] == "refused" and late.after["tool"] == "send_notification"
+    assert late.after["idempotency_key"] == effects.get().key
+    assert "was refused by the fence" in frozen.log()
+    assert_invariants(session)
+    figures("frozen worker continued", notifications=effects.count(), late_calls_reported=1)
+
+
+def test_jobs_lost_before_a_worker_took_them_run_within_the_reconcile_interval(
+    fleet, private_redis
+):
+    """Redis loses the jobs of queued sessions (FLUSHALL while the only worker is
+    stopped): they run within a reconciler pass or two of the worker going on, not after
+    the dispatch grace (30 s here)."""
+    worker = fleet.start(RESPAWN_DISPATCH_GRACE="30", RESPAWN_RECONCILE_INTERVAL="0.5")
+    warm = session_start(agent="echo", input="warm up")
+    wait_final([warm], timeout=30)
+    pids = worker.pids()
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        sessions = [session_start(agent="echo", input=f"hello {n}") for n in range(4)]
+        time.sleep(1.2)  # older than the moment a dispatch takes to reach Redis
+        private_redis.flushall()
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+    going_on = time.monotonic()
+    wait_final(sessions, timeout=30)
+    took = time.monotonic() - going_on
+    for session in sessions:
+        session.refresh_from_db()
+        assert session.status == Status.COMPLETED, (session.id, session.status)
+        assert runs_of(session) == 1
+        assert_invariants(session)
+    # A pass every 0.5 s (±20 %), plus the run itself, on a busy machine: far from 30 s.
+    assert took < 8, took
+    figures("jobs lost before a worker took them", sessions=len(sessions), all_done_s=took)

@@ -39,21 +39,38 @@ def test_rolled_back_start_enqueues_nothing(rq_queue):
     assert AgentSession.objects.count() == 0
 
 
-def test_reconciler_dispatches_sessions_that_redis_lost(rq_queue):
+def test_reconciler_dispatches_sessions_that_redis_lost(rq_queue, settings):
+    settings.RESPAWN_DISPATCH_GRACE = 30
     session = session_start(agent="echo", input="hi")
     rq_queue.connection.flushdb()  # Redis loses every job
-    assert reconcile() == []  # within the grace period: a worker may simply be busy
+    assert reconcile() == []  # just dispatched: its job may still be on its way to Redis
     AgentSession.objects.filter(id=session.id).update(
-        dispatched_at=timezone.now() - timedelta(minutes=5)
+        dispatched_at=timezone.now() - timedelta(seconds=2)
     )
+    # Well within the grace period, but the job is gone: nothing will run it.
     assert reconcile() == [str(session.id)]
     session.refresh_from_db()
     assert queued_ids(rq_queue) == {session.job_id}
-    # A job still waiting in the queue is not dispatched again.
+    # A job still waiting in the queue is not dispatched again, however old.
+    for age in (timedelta(seconds=2), timedelta(minutes=5)):
+        AgentSession.objects.filter(id=session.id).update(dispatched_at=timezone.now() - age)
+        assert reconcile() == []
+
+
+def test_reconciler_leaves_a_recent_job_a_worker_took_until_the_grace_runs_out(rq_queue, settings):
+    settings.RESPAWN_DISPATCH_GRACE = 30
+    session = session_start(agent="echo", input="hi")
+    job = Job.fetch(session.job_id, connection=rq_queue.connection)
+    rq_queue.connection.lrem(rq_queue.key, 0, session.job_id)
+    job.set_status("started")  # a worker took it and is about to claim the session
+    AgentSession.objects.filter(id=session.id).update(
+        dispatched_at=timezone.now() - timedelta(seconds=2)
+    )
+    assert reconcile() == []
     AgentSession.objects.filter(id=session.id).update(
         dispatched_at=timezone.now() - timedelta(minutes=5)
     )
-    assert reconcile() == []
+    assert reconcile() == [str(session.id)]  # that worker never got to it
 
 
 def test_reconciler_takes_back_a_running_session_whose_lease_expired(rq_queue):

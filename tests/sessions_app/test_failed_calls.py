@@ -1,0 +1,125 @@
+"""Failures that must not hide: a session that completes with failed tool calls says so
+(its status, the API, "needs attention"), an infrastructure failure is told apart from
+the tool's own error in the trace, a late call of a fenced-off run is listed, and a
+database outage met by a request is a quick 503, not a 500."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import OperationalError
+from django.urls import reverse
+
+from agent_runtime.agents import Agent, AgentRegistry
+from agent_runtime.loop import RunConfig, run_session
+from agent_runtime.providers import ModelTurn, ToolCall
+from agent_runtime.store import Lease
+from agent_runtime.tools import ToolContext, TransientRetry, tool
+from sessions_app.models import AgentSession, ApiToken, AuditEvent, Status
+from sessions_app.services import session_reject, session_start
+from sessions_app.store import DjangoEffects, DjangoSessionStore
+
+from ..conftest import run_inline
+
+pytestmark = pytest.mark.django_db
+
+
+@tool(name="tick")
+def unreachable(ctx: ToolContext, n: int) -> dict:
+    """Count a tick in a database that is down."""
+    raise ConnectionRefusedError(111, "Connection refused")
+
+
+class TickOnce:
+    def complete(self, messages, tools, settings):
+        if messages[-1].role == "tool":
+            return ModelTurn(text="done, whatever the tool said")
+        return ModelTurn(text=None, tool_calls=[ToolCall("c1", "tick", {"n": 1})])
+
+
+def run_with_unreachable_tick(session: AgentSession) -> AgentSession:
+    run_session(
+        str(session.id),
+        store=DjangoSessionStore(),
+        agents=AgentRegistry([Agent(name="slow", model="scripted:slow", tools=[unreachable])]),
+        effects=DjangoEffects(),
+        config=RunConfig(
+            worker_id="t", transient=TransientRetry(retry_for=0.2, backoff=0.02, backoff_max=0.05)
+        ),
+        make_provider=lambda spec, options: (TickOnce(), "m"),
+    )
+    session.refresh_from_db()
+    return session
+
+
+def test_a_session_that_completes_with_an_infrastructure_failure_says_so(client, users):
+    session = run_with_unreachable_tick(session_start(agent="slow", input="count to 1"))
+    assert session.status == Status.COMPLETED and session.failed_calls == 1
+    client.force_login(users["viewer"])
+    page = client.get(reverse("sessions:detail", args=[session.id])).content.decode()
+    assert "Completed with 1 failed tool call" in page
+    assert "infrastructure failure" in page  # the result's badge: not the tool's own error
+    attention = client.get(reverse("sessions:attention")).content.decode()
+    section = attention.split('id="sec-failed_calls"')[1].split("</section>")[0]
+    assert str(session.id) in section
+    _, token = ApiToken.issue(users["viewer"])
+    body = client.get(f"/api/sessions/{session.id}", HTTP_AUTHORIZATION=f"Bearer {token}").json()
+    assert body["failed_calls"] == 1
+
+
+def test_a_rejected_call_is_a_persons_decision_not_a_failure():
+    session = run_inline(session_start(agent="approval", input="pay invoice 42 of 1200 cents"))
+    assert session.status == Status.WAITING_INPUT
+    session_reject(session_id=session.id, reason="not this one")
+    session = run_inline(session)
+    assert session.status == Status.COMPLETED
+    assert session.failed_calls == 0
+
+
+def test_a_late_call_of_a_fenced_off_run_is_listed_under_needs_attention(client, users):
+    session = run_inline(session_start(agent="echo", input="hi"))
+    DjangoSessionStore().report_late_call(
+        Lease(str(session.id), "host:1:abc", 3),
+        {"worker": "host:1:abc", "tool": "send_notification", "effect": "refused"},
+    )
+    event = AuditEvent.objects.get(session=session, action="late_tool_call")
+    assert event.actor_label == "worker host:1:abc" and event.after["effect"] == "refused"
+    client.force_login(users["viewer"])
+    attention = client.get(reverse("sessions:attention")).content.decode()
+    section = attention.split('id="sec-late_calls"')[1].split("</section>")[0]
+    assert str(session.id) in section
+
+
+def _down(*args, **kwargs):
+    raise OperationalError("connection failed: FATAL:  the database system is shutting down")
+
+
+def test_a_database_outage_is_a_503_json_under_the_api(client, users, monkeypatch):
+    session = session_start(agent="echo", input="hi")
+    _, token = ApiToken.issue(users["viewer"])
+    monkeypatch.setattr("sessions_app.api._get", _down)
+    response = client.get(f"/api/sessions/{session.id}", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert response.status_code == 503
+    assert response.json()["error"] == "unavailable"
+    assert int(response["Retry-After"]) > 0
+
+
+def test_a_database_outage_is_a_503_page_in_the_dashboard(client, users, monkeypatch):
+    session = session_start(agent="echo", input="hi")
+    client.force_login(users["viewer"])
+    monkeypatch.setattr("sessions_app.views._get_session", _down)
+    response = client.get(reverse("sessions:detail", args=[session.id]))
+    assert response.status_code == 503
+    assert "The database is unavailable" in response.content.decode()
+    assert "Retry-After" in response
+
+
+def test_any_other_error_is_still_a_500(client, users, monkeypatch):
+    session = session_start(agent="echo", input="hi")
+    client.raise_request_exception = False
+    client.force_login(users["viewer"])
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr("sessions_app.views._get_session", broken)
+    assert client.get(reverse("sessions:detail", args=[session.id])).status_code == 500
