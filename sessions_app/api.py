@@ -530,6 +530,10 @@ def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
 def database_unavailable(request: HttpRequest, exc: Exception):
     # The database is down, restarting or out of connections: a quick JSON 503 with
     # Retry-After, not a 500 (the wait for a connection is bounded by RESPAWN_DB_WAIT).
+    # A replica that failed is the exception: the page is served again from the primary.
+    from .replicas import failed_on_replica
+
+    failed_on_replica(request, exc)
     return unavailable_response(request)
 
 

@@ -171,7 +171,16 @@ class ReplicaReadsMiddleware:
         return response
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> None:
-        if _replica_reads.get() and isinstance(exception, DatabaseError):
-            log.warning("read replica failed (%s); reading from the primary", exception)
-            request._replica_failed = True  # type: ignore[attr-defined]
-            replica_failed()
+        failed_on_replica(request, exception)
+
+
+def failed_on_replica(request: HttpRequest, exception: BaseException) -> bool:
+    """A database error met while this request read the replica: noted, so that the
+    middleware serves the page again from the primary (whoever turned the error into a
+    response: the API's handlers answer before the middleware sees it)."""
+    if _replica_reads.get() and isinstance(exception, DatabaseError):
+        log.warning("read replica failed (%s); reading from the primary", exception)
+        request._replica_failed = True  # type: ignore[attr-defined]
+        replica_failed()
+        return True
+    return False

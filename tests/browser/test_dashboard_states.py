@@ -235,7 +235,14 @@ def test_previews_open_where_they_are_asked_for_and_close(page, users):
     wait_for(lambda: page.locator("#status").inner_text() == "Paused", what="the paused status")
     wait_for(lambda: page.locator("#status").inner_text() == "Paused", what="the pause")
     rollback_step = AgentSession.objects.get(id=long.session.id).last_seq
-    wait_for(lambda: max(trace_seqs(page)) == rollback_step, what="the trace to redraw")
+
+    def redrawn():
+        # The live tail may append the rollback's step to the old list a moment before
+        # the redraw replaces it: wait for the redrawn list, without the superseded steps.
+        seqs = trace_seqs(page)
+        return max(seqs) == rollback_step and other_seq + 1 not in seqs
+
+    wait_for(redrawn, what="the trace to redraw")
     seqs = trace_seqs(page)
     assert len(seqs) == len(set(seqs))
     assert other_seq in seqs and other_seq + 1 not in seqs  # later steps superseded, hidden
