@@ -87,9 +87,7 @@ class Limits:
             and not isinstance(self.max_seconds, bool)
             and self.max_seconds > 0
         ):
-            out.append(
-                f"max_seconds must be a positive number or None, got {self.max_seconds!r}"
-            )
+            out.append(f"max_seconds must be a positive number or None, got {self.max_seconds!r}")
         if not _positive_int(self.max_parallel_tools):
             out.append(
                 f"max_parallel_tools must be a positive integer, got {self.max_parallel_tools!r}"

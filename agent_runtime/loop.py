@@ -1388,9 +1388,7 @@ def run_session(
         record.recovery_seconds = _since_last_step(head)
     with observe(config.telemetry, "run", record):
         try:
-            with Heartbeat(
-                store, lease, config.lease_ttl, interval, since=claimed_at
-            ) as heartbeat:
+            with Heartbeat(store, lease, config.lease_ttl, interval, since=claimed_at) as heartbeat:
                 run.heartbeat = heartbeat
                 result = run.run(head, agent_state, upgraders)
         except _Stop as stop:

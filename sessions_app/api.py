@@ -410,6 +410,7 @@ class AnswerIn(Schema):
 
 # --- Helpers ----------------------------------------------------------------------------
 
+
 def _meta(request: HttpRequest) -> dict[str, Any]:
     return request_meta(request, "api")
 
@@ -539,9 +540,7 @@ def database_unavailable(request: HttpRequest, exc: Exception):
 
 @api.exception_handler(services.ActionError)
 def action_error(request: HttpRequest, exc: services.ActionError):
-    return api.create_response(
-        request, {"error": exc.code, "detail": str(exc)}, status=exc.status
-    )
+    return api.create_response(request, {"error": exc.code, "detail": str(exc)}, status=exc.status)
 
 
 @api.exception_handler(HttpError)

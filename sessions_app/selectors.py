@@ -437,10 +437,6 @@ def agents_overview() -> AgentsOverview:
 # --- Needs attention --------------------------------------------------------------------
 
 
-
-
-
-
 @dataclass(frozen=True)
 class RepeatedFailure:
     session: AgentSession
@@ -487,8 +483,6 @@ def uncertain_call(session: AgentSession, state: dict[str, Any]) -> dict[str, An
         .first()
     )
     return {**step.payload, "seq": step.seq} if step else {"call_id": uncertain[0]}
-
-
 
 
 def old_schema_sessions(cap: int = 1000) -> tuple[int, bool]:

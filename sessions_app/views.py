@@ -757,9 +757,7 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
         else:
             raise Http404("no such action")
     except services.ActionError as exc:
-        return _action_response(
-            request, session, ok=False, text=str(exc), status=exc.status
-        )
+        return _action_response(request, session, ok=False, text=str(exc), status=exc.status)
     return _action_response(request, session, ok=True, text=text)
 
 

@@ -28,9 +28,10 @@ def test_a_dated_snapshot_takes_its_familys_price_and_the_longest_key_wins():
     table = PriceTable(BUILT_IN)
     assert table.price("openai", "gpt-4o-2024-08-06") == BUILT_IN["openai:gpt-4o"]
     assert table.price("openai", "gpt-4o-mini-2024-07-18") == BUILT_IN["openai:gpt-4o-mini"]
-    assert table.price("anthropic", "claude-sonnet-4-5-20250929") == BUILT_IN[
-        "anthropic:claude-sonnet-4"
-    ]
+    assert (
+        table.price("anthropic", "claude-sonnet-4-5-20250929")
+        == BUILT_IN["anthropic:claude-sonnet-4"]
+    )
     assert table.price("anthropic", "claude-opus-4-5") == BUILT_IN["anthropic:claude-opus-4-5"]
     # A prefix that is not a whole name part does not match.
     assert table.price("openai", "gpt-4oxyz") is None

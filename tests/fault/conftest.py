@@ -3,9 +3,7 @@ workers, and the invariants every run must leave behind in PostgreSQL."""
 
 from __future__ import annotations
 
-import glob
 import os
-import random
 import shutil
 import signal
 import socket
@@ -24,27 +22,7 @@ from rq.worker import WorkerStatus
 from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
 
 from ..conftest import live_conversation, wait_for
-
-
-def free_port() -> int:
-    """A free port: the OS's pick, or one of RESPAWN_TEST_PORTS ("55400-55499") when set,
-    for machines where test servers must keep to a range of their own."""
-    span = os.environ.get("RESPAWN_TEST_PORTS", "")
-    if span:
-        low, _, high = span.partition("-")
-        for port in random.sample(
-            range(int(low), int(high or low) + 1), int(high or low) - int(low) + 1
-        ):
-            with socket.socket() as sock:
-                try:
-                    sock.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-                return port
-        raise RuntimeError(f"no free port in RESPAWN_TEST_PORTS={span}")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from ..servers import ServerError, free_port, postgres_bin
 
 
 class RedisServer:
@@ -108,16 +86,10 @@ class RedisServer:
 
 def _postgres_bin() -> Path:
     """The directory of PostgreSQL's server programs (initdb, pg_ctl, postgres)."""
-    configured = os.environ.get("RESPAWN_PG_BIN")
-    if configured:
-        return Path(configured)
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda p: int(p.split("/")[-2]))
-    if found:
-        return Path(found[-1])
-    initdb = shutil.which("initdb")
-    if initdb:
-        return Path(initdb).parent
-    pytest.skip("PostgreSQL's server programs (initdb, pg_ctl) are not installed")
+    try:
+        return postgres_bin()
+    except ServerError as exc:
+        pytest.skip(str(exc))
 
 
 class PostgresServer:

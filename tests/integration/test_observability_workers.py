@@ -4,7 +4,6 @@ first worker is SIGKILLed mid-run, and each worker's own metrics port scraped.""
 
 from __future__ import annotations
 
-import socket
 import threading
 import urllib.request
 import uuid
@@ -18,6 +17,7 @@ from sessions_app.models import Status, Step
 from sessions_app.services import session_start
 
 from ..conftest import wait_for
+from ..servers import free_port
 from .test_user_agents import wait_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
@@ -59,12 +59,6 @@ def attributes(span) -> dict:
         value = item.value
         out[item.key] = getattr(value, value.WhichOneof("value"))
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, float]:

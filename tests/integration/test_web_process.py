@@ -2,7 +2,6 @@
 
 import concurrent.futures
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,15 +13,11 @@ import pytest
 from sessions_app.models import ApiToken
 from sessions_app.services import session_start
 
+from ..servers import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_pooled_web_process_serves_concurrent_requests(worker_env, users):

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import html
 import json
-import socket
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ from django.db import connection
 
 from sessions_app.models import AgentSession, ApiToken, Checkpoint, Status, Step
 from tests.conftest import wait_for
+from tests.servers import free_port
 from tests.sessions_app.test_dashboard import _uncertain_notify_session
 from tests.stubs.llm_servers import OPENAI_PATH, StubServer, openai_error
 
@@ -96,12 +96,6 @@ AS_JSON = {
     "aws_secret_access_key": "Aw2Kq9Zm7Lx",
     "text": ALL_IN_ONE,
 }
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

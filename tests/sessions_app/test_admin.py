@@ -800,9 +800,9 @@ def test_the_stuck_filter_is_the_queryset_form_of_is_stuck(settings):
     sessions = [AgentSession.objects.create(agent="demo", **case) for case in cases]
     expected = {s.id for s in sessions if s.is_stuck(now)}
     assert expected  # the matrix has both kinds
-    assert set(AgentSession.objects.filter(AgentSession.stuck_q(now)).values_list("id", flat=True)) == (
-        expected
-    )
+    assert set(
+        AgentSession.objects.filter(AgentSession.stuck_q(now)).values_list("id", flat=True)
+    ) == (expected)
 
 
 def test_the_head_schema_version_filter_finds_sessions_by_their_head(client, demo, staff):
