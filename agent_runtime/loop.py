@@ -30,12 +30,14 @@ from .state import (
     Budgets,
     NewCheckpoint,
     NewStep,
+    OperatorAction,
     PendingApproval,
     SessionState,
     SessionStatus,
     StateError,
     StepKind,
     StepRecord,
+    SystemEvent,
     apply_agent_state_patch,
     apply_budgets,
     model_payload,
@@ -145,11 +147,16 @@ class Finished:
 Action = CallModel | RunTools | Finished
 
 # Operator steps that give the model something new to respond to (a person's edit).
-_NEW_INPUT_OPERATOR_ACTIONS = {"instruction", "correct_result"}
+_NEW_INPUT_OPERATOR_ACTIONS = {OperatorAction.INSTRUCTION, OperatorAction.CORRECT_RESULT}
 # A person's word on one pending tool call: approve/reject a call that needs approval;
 # rerun/record_result an uncertain one (a non-idempotent call a crash left without result).
-DECISIONS = {"approve", "reject", "rerun", "record_result"}
-UNCERTAIN_RESOLUTIONS = {"rerun", "record_result"}
+DECISIONS = {
+    OperatorAction.APPROVE,
+    OperatorAction.REJECT,
+    OperatorAction.RERUN,
+    OperatorAction.RECORD_RESULT,
+}
+UNCERTAIN_RESOLUTIONS = {OperatorAction.RERUN, OperatorAction.RECORD_RESULT}
 
 
 def _is_new_input(step: StepRecord) -> bool:
@@ -237,17 +244,17 @@ def apply_step(state: SessionState, step: StepRecord) -> None:
             state.uncertain_calls.remove(payload["call_id"])
         if payload.get("agent_state") is not None:
             apply_agent_state_patch(state, payload["agent_state"])
-    elif step.kind == StepKind.OPERATOR and payload.get("action") == "set_budgets":
+    elif step.kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.SET_BUDGETS:
         apply_budgets(state, payload)
-    elif step.kind == StepKind.SYSTEM and payload.get("event") == "run_started":
+    elif step.kind == StepKind.SYSTEM and payload.get("event") == SystemEvent.RUN_STARTED:
         if payload.get("agent_version"):
             state.agent_version = str(payload["agent_version"])
         if payload.get("agent_state") is not None:
             state.agent_state = copy.deepcopy(payload["agent_state"])
-    elif step.kind == StepKind.SYSTEM and payload.get("event") == "uncertain_call":
+    elif step.kind == StepKind.SYSTEM and payload.get("event") == SystemEvent.UNCERTAIN_CALL:
         if payload["call_id"] not in state.uncertain_calls:
             state.uncertain_calls.append(payload["call_id"])
-    elif step.kind == StepKind.SYSTEM and payload.get("event") == "waiting_for_approval":
+    elif step.kind == StepKind.SYSTEM and payload.get("event") == SystemEvent.WAITING_FOR_APPROVAL:
         state.pending_approval = PendingApproval(
             call_id=payload["call_id"],
             tool=payload["tool"],
@@ -309,7 +316,7 @@ def _corrections(history: list[StepRecord]) -> dict[Any, dict[str, Any]]:
     return {
         s.payload.get("result_seq"): s.payload
         for s in history
-        if s.kind == StepKind.OPERATOR and s.payload.get("action") == "correct_result"
+        if s.kind == StepKind.OPERATOR and s.payload.get("action") == OperatorAction.CORRECT_RESULT
     }
 
 
@@ -350,7 +357,7 @@ def _step_message(step: StepRecord, corrections: dict[Any, dict[str, Any]]) -> M
             tool_call_id=payload.get("call_id"),
             name=payload.get("name"),
         )
-    if step.kind == StepKind.OPERATOR and payload.get("action") == "correct_result":
+    if step.kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.CORRECT_RESULT:
         return Message(
             role="user",
             content=(
@@ -358,7 +365,7 @@ def _step_message(step: StepRecord, corrections: dict[Any, dict[str, Any]]) -> M
                 "was corrected by an operator; continue from the corrected result."
             ),
         )
-    if step.kind == StepKind.OPERATOR and payload.get("action") == "instruction":
+    if step.kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.INSTRUCTION:
         # Marked as coming from an operator, never passed off as the model or a tool.
         return Message(role="user", content=f"[Operator instruction] {step_text(payload) or ''}")
     return None
@@ -431,7 +438,10 @@ class Conversation:
 
     def add(self, step: StepRecord) -> None:
         self._history.append(step)
-        if step.kind == StepKind.OPERATOR and step.payload.get("action") == "correct_result":
+        if (
+            step.kind == StepKind.OPERATOR
+            and step.payload.get("action") == OperatorAction.CORRECT_RESULT
+        ):
             self._rebuild()
         else:
             self._render(step)
@@ -698,7 +708,7 @@ class _Run:
         self.append(
             NewStep(
                 kind=StepKind.SYSTEM,
-                payload={"event": "cancelled", "worker": self.config.worker_id},
+                payload={"event": SystemEvent.CANCELLED, "worker": self.config.worker_id},
             ),
             checkpoint=False,
             status=SessionStatus.CANCELLED,
@@ -723,7 +733,7 @@ class _Run:
         agent_state_upgraders: tuple[str, ...] = (),
     ) -> RunResult:
         payload: dict[str, Any] = {
-            "event": "run_started",
+            "event": SystemEvent.RUN_STARTED,
             "worker": self.config.worker_id,
             "checkpoint_seq": head.checkpoint.seq if head.checkpoint else None,
             "steps_after_checkpoint": len(head.steps_after_checkpoint),
@@ -749,7 +759,7 @@ class _Run:
                 # step's commit but before the status change cannot happen: they are one
                 # transaction) simply settles the status.
                 self.append(
-                    NewStep(kind=StepKind.SYSTEM, payload={"event": "already_answered"}),
+                    NewStep(kind=StepKind.SYSTEM, payload={"event": SystemEvent.ALREADY_ANSWERED}),
                     checkpoint=True,
                     status=SessionStatus.COMPLETED,
                     release=True,
@@ -806,7 +816,7 @@ class _Run:
             NewStep(
                 kind=StepKind.SYSTEM,
                 payload={
-                    "event": "budget_reached",
+                    "event": SystemEvent.BUDGET_REACHED,
                     "budget": budget,
                     "limit": limit,
                     "used": used,
@@ -933,7 +943,7 @@ class _Run:
             for s in self.history
             if s.seq > action.model_seq
             and s.kind == StepKind.SYSTEM
-            and s.payload.get("event") == "fan_out"
+            and s.payload.get("event") == SystemEvent.FAN_OUT
         ]
         limit = self.agent.limits.max_parallel_tools
         new_calls = [p for p in action.calls if p.tool_call_step is None]
@@ -993,7 +1003,7 @@ class _Run:
             NewStep(
                 kind=StepKind.SYSTEM,
                 payload={
-                    "event": "fan_out",
+                    "event": SystemEvent.FAN_OUT,
                     "worker": self.config.worker_id,
                     "owner": self.lease.owner,
                     "token": self.lease.token,
@@ -1020,7 +1030,7 @@ class _Run:
                     NewStep(
                         kind=StepKind.SYSTEM,
                         payload={
-                            "event": "waiting_for_approval",
+                            "event": SystemEvent.WAITING_FOR_APPROVAL,
                             "call_id": call.id,
                             "tool": call.name,
                             "arguments": call.arguments,
@@ -1033,7 +1043,10 @@ class _Run:
                     release=True,
                 )
                 return RunResult(self.session_id, Outcome.WAITING_INPUT)
-            if pending.decision is not None and pending.decision.get("action") == "reject":
+            if (
+                pending.decision is not None
+                and pending.decision.get("action") == OperatorAction.REJECT
+            ):
                 reason = pending.decision.get("reason") or "no reason given"
                 actor = pending.decision.get("actor") or "an operator"
                 outcome = ToolOutcome(
@@ -1050,7 +1063,7 @@ class _Run:
                         NewStep(
                             kind=StepKind.SYSTEM,
                             payload={
-                                "event": "uncertain_call",
+                                "event": SystemEvent.UNCERTAIN_CALL,
                                 "call_id": call.id,
                                 "tool": call.name,
                                 "arguments": call.arguments,
@@ -1063,7 +1076,7 @@ class _Run:
                         release=True,
                     )
                     return RunResult(self.session_id, Outcome.WAITING_INPUT)
-                if resolution.get("action") == "record_result":
+                if resolution.get("action") == OperatorAction.RECORD_RESULT:
                     outcome = ToolOutcome(ok=True, output=resolution.get("output"), attempts=0)
                     self.record_result(
                         call,
@@ -1438,7 +1451,7 @@ def current_fan_out(history: list[StepRecord]) -> tuple[RunTools, StepRecord] | 
     for step in reversed(history):
         if step.seq <= action.model_seq:
             return None
-        if step.kind == StepKind.SYSTEM and step.payload.get("event") == "fan_out":
+        if step.kind == StepKind.SYSTEM and step.payload.get("event") == SystemEvent.FAN_OUT:
             return action, step
     return None
 
@@ -1598,7 +1611,11 @@ def _join(
     state = replay(head, agent)
     joined = NewStep(
         kind=StepKind.SYSTEM,
-        payload={"event": "joined", "fan_out_seq": fan.seq, "results": len(fan.payload["calls"])},
+        payload={
+            "event": SystemEvent.JOINED,
+            "fan_out_seq": fan.seq,
+            "results": len(fan.payload["calls"]),
+        },
         started_at=utcnow(),
     )
     apply_step(state, StepRecord(seq=head.last_seq + 1, kind=joined.kind, payload=joined.payload))

@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .state import NewStep, SessionStatus, StepKind
+from .state import NewStep, SessionStatus, StepKind, SystemEvent
 from .store import Lease, LeaseLost, SessionHead, SessionStore, utcnow
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ def run_with_runner(
                 NewStep(
                     kind=StepKind.SYSTEM,
                     payload={
-                        "event": "run_started",
+                        "event": SystemEvent.RUN_STARTED,
                         "worker": config.worker_id,
                         "runner": type(agent.runner).__name__,
                         "checkpoint_seq": head.checkpoint.seq if head.checkpoint else None,
@@ -185,7 +185,9 @@ def run_with_runner(
         step = NewStep(
             kind=StepKind.SYSTEM,
             payload={
-                "event": "run_finished" if result.status != RunnerStatus.CANCELLED else "cancelled",
+                "event": SystemEvent.RUN_FINISHED
+                if result.status != RunnerStatus.CANCELLED
+                else SystemEvent.CANCELLED,
                 "outcome": result.status.value,
                 "worker": config.worker_id,
                 **({"final_answer": result.final_answer} if result.final_answer else {}),

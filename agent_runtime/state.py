@@ -42,6 +42,37 @@ class StepKind(enum.StrEnum):
     SYSTEM = "system"
 
 
+class SystemEvent(enum.StrEnum):
+    """What a `system` step records (its payload's "event"). The engine writes these;
+    integrations (sessions_app.langgraph, sessions_app.openai_agents) add their own."""
+
+    RUN_STARTED = "run_started"
+    RUN_FINISHED = "run_finished"  # a foreign runner's run ended (agent_runtime.runners)
+    ALREADY_ANSWERED = "already_answered"
+    CANCELLED = "cancelled"
+    WAITING_FOR_APPROVAL = "waiting_for_approval"
+    UNCERTAIN_CALL = "uncertain_call"
+    FAN_OUT = "fan_out"
+    JOINED = "joined"
+    BUDGET_REACHED = "budget_reached"
+
+
+class OperatorAction(enum.StrEnum):
+    """What an `operator` step records (its payload's "action"): a person's word."""
+
+    APPROVE = "approve"
+    REJECT = "reject"
+    RERUN = "rerun"  # an uncertain call did not happen: run it again
+    RECORD_RESULT = "record_result"  # an uncertain call happened: this is its result
+    FAIL = "fail"  # fail the session over an uncertain call
+    INSTRUCTION = "instruction"
+    CORRECT_RESULT = "correct_result"
+    ROLLBACK = "rollback"
+    CANCEL = "cancel"
+    SET_BUDGETS = "set_budgets"
+    ANSWER_INTERRUPT = "answer_interrupt"  # a LangGraph interrupt() answered
+
+
 class SessionStatus(enum.StrEnum):
     QUEUED = "queued"
     RUNNING = "running"
@@ -332,7 +363,7 @@ def model_payload(
 
 def instruction_payload(text: str, actor: str) -> dict[str, Any]:
     """An operator's instruction to the model (shown to it as such, never as the user)."""
-    return {"action": "instruction", "actor": actor, "content": text_parts(text)}
+    return {"action": OperatorAction.INSTRUCTION, "actor": actor, "content": text_parts(text)}
 
 
 # The budgets a `set_budgets` operator step may change (the wall-time budget is the session
@@ -344,7 +375,7 @@ def budgets_payload(budgets: dict[str, Any], actor: str, reason: str = "") -> di
     """A person (or the program that started the session) sets budgets: each key of
     STATE_BUDGETS present replaces that budget (None lifts a token or cost limit)."""
     payload: dict[str, Any] = {
-        "action": "set_budgets",
+        "action": OperatorAction.SET_BUDGETS,
         "actor": actor,
         "budgets": {k: budgets[k] for k in STATE_BUDGETS if k in budgets},
     }
@@ -421,9 +452,9 @@ def validate_step_payload(kind: str, payload: Any) -> None:
             and all(isinstance(k, str) for k in patch["unset"])
         ):
             raise StateError("tool_result agent_state must be {version, set: object, unset: [str]}")
-    elif kind == StepKind.OPERATOR and payload.get("action") == "instruction":
+    elif kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.INSTRUCTION:
         _check_parts(payload, "operator instruction")
-    elif kind == StepKind.OPERATOR and payload.get("action") == "set_budgets":
+    elif kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.SET_BUDGETS:
         budgets = payload.get("budgets")
         if not isinstance(budgets, dict) or set(budgets) - set(STATE_BUDGETS):
             raise StateError(f"set_budgets payload needs budgets: an object of {STATE_BUDGETS}")
@@ -453,9 +484,9 @@ def describe_step(kind: str, payload: dict[str, Any]) -> str:
     if kind == StepKind.OPERATOR:
         action = payload.get("action")
         line = f"{payload.get('actor') or 'an operator'}: {action}"
-        if action == "instruction":
+        if action == OperatorAction.INSTRUCTION:
             line += f" {step_text(payload) or ''}"
-        if action == "set_budgets":
+        if action == OperatorAction.SET_BUDGETS:
             changes = (payload.get("budgets") or {}).items()
             line += " " + ", ".join(f"{k}={'none' if v is None else v}" for k, v in changes)
         if payload.get("reason"):

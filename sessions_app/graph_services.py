@@ -10,6 +10,8 @@ from typing import Any
 
 from django.db import transaction
 
+from agent_runtime.state import OperatorAction, SystemEvent
+
 from . import dispatch
 from .graph_models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
 from .models import AgentSession, Status
@@ -36,7 +38,9 @@ def is_graph_session(session: AgentSession) -> bool:
 def pending_interrupts(session: AgentSession) -> list[dict[str, Any]]:
     """What the graph asked (its `interrupt()` values) when its last run stopped."""
     step = (
-        session.steps.filter(kind="system", payload__event="run_finished", superseded_at=None)
+        session.steps.filter(
+            kind="system", payload__event=SystemEvent.RUN_FINISHED, superseded_at=None
+        )
         .order_by("-seq")
         .first()
     )
@@ -63,7 +67,7 @@ def session_answer_interrupt(
         before = _summary(session)
         step = _append_operator_step(
             session,
-            {"action": "answer_interrupt", "actor": who.label, "value": value},
+            {"action": OperatorAction.ANSWER_INTERRUPT, "actor": who.label, "value": value},
         )
         session.status = Status.QUEUED
         session.save()

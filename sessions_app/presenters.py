@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from agent_runtime import loop
 from agent_runtime.loop import BUDGET_REACHED
-from agent_runtime.state import step_text, tool_ok
+from agent_runtime.state import OperatorAction, SystemEvent, step_text, tool_ok
 from agent_runtime.tools import INFRASTRUCTURE_PREFIX
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
@@ -200,14 +201,23 @@ KIND_LABEL = {
 }
 
 # Operator steps that are a decision on a pending tool call: part of that call's turn.
-DECISIONS = {"approve", "reject", "rerun", "record_result", "fail"}
+DECISIONS = {*loop.DECISIONS, OperatorAction.FAIL}
 # System events that belong to the turn of the model step before them.
-TURN_EVENTS = {"fan_out", "joined", "waiting_for_approval", "uncertain_call"}
+TURN_EVENTS = {
+    SystemEvent.FAN_OUT,
+    SystemEvent.JOINED,
+    SystemEvent.WAITING_FOR_APPROVAL,
+    SystemEvent.UNCERTAIN_CALL,
+}
 # Steps after which a run has nothing more to do: a run whose last step is anything else
 # stopped in the middle (its worker died or lost its lease).
-RUN_END_EVENTS = {"waiting_for_approval", "uncertain_call", "cancelled", "fan_out", "joined"}
+RUN_END_EVENTS = {*TURN_EVENTS, SystemEvent.CANCELLED}
 # ...and a runner's (an agent with a turn loop of its own, e.g. a LangGraph graph).
-RUN_END_EVENTS |= {"already_answered", "run_finished", "budget_reached"}
+RUN_END_EVENTS |= {
+    SystemEvent.ALREADY_ANSWERED,
+    SystemEvent.RUN_FINISHED,
+    SystemEvent.BUDGET_REACHED,
+}
 
 
 @dataclass
@@ -456,30 +466,30 @@ def _present_error(view: StepView, step: Step, payload: dict[str, Any]) -> None:
 
 
 def _operator_summary(action: str, payload: dict[str, Any]) -> str:
-    if action == "instruction":
+    if action == OperatorAction.INSTRUCTION:
         return f"instruction: {_text(payload)}"
-    if action == "correct_result":
+    if action == OperatorAction.CORRECT_RESULT:
         return f"corrected the result of #{payload.get('result_seq')}: " + one_line(
             payload.get("output"), 100
         )
-    if action == "rollback":
+    if action == OperatorAction.ROLLBACK:
         return (
             f"rolled back to checkpoint #{payload.get('checkpoint_seq')} "
             f"({format_count(payload.get('superseded_steps', 0))} steps superseded)"
         )
     if action in ("approve", "reject"):
-        verb = "approved" if action == "approve" else "rejected"
+        verb = "approved" if action == OperatorAction.APPROVE else "rejected"
         reason = f": {payload['reason']}" if payload.get("reason") else ""
         return f"{verb} {payload.get('tool') or payload.get('call_id', '')}{reason}"
-    if action == "cancel":
+    if action == OperatorAction.CANCEL:
         return "cancelled the session" + (" while it ran" if payload.get("while_running") else "")
-    if action == "rerun":
+    if action == OperatorAction.RERUN:
         return "said the uncertain call did not happen: run it again"
-    if action == "record_result":
+    if action == OperatorAction.RECORD_RESULT:
         return "recorded the uncertain call's result: " + one_line(payload.get("output"), 100)
-    if action == "fail":
+    if action == OperatorAction.FAIL:
         return "failed the session over an uncertain side effect"
-    if action == "set_budgets":
+    if action == OperatorAction.SET_BUDGETS:
         changes = dict(payload.get("budgets") or {})
         if "deadline" in payload:
             changes["deadline"] = payload["deadline"] or "none"
@@ -498,7 +508,7 @@ def _present_operator(view: StepView, step: Step, payload: dict[str, Any]) -> No
     view.in_turn = action in DECISIONS
     view.summary = one_line(_operator_summary(action, payload))
     view.marks.append(Mark("operator", f"by {actor}", "an operator's step, written by a person"))
-    if action == "instruction":
+    if action == OperatorAction.INSTRUCTION:
         view.blocks.append(Block("instruction", _text(payload)))
     details = {k: v for k, v in payload.items() if k not in ("action", "actor", "content")}
     if details:
@@ -511,12 +521,12 @@ def _present_system(view: StepView, step: Step, payload: dict[str, Any]) -> None
     view.headline = f"System · {event}".rstrip(" ·")
     view.noise = True
     view.in_turn = event in TURN_EVENTS
-    if event == "waiting_for_approval":
+    if event == SystemEvent.WAITING_FOR_APPROVAL:
         view.noise = False
         view.status, view.status_label = "waiting", "waiting"
         arguments = _args_line(payload.get("arguments"))
         view.summary = one_line(f"{payload.get('tool')} needs a person's approval ({arguments})")
-    elif event == "uncertain_call":
+    elif event == SystemEvent.UNCERTAIN_CALL:
         view.noise = False
         view.status, view.status_label = "waiting", "uncertain"
         view.tone = "warn"
@@ -524,20 +534,20 @@ def _present_system(view: StepView, step: Step, payload: dict[str, Any]) -> None
             f"{payload.get('tool')} may or may not have run (its worker died during the call); "
             "a person decides"
         )
-    elif event == "fan_out":
+    elif event == SystemEvent.FAN_OUT:
         calls = payload.get("calls") or []
         view.summary = (
             f"{len(calls)} calls handed to parallel branches "
             f"(at most {payload.get('limit')} at once)"
         )
-    elif event == "joined":
+    elif event == SystemEvent.JOINED:
         view.summary = f"all {payload.get('results')} branch results in; the next run is queued"
-    elif event == "cancelled":
+    elif event == SystemEvent.CANCELLED:
         view.status, view.status_label = "error", "cancelled"
         view.summary = f"stopped by a cancel request on {payload.get('worker', 'its worker')}"
-    elif event == "run_started":
+    elif event == SystemEvent.RUN_STARTED:
         view.summary = f"run started on {payload.get('worker', 'a worker')}"
-    elif event == "budget_reached":
+    elif event == SystemEvent.BUDGET_REACHED:
         view.noise = False
         view.status, view.status_label = "waiting", "paused"
         view.tone = "warn"
@@ -545,7 +555,7 @@ def _present_system(view: StepView, step: Step, payload: dict[str, Any]) -> None
             f"paused: {payload.get('message') or payload.get('budget')}; raise the budget "
             "to continue"
         )
-    elif event == "run_finished":
+    elif event == SystemEvent.RUN_FINISHED:
         outcome = str(payload.get("outcome") or "finished")
         view.status = "ok" if outcome == "completed" else "waiting" if outcome else ""
         view.status_label = outcome
@@ -619,7 +629,7 @@ def run_reason(
     payload = previous.payload if isinstance(previous.payload, dict) else {}
     who = previous_worker or "its worker"
     if not ends_a_run(previous, payload):
-        if previous.kind == "system" and payload.get("event") == "run_started":
+        if previous.kind == "system" and payload.get("event") == SystemEvent.RUN_STARTED:
             where = f"just after it started (#{previous.seq})"
         else:
             where = f"after #{previous.seq} ({KIND_LABEL.get(previous.kind, previous.kind)})"
@@ -630,13 +640,13 @@ def run_reason(
         return RunStart("operator", f"after {payload.get('actor') or 'an operator'}'s {action}")
     if previous.kind == "user":
         return RunStart("message", "after a new message")
-    if previous.kind == "tool_result" or payload.get("event") == "fan_out":
+    if previous.kind == "tool_result" or payload.get("event") == SystemEvent.FAN_OUT:
         return RunStart(
             "branches",
             f"resumed{by}: not every fan-out branch finished (a branch's worker died or its "
             "job was lost)",
         )
-    if payload.get("event") == "joined":
+    if payload.get("event") == SystemEvent.JOINED:
         return RunStart("continue", "after the fan-out joined")
     if previous.kind == "error":
         return RunStart("resume", f"resumed{by} after the failure at #{previous.seq}")
@@ -711,7 +721,7 @@ def build_trace_items(
     in_turn = False
     for index, view in enumerate(views):
         step = view.step
-        if step.kind == "system" and view.event == "run_started":
+        if step.kind == "system" and view.event == SystemEvent.RUN_STARTED:
             runs += 1
             previous = previous_steps.get(step.seq - 1)
             if previous is None and index == 0 and context.previous is not None:
@@ -742,7 +752,7 @@ def build_trace_items(
         crashed = (
             next_step is not None
             and next_step.kind == "system"
-            and (next_step.payload or {}).get("event") == "run_started"
+            and (next_step.payload or {}).get("event") == SystemEvent.RUN_STARTED
             and next_step.seq == last.seq + 1
         )
         if (crashed or stuck_worker) and not ends_a_run(last.step, last.payload):

@@ -19,7 +19,13 @@ from django.utils import timezone
 from agent_runtime.agents import version_key
 from agent_runtime.compat import session_problems
 from agent_runtime.loop import BUDGET_REACHED
-from agent_runtime.state import SCHEMA_VERSION, STATE_BUDGETS, describe_step
+from agent_runtime.state import (
+    SCHEMA_VERSION,
+    STATE_BUDGETS,
+    OperatorAction,
+    SystemEvent,
+    describe_step,
+)
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
 from .models import (
@@ -475,7 +481,7 @@ def uncertain_call(session: AgentSession, state: dict[str, Any]) -> dict[str, An
         Step.objects.filter(
             session=session,
             kind="system",
-            payload__event="uncertain_call",
+            payload__event=SystemEvent.UNCERTAIN_CALL,
             payload__call_id=uncertain[0],
             superseded_at__isnull=True,
         )
@@ -867,7 +873,7 @@ def session_budgets(session: AgentSession, state: dict[str, Any] | None = None) 
             session=session,
             seq__gt=session.head,
             kind="operator",
-            payload__action="set_budgets",
+            payload__action=OperatorAction.SET_BUDGETS,
             superseded_at__isnull=True,
         )
         .order_by("seq")

@@ -19,6 +19,7 @@ from agent_runtime.agents import UnknownAgent
 from agent_runtime.state import (
     SCHEMA_VERSION,
     STATE_BUDGETS,
+    OperatorAction,
     SessionState,
     budgets_payload,
     instruction_payload,
@@ -475,7 +476,8 @@ def session_cancel(
         before = _summary(session)
         was_running = session.status == Status.RUNNING and session.lease_is_live()
         _append_operator_step(
-            session, {"action": "cancel", "actor": who.label, "while_running": was_running}
+            session,
+            {"action": OperatorAction.CANCEL, "actor": who.label, "while_running": was_running},
         )
         session.status = Status.CANCELLED
         session.cancel_requested = False
@@ -584,7 +586,7 @@ def checkpoint_rollback(
         step = _append_operator_step(
             session,
             {
-                "action": "rollback",
+                "action": OperatorAction.ROLLBACK,
                 "actor": who.label,
                 "checkpoint_seq": checkpoint_seq,
                 "superseded_steps": superseded,
@@ -819,7 +821,7 @@ def session_correct_result(
                 f"step {result_seq} is not a live tool result of this session", code="not_found"
             )
         payload = {
-            "action": "correct_result",
+            "action": OperatorAction.CORRECT_RESULT,
             "actor": who.label,
             "call_id": target.payload.get("call_id"),
             "name": target.payload.get("name"),

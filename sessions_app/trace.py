@@ -31,6 +31,8 @@ from django.db.models import (
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
+from agent_runtime.state import OperatorAction, SystemEvent
+
 from .models import AgentSession, AuditEvent, Checkpoint, Step
 from .presenters import (
     GAP_COLLAPSE_SECONDS,
@@ -145,7 +147,7 @@ def trace_context(session: AgentSession, after: int, filters: TraceFilters) -> T
     turns = before.filter(kind="model").count()
     if not filters.superseded:
         turns -= before.filter(superseded_at__isnull=False, kind="model").count()
-    starts = before.filter(kind="system", payload__event="run_started")
+    starts = before.filter(kind="system", payload__event=SystemEvent.RUN_STARTED)
     if not filters.superseded:
         starts = starts.filter(superseded_at__isnull=True)
     runs = starts.aggregate(n=Count("id"), last=Max("seq"))
@@ -188,7 +190,7 @@ def trace_page(
         ).values_list("seq", "reason"):
             reasons.setdefault(seq, []).append(reason)
     views = [present_step(s, reasons.get(s.seq)) for s in page]
-    starts = [v for v in views if v.kind == "system" and v.event == "run_started"]
+    starts = [v for v in views if v.kind == "system" and v.event == SystemEvent.RUN_STARTED]
     known = {s.seq: s for s in page}
     if previous is not None:
         known[previous.seq] = previous
@@ -370,15 +372,15 @@ def _gap_reason(after_kind: str, after_event: str, prev: Step | None) -> str:
         return "until a new message"
     if prev_payload.get("event") in ("waiting_for_approval", "uncertain_call", "budget_reached"):
         return "waiting for a person"
-    if after_event == "run_started" and prev is not None:
+    if after_event == SystemEvent.RUN_STARTED and prev is not None:
         if not ends_a_run(prev, prev_payload):
             return "until another worker took over (crash)"
         if prev.kind == "error":
             return "failed, until resumed"
-        if prev.kind == "operator" and prev_payload.get("action") == "rollback":
+        if prev.kind == "operator" and prev_payload.get("action") == OperatorAction.ROLLBACK:
             return "paused, until resumed"
         return "waiting for a worker"
-    if after_event == "run_started":
+    if after_event == SystemEvent.RUN_STARTED:
         return "waiting for a worker"
     return "idle"
 
@@ -488,7 +490,9 @@ def _timeline(
         lo = max(window[0], 1)
         hi = max(min(window[1], lo + TIMELINE_WINDOW - 1), lo)
         rows = _timeline_rows(session, filters, named=True, seqs=(lo, hi))[:TIMELINE_WINDOW]
-    previous_of = _steps_before(session, {r.seq for r in rows if r.event == "run_started"})
+    previous_of = _steps_before(
+        session, {r.seq for r in rows if r.event == SystemEvent.RUN_STARTED}
+    )
     window_axis = _axis_for(rows, previous_of) if rows else ActiveAxis([])
     if out.total_steps > TIMELINE_WINDOW:
         draw = _overview_in_sql if connection.vendor == "postgresql" else _overview_in_python
@@ -525,7 +529,7 @@ def _timeline(
                 + (f" (branch {row.branch})" if row.branch else ""),
             }
         )
-        if row.event == "run_started":
+        if row.event == SystemEvent.RUN_STARTED:
             out.runs.append({"x": x0, "y": top + index * row_h, "seq": row.seq})
     for index, gap in enumerate(window_axis.gaps):
         out.gaps.append(_gap_view(gap, scale.gap_x(index), scale.break_px))
@@ -571,7 +575,7 @@ def _overview_in_python(
     """The overview from every step read into Python (for databases without window
     functions to do it in; `_overview_in_sql` does the same on PostgreSQL)."""
     rows = _timeline_rows(session, filters, named=False, seqs=None)
-    runs = [(r.seq, r.start) for r in rows if r.event == "run_started"]
+    runs = [(r.seq, r.start) for r in rows if r.event == SystemEvent.RUN_STARTED]
     previous_of = _steps_before(session, {seq for seq, _ in runs})
     axis = _axis_for(rows, previous_of)
     scale = Scale.fit(axis, PLOT_LEFT, PLOT_WIDTH)
@@ -700,7 +704,9 @@ def _overview_in_sql(
                 bucket["failed"] += 1
                 bucket["first_failed"] = bucket["first_failed"] or seq
                 break
-    starts = Step.objects.filter(session=session, kind="system", payload__event="run_started")
+    starts = Step.objects.filter(
+        session=session, kind="system", payload__event=SystemEvent.RUN_STARTED
+    )
     if not filters.superseded:
         starts = starts.filter(superseded_at__isnull=True)
     runs = list(
