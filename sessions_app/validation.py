@@ -308,7 +308,12 @@ def api_query_problem(request: HttpRequest) -> InvalidInput | None:
 
 
 def _form_body(request: HttpRequest) -> bool:
-    return request.content_type in ("multipart/form-data", "application/x-www-form-urlencoded")
+    if request.content_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
+        return False
+    try:
+        return int(request.META.get("CONTENT_LENGTH") or 0) > 0
+    except ValueError:
+        return True  # a length that is not a number: refused with the rest
 
 
 class InputGuardMiddleware:
@@ -322,7 +327,8 @@ class InputGuardMiddleware:
         api = request.path.startswith("/api/")
         if api and request.method in ("POST", "PUT", "PATCH") and _form_body(request):
             # The API reads JSON (and an import's file): a form body is refused, unread
-            # (reading it would leave the raw body unreadable for the API's parser).
+            # (reading it would leave the raw body unreadable for the API's parser). An
+            # empty one is no body: many clients label a bodiless POST as a form.
             return JsonResponse(
                 {
                     "error": "unsupported_media_type",

@@ -319,3 +319,38 @@ def test_detail_of_a_waiting_session_reads_its_head_checkpoint_once(
             q for q in captured.captured_queries if 'FROM "sessions_app_checkpoint"' in q["sql"]
         ]
         assert len(checkpoint_reads) == 1
+
+
+def test_a_form_body_is_refused_naming_the_type_and_an_empty_one_is_no_body(call, client, tokens):
+    created = start(call)
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens['operator']}"}
+    form = client.post(
+        f"/api/sessions/{created['id']}/messages",
+        "content=hi",
+        content_type="application/x-www-form-urlencoded",
+        **auth,
+    )
+    assert form.status_code == 415
+    assert form.json() == {
+        "error": "unsupported_media_type",
+        "detail": "request bodies are JSON, not application/x-www-form-urlencoded",
+    }
+    # A multipart body without its boundary: refused the same way, never a 500.
+    broken = client.generic(
+        "POST",
+        "/api/imports",
+        b"\x89PNG\r\n",
+        content_type="multipart/form-data",
+        **auth,
+    )
+    assert broken.status_code == 415
+    # A bodiless POST that a client labelled as a form (urllib, many HTTP libraries) is
+    # simply a POST without a body.
+    cancel = client.post(
+        f"/api/sessions/{created['id']}/cancel",
+        b"",
+        content_type="application/x-www-form-urlencoded",
+        **auth,
+    )
+    assert cancel.status_code == 200, cancel.content
+    assert cancel.json()["status"] == "cancelled"
