@@ -1547,9 +1547,17 @@ def run_branch(
         if tool is None:
             outcome = ToolOutcome(ok=False, error=f"unknown tool {call.name!r}", failure="tool")
         else:
+            # A branch is its own job, not a run: its call is reported on its own, in the
+            # session's trace (sessions_app.telemetry parents it on the session).
+            branch = RunRecord(session_id, agent.name, agent.version, config.worker_id)
+            observed = ToolCallRecord(branch, call.name, call.id)
             try:
-                outcome = tool.run(context, call.arguments, config.transient)
+                with observe(config.telemetry, "tool_call", observed):
+                    outcome = tool.run(context, call.arguments, config.transient)
+                    observed.ok, observed.error = outcome.ok, outcome.error
+                    observed.attempts = outcome.attempts
             except LeaseLost:
+                guarded(config.telemetry.fenced, branch, "tool_call")
                 return _refused(store, session_id, seq, call.id)
         if heartbeat.lost.is_set():
             return _refused(store, session_id, seq, call.id)

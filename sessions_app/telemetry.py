@@ -355,10 +355,14 @@ class OpenTelemetryTelemetry(Telemetry):
         self.tracer = tracer
 
     def _child_context(self, run: RunRecord) -> Any:
+        """Under the run's span; a fan-out branch (a job of its own, no run span) directly
+        in the session's trace."""
         from opentelemetry import trace
 
         span = run.extra.get("otel_span")
-        return trace.set_span_in_context(span) if span is not None else None
+        if span is None:
+            return session_trace_parent(run.session_id)
+        return trace.set_span_in_context(span)
 
     @contextlib.contextmanager
     def _span(self, name: str, parent: Any, kind: Any, attributes: dict[str, Any]) -> Iterator[Any]:

@@ -262,3 +262,30 @@ def test_the_metrics_endpoint_answers_what_the_database_says(client, users, sett
     assert client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {outsider}").status_code == 401
     client.force_login(users["viewer"])
     assert client.get("/metrics").status_code == 200
+
+
+def test_fan_out_branches_report_their_tool_calls_in_the_sessions_trace(spans):
+    from agent_runtime.loop import Outcome, run_branch
+    from demo_agents import demo_agents
+
+    exporter, observer = spans
+    agents = demo_agents(research_delay=0.01, research_parallel=4)
+    config = replace(run_config(), telemetry=combine([observer]))
+    session = session_start(agent="research", input="research checkpoints in 4 sources")
+    store = DjangoSessionStore()
+    fanned = run_session(
+        str(session.id), store=store, agents=agents, effects=DjangoEffects(), config=config
+    )
+    assert fanned.outcome == Outcome.FANNED_OUT and len(fanned.branches) == 4
+    for seq in fanned.branches:
+        run_branch(
+            str(session.id), seq, store=store, agents=agents, effects=DjangoEffects(), config=config
+        )
+
+    tools = by_operation(exporter.get_finished_spans())["execute_tool"]
+    calls = Step.objects.filter(session=session, kind="tool_call", seq__in=fanned.branches)
+    assert sorted(s.attributes["gen_ai.tool.call.id"] for s in tools) == sorted(
+        c.payload["call_id"] for c in calls
+    )
+    # Jobs of their own, in the session's one trace.
+    assert {s.context.trace_id for s in tools} == {uuid.UUID(str(session.id)).int}
