@@ -222,8 +222,9 @@ def api_token_revoke(
 ) -> ApiToken:
     who = _actor(actor)
     with transaction.atomic():
-        token = ApiToken.objects.select_for_update().select_related("user").filter(pk=token_id)
-        token = token.first()
+        token = (
+            ApiToken.objects.select_for_update().select_related("user").filter(pk=token_id).first()
+        )
         if token is None:
             raise ActionError(f"no API token with id {token_id}", code="not_found")
         _refuse_unless_own_or_admin(who, token.user, "revoke API tokens")

@@ -10,8 +10,6 @@ permissions, and the log-in throttle's message on its log-in form.
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
 
 from .auth import ThrottledAdminAuthenticationForm
@@ -20,10 +18,9 @@ from .permissions import can_administer, can_operate, can_view
 RESPAWN_APP = "sessions_app"
 
 
-class RoleRules:
-    """What a Respawn role allows, checked before the model permissions."""
-
-    opts: Any
+class RoleRules(admin.ModelAdmin):
+    """What a Respawn role allows, checked before the model permissions; mixed in before
+    a ModelAdmin."""
 
     def role_allows(self, request, *, write: bool) -> bool:
         user = request.user

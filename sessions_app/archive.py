@@ -25,17 +25,30 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any, Protocol
 
-Writer = Callable[[BinaryIO], Any]  # writes the export file to a binary stream
+Writer = Callable[[IO[bytes]], Any]  # writes the export file to a binary stream
 
 
 class ArchiveError(Exception):
     """The archive could not be written (or not confirmed): nothing is deleted."""
+
+
+class Archive(Protocol):
+    """Where retention writes a session's export before deleting it: a directory or an
+    S3 bucket. `str()` names it for messages."""
+
+    def problem(self) -> str | None:
+        """Why it cannot be written to, found without writing; None if none is known."""
+        ...
+
+    def write(self, key: str, write: Writer) -> str:
+        """Store what `write` writes under `key`, confirmed; returns where it went."""
+        ...
 
 
 class DirectoryArchive:
@@ -227,7 +240,7 @@ class S3Archive:
         return f"s3://{self.bucket}/{full_key}"
 
 
-def archive_for(location: str, environ: dict[str, str] | None = None) -> Any:
+def archive_for(location: str, environ: Mapping[str, str] | None = None) -> Archive:
     """The archive `location` names: `s3://bucket/prefix` or a directory path."""
     if location.startswith("s3://"):
         env = os.environ if environ is None else environ
@@ -244,7 +257,7 @@ def archive_for(location: str, environ: dict[str, str] | None = None) -> Any:
     return DirectoryArchive(Path(location))
 
 
-def _secret(env: dict[str, str], name: str) -> str:
+def _secret(env: Mapping[str, str], name: str) -> str:
     path = env.get(f"{name}_FILE")
     if path:
         try:

@@ -108,10 +108,8 @@ def clear_failures(sender, request, user, **kwargs) -> None:
     LoginFailure.objects.filter(account=account_key(user.get_username())).delete()
 
 
-class _ThrottleMessage:
+class ThrottledAuthenticationForm(AuthenticationForm):
     """Says "locked" instead of "wrong password" when the throttle refused the log-in."""
-
-    request: Any
 
     def get_invalid_login_error(self) -> ValidationError:
         if self.request is not None and getattr(self.request, THROTTLED, False):
@@ -120,11 +118,7 @@ class _ThrottleMessage:
         return super().get_invalid_login_error()
 
 
-class ThrottledAuthenticationForm(_ThrottleMessage, AuthenticationForm):
-    pass
-
-
-class ThrottledAdminAuthenticationForm(_ThrottleMessage, AdminAuthenticationForm):
+class ThrottledAdminAuthenticationForm(ThrottledAuthenticationForm, AdminAuthenticationForm):
     pass
 
 

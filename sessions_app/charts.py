@@ -4,6 +4,7 @@ GROUP BY queries cached for a minute: every open list asks."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -142,7 +143,9 @@ def latency(span_name: str) -> dict[str, Any]:
             .annotate(p50=Percentile("d", 0.5), p95=Percentile("d", 0.95), n=Count("id"))
             .values_list("kind", "b", "p50", "p95")
         )
-        values = [(kind, b, _ms(p50), _ms(p95)) for kind, b, p50, p95 in rows]
+        values: Sequence[tuple[str, datetime, float | None, float | None]] = [
+            (kind, b, _ms(p50), _ms(p95)) for kind, b, p50, p95 in rows
+        ]
     else:
         values = _percentiles_in_python(steps, span)
     for kind, b, p50, p95 in values:

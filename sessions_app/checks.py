@@ -68,7 +68,7 @@ def check_retention(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """A retention policy that cannot be applied is refused before anything runs."""
     from .retention import PolicyError, parse_policy
 
-    problem = settings.RESPAWN_RETENTION_PROBLEM
+    problem: str | None = settings.RESPAWN_RETENTION_PROBLEM
     if not problem:
         try:
             policy = parse_policy(settings.RESPAWN_RETENTION)

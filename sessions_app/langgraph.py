@@ -28,6 +28,7 @@ so when they are missing.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import concurrent.futures
 import functools
 import json
@@ -386,7 +387,9 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             pass  # another process created it first
         return AgentSession.objects.using(self._db).select_for_update().get(id=session_id)
 
-    def _fenced(self, lease: Lease, *, head: bool, write: Callable[[Any, int], None]):
+    def _fenced(
+        self, lease: Lease, *, head: bool, write: Callable[[Any, tuple[str, str]], None]
+    ) -> int:
         """One transaction: advance the session's seq on (token, owner), then `write`."""
         from django.db import connections, transaction
 
@@ -740,7 +743,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
         from .models import GraphWrite, Step
 
-        body = dict(row.body)
+        body: Checkpoint = row.body.copy()  # as put() stored it, less the channel values
         channel_values = dict(body.get("channel_values") or {})
         channel_values.update(
             values.load(row.session_id, row.ns, body.get("channel_versions") or {}, channel_values)
@@ -760,11 +763,13 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             # A rollback to this checkpoint dropped the writes made after it: its tasks
             # run again.
             writes = writes.exclude(Exists(superseded))
+        # The type column allows NULL, though no write this saver makes has none; the
+        # serializer refuses a type it does not know either way.
         pending = [
-            (w.task_id, w.channel, self.serde.loads_typed((w.type, bytes(w.blob))))
+            (w.task_id, w.channel, self.serde.loads_typed((w.type or "", bytes(w.blob))))
             for w in sorted(writes, key=lambda w: (w.task_path, w.task_id, w.idx))
         ]
-        parent = (
+        parent: RunnableConfig | None = (
             {
                 "configurable": {
                     "thread_id": thread_id,
@@ -807,7 +812,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         filter: dict[str, Any] | None = None,
         before: RunnableConfig | None = None,
         limit: int | None = None,
-    ) -> list[CheckpointTuple]:
+    ) -> builtins.list[CheckpointTuple]:
         from .models import GraphCheckpoint
 
         qs = GraphCheckpoint.objects.using(self._db).select_related("session__graph_thread")
@@ -871,7 +876,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
     def _forget(self, session_id: uuid.UUID) -> None:
         with self._lock:
             self._leases.pop(session_id, None)
-            for cache in (self._chains, self._read_latest, self._lists):
+            caches: tuple[dict[Any, Any], ...] = (self._chains, self._read_latest, self._lists)
+            for cache in caches:
                 for key in [k for k in cache if k[0] == session_id]:
                     del cache[key]
 
@@ -892,7 +898,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             )
             self._delete_checkpoints(rows)
 
-    def _delete_checkpoints(self, rows: list[Any]) -> None:
+    def _delete_checkpoints(self, rows: builtins.list[Any]) -> None:
         from django.db.models import Q
 
         from .models import AgentSession, GraphCheckpoint, GraphWrite
@@ -1032,8 +1038,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                     id__in=needed
                 ).delete()
             with self._lock:
-                for key in [k for k in self._lists if k[0] == session_id]:
-                    del self._lists[key]
+                for list_key in [k for k in self._lists if k[0] == session_id]:
+                    del self._lists[list_key]
 
     # -- async: the same work on the saver's own thread ------------------------------------
     async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -1107,7 +1113,7 @@ class AsyncRespawnSaver(RespawnSaver):
         finally:
             await saver.aclose()
 
-    async def setup(self) -> None:  # type: ignore[override]
+    async def setup(self) -> None:
         await self._run(RespawnSaver.setup, self)
 
     async def aclose(self) -> None:
@@ -1165,7 +1171,7 @@ class _Values:
         key = (session_id, ns, channel, version)
         if key in self._done:
             return self._done[key]
-        chain = []
+        chain: list[Any] = []  # GraphBlob rows, newest first
         cursor: str | None = version
         while cursor is not None and (session_id, ns, channel, cursor) not in self._done:
             row = rows.get((channel, cursor))
@@ -1178,7 +1184,7 @@ class _Values:
                 return _MISSING
             chain.append(row)
             cursor = row.base_version
-        value = self._done[(session_id, ns, channel, cursor)] if cursor is not None else None
+        value: Any = self._done[(session_id, ns, channel, cursor)] if cursor is not None else None
         serde = self._saver.serde
         for row in reversed(chain):
             if row.type == "empty":

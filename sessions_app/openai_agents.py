@@ -43,7 +43,7 @@ from typing import Any
 
 try:
     from agents import Agent as SDKAgent
-    from agents import RunConfig, Runner, RunState, set_tracing_disabled
+    from agents import RunConfig, Runner, RunState, TResponseInputItem, set_tracing_disabled
     from agents.memory import SessionABC, SessionSettings
     from agents.run_state import CURRENT_SCHEMA_VERSION as SDK_STATE_VERSION
     from agents.version import __version__ as SDK_VERSION
@@ -302,13 +302,14 @@ class RespawnSession(SessionABC):
         return f"RespawnSession({self.session_id!r}, respawn_id={str(self.respawn_id)!r})"
 
     # -- the SDK's protocol ---------------------------------------------------------------
-    async def get_items(self, limit: int | None = None) -> list[dict[str, Any]]:
+    # The items are the SDK's own (plain dicts of its TypedDicts), as add_items stored them.
+    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
         return await self._on_thread(self.get_items_sync, limit)
 
     async def add_items(self, items: list[Any]) -> None:
         await self._on_thread(self.add_items_sync, items)
 
-    async def pop_item(self) -> dict[str, Any] | None:
+    async def pop_item(self) -> TResponseInputItem | None:
         return await self._on_thread(self.pop_item_sync)
 
     async def clear_session(self) -> None:
@@ -583,7 +584,7 @@ class RespawnSession(SessionABC):
         )
         return {p.get("result_seq"): p for p in rows}
 
-    def _tool_names(self, call_ids: set[str]) -> dict[str, str]:
+    def _tool_names(self, call_ids: set[str | None]) -> dict[str, str]:
         from .models import Step
 
         rows = Step.objects.using(self._db).filter(
@@ -811,7 +812,7 @@ class OpenAIAgentRunner:
         checkpoint = context.head.checkpoint
         data = checkpoint.state.agent_data.get(STATE_KEY) if checkpoint else None
         history = [s for s in context.head.history if not s.superseded]
-        if data and data.get("run_state") is not None:
+        if checkpoint and data and data.get("run_state") is not None:
             after = [s for s in history if s.seq > checkpoint.seq]
             # Items written after the pause: a resumed run got that far and died. Its
             # RunState is spent; the conversation goes on from the items.

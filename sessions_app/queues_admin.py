@@ -85,9 +85,7 @@ def _guard(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         return response
 
     # The admin site's own gate: log-in, staff, a Respawn role (and never cached).
-    served = admin.site.admin_view(guarded)
-    served.rq_view = view
-    return served
+    return admin.site.admin_view(guarded)
 
 
 def urlpatterns() -> list[URLPattern]:
@@ -97,8 +95,15 @@ def urlpatterns() -> list[URLPattern]:
         # Respawn's own are at /metrics.
         re_path(r"^metrics/?$", _guard(stats_views.prometheus_metrics), name="metrics"),
     ]
-    for pattern in get_admin_urlpatterns(view_wrapper=_guard):
-        view = pattern.callback.rq_view
+    guarded: dict[Callable[..., HttpResponse], Callable[..., HttpResponse]] = {}
+
+    def guard(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        served = _guard(view)
+        guarded[served] = view  # what each pattern serves, to classify it below
+        return served
+
+    for pattern in get_admin_urlpatterns(view_wrapper=guard):
+        view = guarded[pattern.callback]
         if view in UNMOUNTED_VIEWS:
             continue
         if view not in MOUNTED_VIEWS:

@@ -61,7 +61,10 @@ def scrubbed_json(value: Any) -> str:
     return text
 
 
-class _Scrubbed:
+class _Scrubbed(models.Field):
+    """Mixed in before a concrete field (CharField, TextField, JSONField): its super() is
+    that field."""
+
     plain_path = ""
 
     def scrub(self, value: Any) -> Any:
@@ -112,7 +115,10 @@ def scrub_admin_history() -> None:
     is str() of what was edited, and its change message names what changed."""
     from django.contrib.admin.models import LogEntry
 
-    swaps = {models.CharField: ScrubbedCharField, models.TextField: ScrubbedTextField}
+    swaps: dict[type, type[_Scrubbed]] = {
+        models.CharField: ScrubbedCharField,
+        models.TextField: ScrubbedTextField,
+    }
     for name in ("object_repr", "change_message"):
         field = LogEntry._meta.get_field(name)
         if not isinstance(field, _Scrubbed):

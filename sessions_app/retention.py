@@ -42,7 +42,7 @@ from django.db.models.functions import Length
 from django.utils import timezone
 
 from . import search
-from .archive import S3_URL, archive_for
+from .archive import S3_URL, Archive, archive_for
 from .models import FINAL, AgentSession, AuditAction, AuditEvent, Checkpoint, Status, Step
 from .runtime import redactor
 from .services import _actor
@@ -87,7 +87,7 @@ class Policy:
     archive_dir: str | None = None  # a directory, or s3://bucket/prefix (sessions_app.archive)
 
     @property
-    def archive(self) -> Any:
+    def archive(self) -> Archive | None:
         return archive_for(self.archive_dir) if self.archive_dir else None
 
     @property
@@ -232,7 +232,7 @@ def _sizes(queryset: QuerySet, blob: str) -> dict[Any, tuple[int, int]]:
     return {sid: (n, int(b or 0) + 60 * n) for sid, n, b in rows}
 
 
-def _archive(session: AgentSession, archive: Any, what: str) -> str:
+def _archive(session: AgentSession, archive: Archive, what: str) -> str:
     """Write the session's export to the archive, confirmed (flushed to disk, or stored
     and checked by the object store), before anything is deleted; returns where."""
     from .transfer import export_session
@@ -308,10 +308,10 @@ class _Runner:
         )
 
     def _archive_all(self, ids: list[Any], what: str) -> dict[Any, str]:
-        if self.policy.archive_dir is None or self.dry_run:
+        archive = None if self.dry_run else self.policy.archive
+        if archive is None:
             return {}
         paths = {}
-        archive = self.policy.archive
         for session in AgentSession.objects.filter(id__in=ids):
             paths[session.id] = _archive(session, archive, what)
             self.summary.archived.append(paths[session.id])

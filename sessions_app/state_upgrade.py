@@ -121,6 +121,14 @@ def _tables(
     ]
 
 
+def _column_field(model: type[models.Model], name: str) -> models.Field:
+    """The field `name` of `model` (a column of the table, not a relation's other end)."""
+    field = model._meta.get_field(name)
+    if not isinstance(field, models.Field):
+        raise TypeError(f"{model.__name__}.{name} is not a column")
+    return field
+
+
 def _run_table(
     table: _Table,
     *,
@@ -135,13 +143,13 @@ def _run_table(
     manager = table.model._default_manager.db_manager(using)
     connection = connections[using]
     meta = table.model._meta
-    blob_field = meta.get_field(table.blob_field)
+    blob_field = _column_field(table.model, table.blob_field)
     quote = connection.ops.quote_name
     # One prepared UPDATE per row, sent in a batch: bulk_update's CASE WHEN per row costs
     # ten times as much Python as the rewrite itself.
     update_sql = (
         f"UPDATE {quote(meta.db_table)} SET {quote(blob_field.column)} = %s, "
-        f"{quote(meta.get_field('schema_version').column)} = %s "
+        f"{quote(_column_field(table.model, 'schema_version').column)} = %s "
         f"WHERE {quote(meta.pk.column)} = %s"
     )
     summary = TableSummary(table.label, total=manager.count())
@@ -162,7 +170,11 @@ def _run_table(
         if stale:
             started = time.monotonic()
             with transaction.atomic(using=using):
-                rows = manager.filter(id__in=stale).only(*table.fields).order_by("id")
+                # The app's model or a migration's historical one: its fields are known
+                # by name only.
+                rows: models.QuerySet[Any] = (
+                    manager.filter(id__in=stale).only(*table.fields).order_by("id")
+                )
                 if not dry_run:
                     # Rows are immutable apart from this rewrite, but two runs at once (the
                     # migration and the command) must not interleave on one row.

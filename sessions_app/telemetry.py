@@ -308,7 +308,11 @@ def tracer_from_environment() -> Any:
         return None
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SpanExporter,
+    )
 
     names = [
         n.strip()
@@ -318,6 +322,7 @@ def tracer_from_environment() -> Any:
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME") or "respawn"})
     provider = TracerProvider(resource=resource)
     for name in names:
+        exporter: SpanExporter
         if name == "console":
             exporter = ConsoleSpanExporter()
         elif name == "otlp":

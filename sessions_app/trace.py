@@ -670,7 +670,7 @@ def _overview_in_sql(
     column of the active-time axis (a running sum of the collapsed gaps). Python sees a few
     hundred rows whatever the session's length: at 100,000 steps, reading every step into
     Python took over a second."""
-    params = {
+    params: dict[str, Any] = {
         "session": session.id,
         "superseded": filters.superseded,
         "collapse": GAP_COLLAPSE_SECONDS,

@@ -27,10 +27,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.db.models import Model
 from django.utils import timezone
 
 from agent_runtime.state import SCHEMA_VERSION
@@ -103,7 +104,7 @@ def export_lines(session: AgentSession) -> Iterator[bytes]:
         }
     )
     row = _row(session, _SESSION_SKIP)
-    row["created_by"] = session.created_by.get_username() if session.created_by_id else None
+    row["created_by"] = session.created_by.get_username() if session.created_by else None
     row["parent"] = str(session.parent_id) if session.parent_id else None
     yield line({"kind": "session", "data": row})
     for step in Step.objects.filter(session=session).order_by("seq").iterator(chunk_size=500):
@@ -120,7 +121,7 @@ def export_lines(session: AgentSession) -> Iterator[bytes]:
 
 
 def export_session(
-    session: AgentSession, out: BinaryIO, *, actor: Actor = None, request_meta: dict | None = None
+    session: AgentSession, out: IO[bytes], *, actor: Actor = None, request_meta: dict | None = None
 ) -> dict[str, int]:
     """Write the session's export (gzip) to `out`; audited. Returns the counts."""
     counts = {"step": 0, "checkpoint": 0, "audit": 0}
@@ -236,7 +237,7 @@ def _time(value: Any, where: str) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
-def _fields(model: type, data: dict[str, Any], where: str, skip: set[str]) -> dict[str, Any]:
+def _fields(model: type[Model], data: dict[str, Any], where: str, skip: set[str]) -> dict[str, Any]:
     """The model's columns from an exported row: known names only, types checked."""
     out: dict[str, Any] = {}
     for f in model._meta.concrete_fields:
@@ -256,7 +257,7 @@ def _fields(model: type, data: dict[str, Any], where: str, skip: set[str]) -> di
                 raise TransferError(f"{where} {f.name}: not a string")
             if "\x00" in value:
                 raise TransferError(f"{where} {f.name}: contains a NUL character")
-            if getattr(f, "max_length", None) and len(value) > f.max_length:
+            if f.max_length and len(value) > f.max_length:
                 raise TransferError(f"{where} {f.name}: longer than {f.max_length} characters")
         elif f.get_internal_type().endswith("IntegerField") and value is not None:
             if not isinstance(value, int) or isinstance(value, bool):

@@ -20,7 +20,7 @@ import math
 import re
 from collections.abc import Callable
 from datetime import date, datetime
-from typing import Annotated, Any, Union
+from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
@@ -209,21 +209,25 @@ RequiredText = Annotated[
 ]
 
 _NoNul = Annotated[str, Field(pattern=NO_NUL_PATTERN)]
-_JsonSchema = TypeAliasType(
-    "JsonValue",
-    Union[  # noqa: UP007 (a recursive alias needs the Union form)
-        _NoNul,
-        int,
-        float,
-        bool,
-        None,
-        list["_JsonSchema"],
-        Annotated[
-            dict[_NoNul, "_JsonSchema"],
-            Field(json_schema_extra={"propertyNames": {"pattern": NO_NUL_PATTERN}}),
+if TYPE_CHECKING:
+    # mypy cannot follow a recursive TypeAliasType; only pydantic reads this one.
+    _JsonSchema: TypeAlias = Any
+else:
+    _JsonSchema = TypeAliasType(
+        "JsonValue",
+        Union[  # noqa: UP007 (a recursive alias needs the Union form)
+            _NoNul,
+            int,
+            float,
+            bool,
+            None,
+            list["_JsonSchema"],
+            Annotated[
+                dict[_NoNul, "_JsonSchema"],
+                Field(json_schema_extra={"propertyNames": {"pattern": NO_NUL_PATTERN}}),
+            ],
         ],
-    ],
-)
+    )
 
 
 def _json_value(value: Any) -> Any:

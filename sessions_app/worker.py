@@ -170,7 +170,7 @@ class RespawnWorker(SimpleWorker):
         self.connection.connection_pool.disconnect()
         super().teardown()
 
-    def work(self, *args, **kwargs):  # type: ignore[override]
+    def work(self, *args, **kwargs):
         if settings.RESPAWN_WORKER_SUPERVISE:
             return Supervisor(self).run(lambda: self._work(*args, **kwargs))
         return self._work(*args, **kwargs)

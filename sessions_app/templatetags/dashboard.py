@@ -10,6 +10,7 @@ from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 
+from ..models import Status
 from ..presenters import (
     STATUS_TEXT,
     format_ago,
@@ -58,15 +59,25 @@ def budget_amount(value: Any, name: str) -> str:
     return format_count(value)
 
 
+def _status_text(status: str) -> tuple[str, str] | None:
+    """(label, hint) of a status as a template has it (the column's plain string)."""
+    try:
+        return STATUS_TEXT[Status(status)]
+    except ValueError:
+        return None
+
+
 @register.filter
 def status_label(status: str) -> str:
     """A status in plain language: "waiting_input" -> "Waiting for a person"."""
-    return STATUS_TEXT.get(status, (status, ""))[0]
+    text = _status_text(status)
+    return text[0] if text else status
 
 
 @register.filter
 def status_hint(status: str) -> str:
-    return STATUS_TEXT.get(status, ("", ""))[1]
+    text = _status_text(status)
+    return text[1] if text else ""
 
 
 @register.simple_tag

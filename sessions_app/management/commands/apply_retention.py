@@ -20,7 +20,7 @@ from sessions_app.retention import (
 BAR_WIDTH = 30
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if n < 1024 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -91,7 +91,7 @@ class Command(BaseCommand):
 
         paused = session_start(agent="demo", input="what is 2**10, then save it as a note")
         run(paused)
-        first_boundary = paused.checkpoints.order_by("seq").values_list("seq", flat=True).first()
+        first_boundary = paused.checkpoints.earliest("seq").seq
         checkpoint_rollback(session_id=paused.id, checkpoint_seq=first_boundary)
 
         cancelled = session_start(
