@@ -1,7 +1,7 @@
 # Respawn: two commands.
 #   make run   - a working Respawn on this machine (SQLite + embedded Redis unless
 #                DATABASE_URL / REDIS_URL say otherwise): web server, one worker, demo data.
-#   make test  - the whole suite against real PostgreSQL and Redis.
+#   make test  - ruff, the type checker and the whole suite against real PostgreSQL and Redis.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -36,8 +36,14 @@ services:
 POOLER_TESTS ?= tests/contract tests/integration/test_workers.py tests/fault/test_faults.py \
 	tests/scale/test_pooler.py
 
+# The type checker (mypy with django-stubs, configured in pyproject.toml). Its Django plugin
+# imports the settings: development settings, whatever the environment says, so it needs no
+# database, no Redis and no network.
+MYPY := DEBUG=1 RESPAWN_PRODUCTION=0 DATABASE_URL= DATABASE_REPLICA_URL= $(BIN)/mypy
+
 test: $(STAMP) services
 	$(BIN)/ruff check .
+	$(MYPY)
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(BIN)/python -m pytest $(PYTEST_ARGS)
 	@echo "The store contract again, on SQLite (the portable path make run uses):"
 	DATABASE_URL="sqlite:///$(CURDIR)/var/contract.sqlite3" REDIS_URL="$(TEST_REDIS_URL)" \
@@ -47,6 +53,7 @@ test: $(STAMP) services
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(MYPY)
 
 clean:
-	rm -rf $(VENV) var .pytest_cache
+	rm -rf $(VENV) var .pytest_cache .mypy_cache
