@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import concurrent.futures
 import functools
 import json
 import os
@@ -39,7 +38,7 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 try:
@@ -67,6 +66,9 @@ from agent_runtime.runners import RunContext, RunnerCancelled, RunnerResult
 from agent_runtime.state import SCHEMA_VERSION, SessionState, StepKind, step_text
 from agent_runtime.store import Lease, LeaseLost
 
+from .sdk_glue import DatabaseThread, ensure_django, session_id_in
+from .sdk_glue import now as _now
+
 __all__ = [
     "AsyncRespawnSaver",
     "GraphRunner",
@@ -91,36 +93,10 @@ class ThreadLeaseLost(LeaseLost):
 def session_id_for(thread_id: str) -> uuid.UUID:
     """The session of a LangGraph thread: the thread id itself when it is a UUID in its
     canonical form (a session started from the dashboard or API), else derived from it."""
-    if not isinstance(thread_id, str) or not thread_id:
-        raise ValueError(f"a thread_id must be a non-empty string, got {thread_id!r}")
-    try:
-        as_uuid = uuid.UUID(thread_id)
-    except ValueError:
-        return uuid.uuid5(THREAD_NAMESPACE, thread_id)
-    return as_uuid if str(as_uuid) == thread_id else uuid.uuid5(THREAD_NAMESPACE, thread_id)
+    return session_id_in(THREAD_NAMESPACE, thread_id, what="thread_id")
 
 
 # --- Django, for a LangGraph program that is not a Django project ------------------------
-
-
-def _ensure_django(conn_string: str | None = None) -> None:
-    """Set Django up from Respawn's settings when the program using the saver has not."""
-    from django.conf import settings
-
-    if settings.configured:
-        from django.apps import apps
-
-        if not apps.ready:
-            import django
-
-            django.setup()
-        return
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    if conn_string:
-        os.environ.setdefault("DATABASE_URL", conn_string)
-    import django
-
-    django.setup()
 
 
 def _database_alias(conn_string: str) -> str:
@@ -129,7 +105,7 @@ def _database_alias(conn_string: str) -> str:
     import dj_database_url
     from django.db import connections
 
-    _ensure_django(conn_string)
+    ensure_django(conn_string)
     wanted = dj_database_url.parse(conn_string, conn_max_age=0)
     key = ("ENGINE", "NAME", "HOST", "PORT", "USER")
     for alias in connections:
@@ -189,9 +165,7 @@ def _on_saver_thread(method: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(method)
     def wrapper(self: RespawnSaver, *args: Any, **kwargs: Any) -> Any:
-        if threading.get_ident() == self._thread_ident:
-            return method(self, *args, **kwargs)
-        return self._pool().submit(method, self, *args, **kwargs).result()
+        return self._thread.call(method, self, *args, **kwargs)
 
     return wrapper
 
@@ -217,7 +191,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         serde: SerializerProtocol | None = None,
     ) -> None:
         super().__init__(serde=serde)
-        _ensure_django()
+        ensure_django()
         self._db = database
         self._agent = agent
         self._bound = lease
@@ -237,8 +211,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         self._read_latest: dict[tuple[uuid.UUID, str], str] = {}
         # The last list stored per channel, to store the next version as what was added.
         self._lists: dict[tuple[uuid.UUID, str, str], tuple[str, list[Any]]] = {}
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._thread_ident: int | None = None
+        self._thread = DatabaseThread("respawn-saver")
         self.cancel_requested = False  # a bound saver's put saw the session's cancel
 
     # -- construction, as the official savers have -------------------------------------
@@ -261,25 +234,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
     def close(self) -> None:
         """Close the saver's database connection and stop its thread."""
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            from django.db import connections
-
-            executor.submit(connections.close_all).result()
-            executor.shutdown(wait=True)
-            self._thread_ident = None
-
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="respawn-saver", initializer=self._mark
-                )
-            return self._executor
-
-    def _mark(self) -> None:
-        self._thread_ident = threading.get_ident()
+        self._thread.close()
 
     # -- versions: zero-padded, so they sort as strings ------------------------------------
     def get_next_version(self, current: str | None, channel: None = None) -> str:
@@ -473,7 +428,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
         from .models import Checkpoint as RespawnCheckpoint
-        from .models import GraphBlob, GraphCheckpoint, Step
+        from .models import GraphBlob, GraphCheckpoint
 
         configurable = config["configurable"]
         thread_id = configurable["thread_id"]
@@ -493,24 +448,18 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         db = self._db
 
         def write(seq: int, agent: tuple[str, str]) -> None:
-            now = _now()
-            Step.objects.using(db).create(
-                session_id=session_id,
-                seq=seq,
-                kind=StepKind.SYSTEM,
-                payload=_redact(
-                    {
-                        "event": "graph_checkpoint",
-                        "checkpoint_id": checkpoint["id"],
-                        "ns": ns,
-                        "step": meta.get("step"),
-                        "source": meta.get("source"),
-                        "changed": changed,
-                    }
-                ),
-                started_at=now,
-                finished_at=now,
-                created_at=now,
+            now = _system_step(
+                db,
+                session_id,
+                seq,
+                {
+                    "event": "graph_checkpoint",
+                    "checkpoint_id": checkpoint["id"],
+                    "ns": ns,
+                    "step": meta.get("step"),
+                    "source": meta.get("source"),
+                    "changed": changed,
+                },
             )
             state = SessionState(agent_name=agent[0], agent_version=agent[1])
             state.counters.steps = seq
@@ -632,7 +581,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        from .models import GraphWrite, Step
+        from .models import GraphWrite
 
         configurable = config["configurable"]
         thread_id = configurable["thread_id"]
@@ -655,16 +604,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         db = self._db
 
         def write(seq: int, agent: tuple[str, str]) -> None:
-            now = _now()
-            Step.objects.using(db).create(
-                session_id=session_id,
-                seq=seq,
-                kind=StepKind.SYSTEM,
-                payload=_redact(payload),
-                started_at=now,
-                finished_at=now,
-                created_at=now,
-            )
+            _system_step(db, session_id, seq, payload)
             objects = [
                 GraphWrite(
                     session_id=session_id,
@@ -1042,12 +982,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                     del self._lists[list_key]
 
     # -- async: the same work on the saver's own thread ------------------------------------
-    async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool(), functools.partial(fn, *args, **kwargs))
-
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await self._run(self.get_tuple, config)
+        return await self._thread.run(self.get_tuple, config)
 
     async def alist(
         self,
@@ -1057,7 +993,9 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        items = await self._run(self._list, config, filter=filter, before=before, limit=limit)
+        items = await self._thread.run(
+            self._list, config, filter=filter, before=before, limit=limit
+        )
         for item in items:
             yield item
 
@@ -1068,7 +1006,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await self._run(self.put, config, checkpoint, metadata, new_versions)
+        return await self._thread.run(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
         self,
@@ -1077,19 +1015,19 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await self._run(self.put_writes, config, writes, task_id, task_path)
+        await self._thread.run(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await self._run(self.delete_thread, thread_id)
+        await self._thread.run(self.delete_thread, thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await self._run(self.delete_for_runs, run_ids)
+        await self._thread.run(self.delete_for_runs, run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await self._run(self.copy_thread, source_thread_id, target_thread_id)
+        await self._thread.run(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await self._run(self.prune, thread_ids, strategy=strategy)
+        await self._thread.run(self.prune, thread_ids, strategy=strategy)
 
 
 class AsyncRespawnSaver(RespawnSaver):
@@ -1114,7 +1052,7 @@ class AsyncRespawnSaver(RespawnSaver):
             await saver.aclose()
 
     async def setup(self) -> None:
-        await self._run(RespawnSaver.setup, self)
+        await self._thread.run(RespawnSaver.setup, self)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
@@ -1213,17 +1151,29 @@ def _copy_rows(db: str, model: Any, source_id: Any, target_id: Any, *, exclude: 
         model.objects.using(db).bulk_create(batch)
 
 
-def _now():
-    from django.utils import timezone
-
-    return timezone.now()
-
-
 def _uuid_param(db: str, value: Any) -> Any:
     from django.db import connections
 
     as_uuid = uuid.UUID(str(value))
     return as_uuid if connections[db].vendor == "postgresql" else as_uuid.hex
+
+
+def _system_step(db: str, session_id: uuid.UUID, seq: int, payload: dict[str, Any]) -> datetime:
+    """Record a write (a checkpoint, a task's writes) as the `system` step at `seq`, the
+    seq its fenced write advanced the session to; returns the step's time."""
+    from .models import Step
+
+    now = _now()
+    Step.objects.using(db).create(
+        session_id=session_id,
+        seq=seq,
+        kind=StepKind.SYSTEM,
+        payload=_redact(payload),
+        started_at=now,
+        finished_at=now,
+        created_at=now,
+    )
+    return now
 
 
 def _redact(payload: dict[str, Any]) -> dict[str, Any]:

@@ -36,7 +36,6 @@ import copy
 import dataclasses
 import functools
 import json
-import threading
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -66,6 +65,9 @@ from agent_runtime.state import (
     validate_step_payload,
 )
 from agent_runtime.store import Lease, LeaseLost
+
+from .sdk_glue import DatabaseThread, ensure_django, session_id_in
+from .sdk_glue import now as _now
 
 # Traces would go to the SDK vendor's servers: nothing leaves the machine unless asked.
 set_tracing_disabled(True)
@@ -102,13 +104,7 @@ def session_id_for(session_id: str) -> uuid.UUID:
     """The Respawn session of an SDK session id: the id itself when it is a UUID in its
     canonical form (a session started from the dashboard or the API), else derived from
     it."""
-    if not isinstance(session_id, str) or not session_id:
-        raise ValueError(f"a session_id must be a non-empty string, got {session_id!r}")
-    try:
-        as_uuid = uuid.UUID(session_id)
-    except ValueError:
-        return uuid.uuid5(SESSION_NAMESPACE, session_id)
-    return as_uuid if str(as_uuid) == session_id else uuid.uuid5(SESSION_NAMESPACE, session_id)
+    return session_id_in(SESSION_NAMESPACE, session_id, what="session_id")
 
 
 def _version_key(version: str) -> tuple[int, ...]:
@@ -284,7 +280,7 @@ class RespawnSession(SessionABC):
         agent_version: str = "",
         session_settings: SessionSettings | None = None,
     ) -> None:
-        _ensure_django()
+        ensure_django()
         self.session_id = session_id
         self.session_settings = session_settings
         self.respawn_id = session_id_for(session_id)
@@ -295,8 +291,9 @@ class RespawnSession(SessionABC):
         # The version of the agent running the session (a worker's run): its checkpoints
         # say which version last ran it, so an older worker refuses it afterwards.
         self._agent_version = agent_version
-        self._lock = threading.Lock()
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        # The SDK calls a session from its event loop: the async methods do their
+        # database work on this thread of the session's own.
+        self._thread = DatabaseThread("respawn-sdk-session")
 
     def __repr__(self) -> str:
         return f"RespawnSession({self.session_id!r}, respawn_id={str(self.respawn_id)!r})"
@@ -304,36 +301,29 @@ class RespawnSession(SessionABC):
     # -- the SDK's protocol ---------------------------------------------------------------
     # The items are the SDK's own (plain dicts of its TypedDicts), as add_items stored them.
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        return await self._on_thread(self.get_items_sync, limit)
+        return await self._thread.run(self.get_items_sync, limit)
 
     async def add_items(self, items: list[Any]) -> None:
-        await self._on_thread(self.add_items_sync, items)
+        await self._thread.run(self.add_items_sync, items)
 
     async def pop_item(self) -> TResponseInputItem | None:
-        return await self._on_thread(self.pop_item_sync)
+        return await self._thread.run(self.pop_item_sync)
 
     async def clear_session(self) -> None:
-        await self._on_thread(self.clear_session_sync)
+        await self._thread.run(self.clear_session_sync)
 
     async def wait_for_approval(self, result: Any) -> list[dict[str, Any]]:
         """Store a run that stopped on tool calls needing approval (a RunResult, or its
         RunState): the session waits until each call is approved or rejected in the
         dashboard or over the API, then a worker resumes the run. Returns the pending
         calls."""
-        return await self._on_thread(self.wait_for_approval_sync, result)
-
-    async def _on_thread(self, method: Callable[..., Any], *args: Any) -> Any:
-        """Run on the session's own thread: the SDK calls a session from its event loop,
-        where Django refuses database calls, and one thread keeps the session to one
-        connection."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool(), functools.partial(method, *args))
+        return await self._thread.run(self.wait_for_approval_sync, result)
 
     async def record_usage(self, result: Any, *, since: Any = None) -> None:
         """Record what a run's model calls used (a RunResult's usage; less `since`, the
         usage a resumed RunState carried in) as a `sdk_usage` step and on the session's
         token counters, which the dashboard shows."""
-        await self._on_thread(self.record_usage_sync, result, since)
+        await self._thread.run(self.record_usage_sync, result, since)
 
     # -- the same, synchronous ------------------------------------------------------------
     def get_items_sync(self, limit: int | None = None) -> list[dict[str, Any]]:
@@ -693,23 +683,9 @@ class RespawnSession(SessionABC):
             session.lease_expires_at = None
 
     # -- the session's thread ----------------------------------------------------------
-    def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
-        with self._lock:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="respawn-sdk-session"
-                )
-            return self._executor
-
     def close(self) -> None:
         """Close the session thread's database connection and stop the thread."""
-        with self._lock:
-            executor, self._executor = self._executor, None
-        if executor is not None:
-            from django.db import connections
-
-            executor.submit(connections.close_all).result()
-            executor.shutdown(wait=True)
+        self._thread.close()
 
 
 _RUNNABLE = ("queued", "running")
@@ -740,22 +716,6 @@ def _approval(item: Any) -> dict[str, Any]:
     }
 
 
-def _ensure_django() -> None:
-    """Set Django up from Respawn's settings when the program using the session has not."""
-    import os
-
-    from django.conf import settings
-
-    if not settings.configured:
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    from django.apps import apps
-
-    if not apps.ready:
-        import django
-
-        django.setup()
-
-
 def _agent_version(name: str) -> str:
     from .runtime import agent_registry
 
@@ -764,12 +724,6 @@ def _agent_version(name: str) -> str:
     except Exception:  # the program has agents of its own, or none: nothing to record
         return ""
     return registry.get(name).version if name in registry else ""
-
-
-def _now():
-    from django.utils import timezone
-
-    return timezone.now()
 
 
 # --- SDK agents run by Respawn's workers --------------------------------------------------
@@ -852,7 +806,7 @@ class OpenAIAgentRunner:
                 }
         run_state = data["run_state"]
         if any(p["call_id"] not in decided for p in pending):
-            await session._on_thread(
+            await session._thread.run(
                 session._write, lambda s: session._pause(s, run_state, pending, decided=decided)
             )
             return RunnerResult.waiting(
