@@ -75,7 +75,7 @@ UPDATED_AT_RESOLUTION = timedelta(seconds=1)
 _SESSION_COLUMNS: dict[tuple[str, str], set[str]] = {}
 
 # The session columns a load reads that such a database may not have yet (SessionRow's
-# defaults stand in for them).
+# defaults stand in for those it does not have).
 NEWER_SESSION_COLUMNS = ("agent_version", "compacted_steps", "deadline_at")
 
 
@@ -148,9 +148,10 @@ class AppendRows:
     now: datetime
     # Session columns the append adds to, and by how much.
     increments: dict[str, int | Decimal]
-    # updated_at becomes `now` (a status change, an error, the end of a run), or else at
-    # most once per UPDATED_AT_RESOLUTION: see the PostgreSQL append for why.
-    touch: bool
+    # updated_at becomes `now`: always (None: a status change, an error, the end of a
+    # run), or else only if it is older than this, so that within a run it moves at most
+    # once per UPDATED_AT_RESOLUTION (the PostgreSQL append says why).
+    stale_before: datetime | None
     # Session columns the append sets, to these values (before their fields prepare them).
     values: dict[str, Any]
     steps: list[StepRow]
@@ -170,6 +171,8 @@ def append_rows(
     error: str | None,
     release: bool,
 ) -> AppendRows:
+    """What an append of `steps` (with a checkpoint, a status, an error, the release of
+    the lease) writes."""
     now = timezone.now()
     count = len(steps)
     increments: dict[str, int | Decimal] = {
@@ -206,7 +209,9 @@ def append_rows(
     return AppendRows(
         now=now,
         increments=increments,
-        touch=status is not None or error is not None or release,
+        stale_before=None
+        if status is not None or error is not None or release
+        else now - UPDATED_AT_RESOLUTION,
         values=values,
         steps=[
             StepRow(
@@ -255,24 +260,6 @@ class LiveStep(NamedTuple):
     idempotency_key: str | None
 
 
-def held(lease: Lease) -> QuerySet[AgentSession]:
-    """The session row while `lease` holds it: what every fenced write matches first."""
-    return AgentSession.objects.filter(
-        id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
-    )
-
-
-def fenced_off(lease: Lease, consequence: str = "") -> LeaseLost:
-    return LeaseLost(
-        f"session {lease.session_id}: lease token {lease.token} was fenced off{consequence}"
-    )
-
-
-def session_must_exist(session_id: str) -> None:
-    if not AgentSession.objects.filter(id=session_id).exists():
-        raise SessionNotFound(session_id)
-
-
 class DjangoSessionStore:
     """The store of the default database: `DjangoSessionStore()` makes the dialect's."""
 
@@ -289,6 +276,31 @@ class DjangoSessionStore:
                 else PortableSessionStore
             )
         return super().__new__(dialect)
+
+    # --- The fence and the row -------------------------------------------------------------
+
+    @staticmethod
+    def _held(lease: Lease) -> QuerySet[AgentSession]:
+        """The session row while `lease` holds it: what every fenced write matches first."""
+        return AgentSession.objects.filter(
+            id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
+        )
+
+    @staticmethod
+    def _fenced_off(lease: Lease, consequence: str = "") -> LeaseLost:
+        return LeaseLost(
+            f"session {lease.session_id}: lease token {lease.token} was fenced off{consequence}"
+        )
+
+    @staticmethod
+    def _must_exist(session_id: str) -> None:
+        if not AgentSession.objects.filter(id=session_id).exists():
+            raise SessionNotFound(session_id)
+
+    @staticmethod
+    def _newer_columns() -> list[str]:
+        """Of NEWER_SESSION_COLUMNS, those the database has."""
+        return [column for column in NEWER_SESSION_COLUMNS if _session_has(column)]
 
     # --- What each dialect writes and reads in its own way --------------------------------
 
@@ -328,7 +340,7 @@ class DjangoSessionStore:
     def load_history(self, session_id: str) -> list[StepRecord]:
         history = self._live_steps(session_id, 1)[0]
         if not history:  # as load_head: nothing of a session that is not there
-            session_must_exist(session_id)
+            self._must_exist(session_id)
         return history
 
     def _frame(self, session_id: str, row: SessionRow) -> SessionHead:
@@ -425,8 +437,8 @@ class DjangoSessionStore:
         with transaction.atomic():
             # The row lock orders concurrent branches of one turn: each sees the results
             # committed before it, so one and only one sees the last call answered.
-            if not held(lease).select_for_update().values_list("id", flat=True):
-                raise fenced_off(lease)
+            if not self._held(lease).select_for_update().values_list("id", flat=True):
+                raise self._fenced_off(lease)
             live = Step.objects.filter(session__id=lease.session_id, superseded_at__isnull=True)
             model = live.filter(seq=after_seq).values_list("payload", flat=True).first() or {}
             calls = {c["id"] for c in model.get("tool_calls") or []}
@@ -445,7 +457,7 @@ class DjangoSessionStore:
 
     def heartbeat(self, lease: Lease, ttl: float) -> HeartbeatResult:
         now = timezone.now()
-        alive = held(lease).update(lease_expires_at=now + timedelta(seconds=ttl))
+        alive = self._held(lease).update(lease_expires_at=now + timedelta(seconds=ttl))
         cancel = (
             AgentSession.objects.filter(id=lease.session_id)
             .values_list("cancel_requested", flat=True)
@@ -454,11 +466,11 @@ class DjangoSessionStore:
         return HeartbeatResult(alive=bool(alive), cancel_requested=bool(cancel))
 
     def release(self, lease: Lease) -> bool:
-        return bool(held(lease).update(lease_owner=None, lease_expires_at=None))
+        return bool(self._held(lease).update(lease_owner=None, lease_expires_at=None))
 
     def report_progress(self, lease: Lease, *, done: int, total: int | None, message: str) -> bool:
         return bool(
-            held(lease).update(
+            self._held(lease).update(
                 progress_done=max(0, done),
                 progress_total=None if total is None else max(0, total),
                 progress_note=message[:200],
@@ -473,7 +485,7 @@ class DjangoSessionStore:
         try:
             with transaction.atomic():
                 if not self._hold(lease):
-                    raise fenced_off(lease, "; the tool's write was refused")
+                    raise self._fenced_off(lease, "; the tool's write was refused")
                 yield
         finally:
             _close_in_tool_thread()

@@ -1,5 +1,5 @@
-"""The session store through the ORM, on any database Django supports: the path SQLite
-takes in `make run`. The rules it writes by are DjangoSessionStore's (sessions_app.store)."""
+"""The session store through the ORM: the path SQLite takes in `make run`. The rules it
+writes by are DjangoSessionStore's (sessions_app.store)."""
 
 from __future__ import annotations
 
@@ -15,18 +15,7 @@ from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.store import AppendResult, Lease, SessionNotFound
 
 from .models import RUNNABLE, AgentSession, Checkpoint, ModelUsage, Status, Step
-from .store import (
-    NEWER_SESSION_COLUMNS,
-    UPDATED_AT_RESOLUTION,
-    AppendRows,
-    DjangoSessionStore,
-    LiveStep,
-    SessionRow,
-    _session_has,
-    fenced_off,
-    held,
-    session_must_exist,
-)
+from .store import AppendRows, DjangoSessionStore, LiveStep, SessionRow
 
 
 class PortableSessionStore(DjangoSessionStore):
@@ -54,7 +43,7 @@ class PortableSessionStore(DjangoSessionStore):
                 crash_seq=F("last_seq"),
             )
         if not claimed:
-            session_must_exist(session_id)
+            self._must_exist(session_id)
             return None
         # Owner names are unique per run, so this reads back our own token (or nothing,
         # if the lease was already lost again, which the first fenced write will notice).
@@ -68,7 +57,7 @@ class PortableSessionStore(DjangoSessionStore):
     def _session_row(self, session_id: str) -> SessionRow:
         # Only the columns a load needs: `check_state_compat` runs this with the next
         # release's code before that release's migrations, when newer columns don't exist.
-        newer = [column for column in NEWER_SESSION_COLUMNS if _session_has(column)]
+        newer = self._newer_columns()
         session = (
             AgentSession.objects.filter(id=session_id)
             .values("agent", "status", "head", "last_seq", *newer)
@@ -101,7 +90,7 @@ class PortableSessionStore(DjangoSessionStore):
 
     def _hold(self, lease: Lease) -> bool:
         # SQLite: the transaction is IMMEDIATE (settings), it holds the database's write lock.
-        return held(lease).exists()
+        return self._held(lease).exists()
 
     def _append(self, lease: Lease, rows: AppendRows) -> AppendResult:
         """The same write through the ORM, in one transaction (SQLite: `make run`)."""
@@ -112,9 +101,9 @@ class PortableSessionStore(DjangoSessionStore):
         }
         changes["updated_at"] = (
             now
-            if rows.touch
+            if rows.stale_before is None
             else Case(
-                When(updated_at__lt=now - UPDATED_AT_RESOLUTION, then=Value(now)),
+                When(updated_at__lt=rows.stale_before, then=Value(now)),
                 default=F("updated_at"),
             )
         )
@@ -123,8 +112,8 @@ class PortableSessionStore(DjangoSessionStore):
             changes["head"] = F("last_seq") + count
         changes.update(rows.values)
         with transaction.atomic():
-            if not held(lease).update(**changes):
-                raise fenced_off(lease)
+            if not self._held(lease).update(**changes):
+                raise self._fenced_off(lease)
             last_seq, cancel_requested, agent = AgentSession.objects.filter(
                 id=lease.session_id
             ).values_list("last_seq", "cancel_requested", "agent")[0]

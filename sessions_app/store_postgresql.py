@@ -23,17 +23,7 @@ from agent_runtime.store import AppendResult, Lease, SessionHead, SessionNotFoun
 
 from .models import RUNNABLE, AgentSession, Checkpoint, ModelUsage, Status, Step
 from .redaction import scrubbed_json
-from .store import (
-    NEWER_SESSION_COLUMNS,
-    UPDATED_AT_RESOLUTION,
-    AppendRows,
-    DjangoSessionStore,
-    LiveStep,
-    SessionRow,
-    _session_has,
-    fenced_off,
-    session_must_exist,
-)
+from .store import AppendRows, DjangoSessionStore, LiveStep, SessionRow
 
 SESSION_TABLE = AgentSession._meta.db_table
 STEP_TABLE = Step._meta.db_table
@@ -133,7 +123,7 @@ class PostgreSQLSessionStore(DjangoSessionStore):
             ],
         )
         if row is None:
-            session_must_exist(session_id)
+            self._must_exist(session_id)
             return None
         return Lease(session_id, owner, row[0], crashes=row[1])
 
@@ -141,11 +131,10 @@ class PostgreSQLSessionStore(DjangoSessionStore):
         """The portable load in two statements and without ORM instances (a 10,000-step
         history is 10,000 model instances there): this one, the session row with its head
         checkpoint, then the live steps."""
-        newer_columns = ", ".join(
-            f"s.{column}" if _session_has(column) else "NULL" for column in NEWER_SESSION_COLUMNS
-        )
+        newer = self._newer_columns()
         row = _execute_prepared(
-            f"SELECT s.agent, s.status, s.last_seq, {newer_columns}, c.seq, c.state, c.reason"
+            "SELECT s.agent, s.status, s.last_seq, c.seq, c.state, c.reason"
+            f"{''.join(f', s.{column}' for column in newer)}"
             f" FROM {SESSION_TABLE} s LEFT JOIN LATERAL (SELECT seq, state, reason"
             f"  FROM {CHECKPOINT_TABLE} WHERE session_id = s.id AND seq = s.head"
             "  ORDER BY id DESC LIMIT 1) c ON s.head > 0"
@@ -154,20 +143,13 @@ class PostgreSQLSessionStore(DjangoSessionStore):
         )
         if row is None:
             raise SessionNotFound(session_id)
-        agent, status, last_seq, *newer, checkpoint_seq, state, reason = row
-        # NULL: a column this database does not have yet (the others are NOT NULL, or NULL
-        # by default: deadline_at).
-        present: dict[str, Any] = {
-            column: value
-            for column, value in zip(NEWER_SESSION_COLUMNS, newer, strict=True)
-            if value is not None
-        }
+        agent, status, last_seq, checkpoint_seq, state, reason, *values = row
         return SessionRow(
             agent=agent,
             status=status,
             last_seq=last_seq,
             checkpoint=None if checkpoint_seq is None else (checkpoint_seq, _json(state), reason),
-            **present,
+            **dict(zip(newer, values, strict=True)),
         )
 
     def _live_step_rows(self, session_id: str, start: int) -> Sequence[Sequence[Any]]:
@@ -236,7 +218,7 @@ class PostgreSQLSessionStore(DjangoSessionStore):
         now = rows.now
         sets = [f"{column} = {column} + %s" for column in rows.increments]
         params: list[Any] = list(rows.increments.values())
-        if rows.touch:
+        if rows.stale_before is None:
             sets.append("updated_at = %s")
             params.append(now)
         else:
@@ -245,7 +227,7 @@ class PostgreSQLSessionStore(DjangoSessionStore):
             # adds an entry to each of the table's nine indexes. Within a run it moves at
             # most once a second; status changes and the end of a run always move it.
             sets.append("updated_at = CASE WHEN updated_at < %s THEN %s ELSE updated_at END")
-            params += [now - UPDATED_AT_RESOLUTION, now]
+            params += [rows.stale_before, now]
         if rows.checkpoint is not None:
             # Both sides of SET read the old row, so head becomes the new last seq.
             sets.append("head = last_seq + %s")
@@ -341,7 +323,7 @@ class PostgreSQLSessionStore(DjangoSessionStore):
         sql.append(" SELECT last_seq, cancel_requested FROM fenced")
         row = _execute_prepared("".join(sql), params)
         if row is None:
-            raise fenced_off(lease)
+            raise self._fenced_off(lease)
         last_seq, cancel_requested = row
         return AppendResult(
             seqs=list(range(last_seq - count + 1, last_seq + 1)),
