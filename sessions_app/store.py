@@ -377,17 +377,8 @@ class DjangoSessionStore:
         """The live steps from seq `start` on, upgraded, and their count by stored version."""
         history = []
         versions: dict[int, int] = {}
-        for (
-            seq,
-            kind,
-            payload,
-            version,
-            started,
-            finished,
-            t_in,
-            t_out,
-            key,
-        ) in self._live_step_rows(session_id, start):
+        for row in self._live_step_rows(session_id, start):
+            seq, kind, payload, version, started, finished, t_in, t_out, key = row
             try:
                 loaded = load_step_payload(kind, payload, version)
             except IncompatibleSchemaError as exc:
