@@ -28,7 +28,7 @@ DB_NAME = "respawn_bench_profile"
 
 
 def split(steps: int) -> dict[str, float]:
-    import sessions_app.store as store_module
+    import sessions_app.store_postgresql as store_module
 
     from . import _respawn
 
@@ -90,7 +90,7 @@ def split(steps: int) -> dict[str, float]:
 
 def captured_statements() -> dict[str, tuple[str, list]]:
     """The statements the store sends for a tool result with and without a checkpoint."""
-    import sessions_app.store as store_module
+    import sessions_app.store_postgresql as store_module
     from agent_runtime.state import NewCheckpoint, NewStep, SessionState, StepKind
 
     from . import _respawn

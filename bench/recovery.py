@@ -101,6 +101,7 @@ def resume(steps: int, rounds: int, profile_load: bool = False) -> list[float]:
     from agent_runtime.state import NewStep, StepKind
     from sessions_app.models import AgentSession
     from sessions_app.store import DjangoSessionStore
+    from sessions_app.store_portable import PortableSessionStore
 
     from . import _respawn
 
@@ -140,6 +141,7 @@ def resume(steps: int, rounds: int, profile_load: bool = False) -> list[float]:
     from agent_runtime.loop import Conversation
 
     loads, orm_loads, conversations = [], [], []
+    orm_store = PortableSessionStore()
     for _ in range(rounds):
         started = time.perf_counter()
         store.load_head(sid)
@@ -148,7 +150,7 @@ def resume(steps: int, rounds: int, profile_load: bool = False) -> list[float]:
         messages = Conversation("", store.load_history(sid)).messages
         conversations.append((time.perf_counter() - started) * 1000)
         started = time.perf_counter()
-        store._load_head_portable(sid)  # the ORM path (SQLite's), for comparison
+        orm_store.load_head(sid)  # the ORM path (SQLite's), for comparison
         orm_loads.append((time.perf_counter() - started) * 1000)
     if profile_load:
         import cProfile

@@ -2,9 +2,15 @@
 
 Every write is one transaction that starts with a conditional UPDATE of the session row on
 (id, fencing_token, lease_owner): a worker whose lease was taken over or fenced off by an
-operator action matches no row and writes nothing. On PostgreSQL an append is a single
-statement (that UPDATE, the steps' INSERT and the checkpoint's INSERT in one CTE), so a
-durable step costs one round trip and one commit.
+operator action matches no row and writes nothing.
+
+One class per dialect, chosen by the default connection's vendor when a DjangoSessionStore
+is made: PostgreSQLSessionStore (sessions_app.store_postgresql), where an append is a
+single statement, so a durable step costs one round trip and one commit, and
+PortableSessionStore (sessions_app.store_portable), the ORM path SQLite takes in `make
+run`. The rules both follow live here, in DjangoSessionStore: what an append writes on the
+session row and in the step and checkpoint rows (AppendRows), the fence, how a load reads
+rows into the engine's records, failed-call counting and branch results.
 
 Every blob read goes through agent_runtime.upgraders; a blob this code cannot load raises
 IncompatibleSchemaError naming the checkpoint or step, before anything is written.
@@ -13,26 +19,22 @@ IncompatibleSchemaError naming the checkpoint or step, before anything is writte
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
-from collections.abc import Iterator, Sequence
-from datetime import timedelta
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, NamedTuple
 
-import orjson
-import psycopg
-from django.conf import settings
 from django.db import IntegrityError, connection, connections, transaction
-from django.db.models import Case, F, Value, When
+from django.db.models import F, QuerySet
 from django.db.models.signals import post_migrate, pre_migrate
 from django.dispatch import receiver
 from django.utils import timezone
-from psycopg.types.json import set_json_loads
 
 from agent_runtime.records import BatchOutcome, demo_record, migrate_payload
 from agent_runtime.state import (
-    SCHEMA_VERSION,
+    CheckpointReason,
     CheckpointRecord,
     NewCheckpoint,
     NewStep,
@@ -50,73 +52,31 @@ from agent_runtime.store import (
     SessionHead,
     SessionNotFound,
     tail_of,
-    tail_start_at,
 )
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_step_payload
 
 from .models import (
-    RUNNABLE,
     AgentSession,
     AuditAction,
     AuditEvent,
-    Checkpoint,
     DemoBatch,
     DemoRecord,
-    ModelUsage,
     SideEffect,
-    Status,
     Step,
 )
-from .redaction import scrub, scrubbed_json
 
-SESSION_TABLE = AgentSession._meta.db_table
-STEP_TABLE = Step._meta.db_table
-CHECKPOINT_TABLE = Checkpoint._meta.db_table
-USAGE_TABLE = ModelUsage._meta.db_table
-PREPARE_ON_REQUEST_ONLY = 2**31
 # How stale a running session's updated_at may get between two of its steps.
 UPDATED_AT_RESOLUTION = timedelta(seconds=1)
-
-STEP_RECORD_FIELDS = (
-    "id",
-    "seq",
-    "kind",
-    "payload",
-    "schema_version",
-    "started_at",
-    "finished_at",
-    "tokens_in",
-    "tokens_out",
-    "idempotency_key",
-    "superseded_at",
-)
-
-
-def step_record(step: Step) -> StepRecord:
-    """An ORM step as the engine sees it, its payload upgraded to the current schema."""
-    try:
-        loaded = load_step_payload(step.kind, step.payload, step.schema_version)
-    except IncompatibleSchemaError as exc:
-        raise exc.at(f"step seq {step.seq} ({step.kind})") from exc
-    return StepRecord(
-        seq=step.seq,
-        kind=StepKind(step.kind),
-        payload=loaded.value,
-        schema_version=step.schema_version,
-        started_at=step.started_at,
-        finished_at=step.finished_at,
-        tokens_in=step.tokens_in,
-        tokens_out=step.tokens_out,
-        idempotency_key=step.idempotency_key,
-        superseded=step.superseded_at is not None,
-    )
-
 
 # Per database (alias and name): the session table's columns, once it has every column
 # this code knows. The deploy gate (check_state_compat) loads sessions with the next
 # release's code before that release's migrations ran, when the newest ones (agent_version,
 # compacted_steps) do not exist yet. Forgotten whenever migrations run.
 _SESSION_COLUMNS: dict[tuple[str, str], set[str]] = {}
+
+# The session columns a load reads that such a database may not have yet (SessionRow's
+# defaults stand in for those it does not have).
+NEWER_SESSION_COLUMNS = ("agent_version", "compacted_steps", "deadline_at")
 
 
 @receiver(pre_migrate)
@@ -130,7 +90,9 @@ def _session_has(column: str) -> bool:
     columns = _SESSION_COLUMNS.get(key)
     if columns is None:
         with connection.cursor() as cursor:
-            description = connection.introspection.get_table_description(cursor, SESSION_TABLE)
+            description = connection.introspection.get_table_description(
+                cursor, AgentSession._meta.db_table
+            )
         columns = {c.name for c in description}
         if {f.column for f in AgentSession._meta.concrete_fields} <= columns:
             _SESSION_COLUMNS[key] = columns
@@ -158,262 +120,267 @@ def model_usage(steps: Sequence[NewStep]) -> list[tuple[Any, ...]]:
     return [(model, *row) for model, row in by_model.items()]
 
 
-def _json(value: Any) -> Any:
-    # Django registers a text loader for jsonb on its connections (JSONField decodes).
-    return json.loads(value) if isinstance(value, str | bytes) else value
+class StepRow(NamedTuple):
+    """A new step's row, less what the append numbers or shares: session, seq, schema
+    version (this code's) and created_at (the append's time)."""
+
+    kind: str
+    payload: dict[str, Any]
+    started_at: datetime | None
+    finished_at: datetime
+    tokens_in: int
+    tokens_out: int
+    idempotency_key: str | None
 
 
-def _prepare() -> bool:
-    """Whether the store's statements are prepared on the server: not behind a pooler in
-    transaction mode (RESPAWN_POOLER_SAFE), where the next transaction may run on another
-    server connection, which does not have the statement (or has another one by its name)."""
-    return not settings.RESPAWN_POOLER_SAFE
+class CheckpointRow(NamedTuple):
+    """A new checkpoint's row, less session, seq (the append's last, which becomes the
+    session's head), schema version and created_at, as for a step."""
+
+    state: dict[str, Any]
+    reason: str
 
 
-def _raw_connection():
-    # Django's cursors check a persistent connection once per job or request before using
-    # it (CONN_HEALTH_CHECKS); this path does not go through them, so it asks for the same
-    # check: after a database restart a worker's first job reconnects instead of failing
-    # on the connection the restart broke.
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    connection.validate_no_broken_transaction()
-    raw = connection.connection
-    if raw.prepare_threshold is None and _prepare():
-        # Django turns psycopg's automatic preparation off (its own cursors bind on the
-        # client and cannot prepare), which also ignores prepare=True. A threshold no query
-        # reaches keeps automatic preparation off and honours an explicit request.
-        raw.prepare_threshold = PREPARE_ON_REQUEST_ONLY
-    return raw
+@dataclass(frozen=True)
+class AppendRows:
+    """What one append writes, decided once for both dialects."""
+
+    now: datetime
+    # Session columns the append adds to, and by how much.
+    increments: dict[str, int | Decimal]
+    # updated_at becomes `now`: always (None: a status change, an error, the end of a
+    # run), or else only if it is older than this, so that within a run it moves at most
+    # once per UPDATED_AT_RESOLUTION (the PostgreSQL append says why).
+    stale_before: datetime | None
+    # Session columns the append sets, to these values (before their fields prepare them).
+    values: dict[str, Any]
+    steps: list[StepRow]
+    checkpoint: CheckpointRow | None
+    # The day's model usage of the session (model_usage).
+    usage: list[tuple[Any, ...]]
+
+    @property
+    def count(self) -> int:
+        return len(self.steps)
 
 
-def _loads(data: bytes | str) -> Any:
-    """JSON decoding for long histories: orjson, several times faster than the standard
-    library; the standard library where orjson refuses what PostgreSQL accepts (integers
-    wider than 64 bits)."""
-    try:
-        return orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return json.loads(data)
+def append_rows(
+    steps: Sequence[NewStep],
+    checkpoint: NewCheckpoint | None,
+    status: SessionStatus | None,
+    error: str | None,
+    release: bool,
+) -> AppendRows:
+    """What an append of `steps` (with a checkpoint, a status, an error, the release of
+    the lease) writes."""
+    now = timezone.now()
+    count = len(steps)
+    increments: dict[str, int | Decimal] = {
+        "last_seq": count,
+        "step_count": count,
+        "tokens_in": sum(s.tokens_in for s in steps),
+        "tokens_out": sum(s.tokens_out for s in steps),
+    }
+    cost = sum(float((s.payload.get("usage") or {}).get("cost") or 0) for s in steps)
+    if cost:
+        increments["cost"] = Decimal(str(cost))
+    values: dict[str, Any] = {
+        # A lease holder writes only after its load_head succeeded: whatever code marked
+        # the session incompatible before, this code loads it.
+        "incompatible_reason": "",
+        "incompatible_at": None,
+        "incompatible_code_schema": None,
+        "incompatible_agent_version": "",
+    }
+    if checkpoint is not None:
+        if checkpoint.state.final_answer is not None:
+            values["final_answer"] = checkpoint.state.final_answer
+        cursor = checkpoint.state.batch_cursor
+        if cursor is not None:
+            values["progress_done"] = cursor.get("done")
+            values["progress_total"] = cursor.get("total")
+    if status is not None:
+        values["status"] = status.value
+    if error is not None:
+        values["last_error"] = error
+    if release:
+        values["lease_owner"] = None
+        values["lease_expires_at"] = None
+    return AppendRows(
+        now=now,
+        increments=increments,
+        stale_before=None
+        if status is not None or error is not None or release
+        else now - UPDATED_AT_RESOLUTION,
+        values=values,
+        steps=[
+            StepRow(
+                kind=step.kind.value,
+                payload=step.payload,
+                started_at=step.started_at,
+                finished_at=step.finished_at or now,
+                tokens_in=step.tokens_in,
+                tokens_out=step.tokens_out,
+                idempotency_key=step.idempotency_key,
+            )
+            for step in steps
+        ],
+        checkpoint=None
+        if checkpoint is None
+        else CheckpointRow(state=checkpoint.state.to_dict(), reason=checkpoint.reason.value),
+        usage=model_usage(steps),
+    )
 
 
-def _fetch_all(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
-    # Binary results: psycopg's C loaders read timestamps several times faster than the
-    # text loader Django registers (which a long history spends a quarter of its load in).
-    with connection.wrap_database_errors:
-        with psycopg.Cursor(_raw_connection()) as cursor:
-            set_json_loads(_loads, cursor)
-            cursor.execute(sql, params, prepare=_prepare(), binary=True)
-            return cursor.fetchall()
+class SessionRow(NamedTuple):
+    """What a load reads of the session row and its head checkpoint (seq, state, reason;
+    None when it has none)."""
+
+    agent: str
+    status: str
+    last_seq: int
+    checkpoint: tuple[int, Any, str] | None
+    # NEWER_SESSION_COLUMNS: their defaults until the database has them.
+    agent_version: str = ""
+    compacted_steps: int = 0
+    deadline_at: datetime | None = None
 
 
-def _execute_prepared(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
-    """Run one statement on Django's connection as a server-side prepared statement and
-    return its first row.
+class LiveStep(NamedTuple):
+    """A live step's columns, in the order both dialects select them."""
 
-    Django's own cursors bind parameters on the client and never prepare: every append
-    would send its payload escaped into the SQL text and have PostgreSQL parse and plan the
-    CTE again. A psycopg cursor of the same connection sends the parameters apart and
-    plans each shape of the statement once per connection (behind a transaction-mode
-    pooler, RESPAWN_POOLER_SAFE, it is sent apart but unnamed, and planned each time).
-    Transactions are unaffected: the connection's autocommit and any atomic block are
-    Django's, as for any query."""
-    with connection.wrap_database_errors:
-        with psycopg.Cursor(_raw_connection()) as cursor:
-            cursor.execute(sql, params, prepare=_prepare())
-            return cursor.fetchone()
+    seq: int
+    kind: str
+    payload: Any
+    schema_version: int
+    started_at: datetime | None
+    finished_at: datetime | None
+    tokens_in: int
+    tokens_out: int
+    idempotency_key: str | None
 
 
 class DjangoSessionStore:
-    def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
-        if connection.vendor == "postgresql":
-            return self._claim_postgresql(session_id, owner, ttl)
-        return self._claim_portable(session_id, owner, ttl)
+    """The store of the default database: `DjangoSessionStore()` makes the dialect's."""
 
-    def _claim_postgresql(self, session_id: str, owner: str, ttl: float) -> Lease | None:
-        """The same claim as the portable one, in one statement: take a free lease
-        (no crash to count) or an expired one (count the takeovers in a row with no
-        progress in between: the dead run wrote at most its own run_started step)."""
-        now = timezone.now()
-        row = _execute_prepared(
-            f"UPDATE {SESSION_TABLE} SET lease_owner = %s, lease_expires_at = %s,"
-            " fencing_token = fencing_token + 1, status = %s, updated_at = %s,"
-            " crash_count = CASE WHEN lease_owner IS NULL THEN 0"
-            "  WHEN last_seq <= crash_seq + 1 THEN crash_count + 1 ELSE 1 END,"
-            " crash_seq = CASE WHEN lease_owner IS NULL THEN crash_seq ELSE last_seq END"
-            " WHERE id = %s::uuid AND status IN (%s, %s)"
-            " AND (lease_owner IS NULL OR lease_expires_at <= %s)"
-            " RETURNING fencing_token, crash_count",
-            [
-                owner,
-                now + timedelta(seconds=ttl),
-                Status.RUNNING.value,
-                now,
-                session_id,
-                *(s.value for s in RUNNABLE),
-                now,
-            ],
-        )
-        if row is None:
-            if not AgentSession.objects.filter(id=session_id).exists():
-                raise SessionNotFound(session_id)
-            return None
-        return Lease(session_id, owner, row[0], crashes=row[1])
+    def __new__(cls) -> DjangoSessionStore:
+        dialect: type[DjangoSessionStore] = cls
+        if cls is DjangoSessionStore:
+            # The one place the dialect is chosen. Imported here: both subclass this.
+            from .store_portable import PortableSessionStore
+            from .store_postgresql import PostgreSQLSessionStore
 
-    def _claim_portable(self, session_id: str, owner: str, ttl: float) -> Lease | None:
-        now = timezone.now()
-        runnable = AgentSession.objects.filter(id=session_id, status__in=RUNNABLE)
-        taken = {
-            "lease_owner": owner,
-            "lease_expires_at": now + timedelta(seconds=ttl),
-            "fencing_token": F("fencing_token") + 1,
-            "status": Status.RUNNING,
-            "updated_at": now,
-        }
-        # A free lease (released cleanly, or freed by a person): no crash to count.
-        claimed = runnable.filter(lease_owner__isnull=True).update(**taken, crash_count=0)
-        if not claimed:
-            # An expired lease: its holder died (or froze). Count the takeovers in a row with
-            # no progress in between: the dead run wrote at most its own run_started step.
-            claimed = runnable.filter(lease_owner__isnull=False, lease_expires_at__lte=now).update(
-                **taken,
-                crash_count=Case(
-                    When(last_seq__lte=F("crash_seq") + 1, then=F("crash_count") + 1),
-                    default=Value(1),
-                ),
-                crash_seq=F("last_seq"),
+            dialect = (
+                PostgreSQLSessionStore
+                if connection.vendor == "postgresql"
+                else PortableSessionStore
             )
-        if not claimed:
-            if not AgentSession.objects.filter(id=session_id).exists():
-                raise SessionNotFound(session_id)
-            return None
-        # Owner names are unique per run, so this reads back our own token (or nothing,
-        # if the lease was already lost again, which the first fenced write will notice).
-        row = (
-            AgentSession.objects.filter(id=session_id, lease_owner=owner)
-            .values_list("fencing_token", "crash_count")
-            .first()
+        return super().__new__(dialect)
+
+    # --- The fence and the row -------------------------------------------------------------
+
+    @staticmethod
+    def _held(lease: Lease) -> QuerySet[AgentSession]:
+        """The session row while `lease` holds it: what every fenced write matches first."""
+        return AgentSession.objects.filter(
+            id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
         )
-        return None if row is None else Lease(session_id, owner, row[0], crashes=row[1])
+
+    @staticmethod
+    def _fenced_off(lease: Lease, consequence: str = "") -> LeaseLost:
+        return LeaseLost(
+            f"session {lease.session_id}: lease token {lease.token} was fenced off{consequence}"
+        )
+
+    @staticmethod
+    def _must_exist(session_id: str) -> None:
+        if not AgentSession.objects.filter(id=session_id).exists():
+            raise SessionNotFound(session_id)
+
+    @staticmethod
+    def _newer_columns() -> list[str]:
+        """Of NEWER_SESSION_COLUMNS, those the database has."""
+        return [column for column in NEWER_SESSION_COLUMNS if _session_has(column)]
+
+    # --- What each dialect writes and reads in its own way --------------------------------
+
+    def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
+        """Take a free lease (no crash to count) or an expired one (count the takeovers in
+        a row with no progress in between: the dead run wrote at most its own run_started
+        step)."""
+        raise NotImplementedError
+
+    def _append(self, lease: Lease, rows: AppendRows) -> AppendResult:
+        """Write `rows` if `lease` still holds the session (else raise LeaseLost), in one
+        transaction; the steps are numbered from the session's last seq on."""
+        raise NotImplementedError
+
+    def _session_row(self, session_id: str) -> SessionRow:
+        """The session's row and its head checkpoint's; SessionNotFound if it has none."""
+        raise NotImplementedError
+
+    def _live_step_rows(self, session_id: str, start: int) -> Iterable[Sequence[Any]]:
+        """The live steps from seq `start` on, in seq order, as LiveStep's columns."""
+        raise NotImplementedError
+
+    def _hold(self, lease: Lease) -> bool:
+        """Whether `lease` holds the session, keeping it held until the transaction ends."""
+        raise NotImplementedError
+
+    # --- Loads ------------------------------------------------------------------------------
 
     def load_head(self, session_id: str) -> SessionHead:
-        if connection.vendor == "postgresql":
-            return self._load_head_postgresql(session_id)
-        return self._load_head_portable(session_id)
+        head = self._frame(session_id, self._session_row(session_id))
+        history, versions = self._live_steps(session_id, 1)
+        return replace(head, history=history, step_versions=versions)
 
     def load_tail(self, session_id: str) -> SessionHead:
-        if connection.vendor == "postgresql":
-            return self._load_head_postgresql(session_id, tail=True)
-        return tail_of(self._load_head_portable(session_id))
+        return tail_of(self.load_head(session_id))
 
     def load_history(self, session_id: str) -> list[StepRecord]:
-        if connection.vendor == "postgresql":
-            return self._live_steps(session_id, 1)[0]
-        return self._load_head_portable(session_id).history
+        history = self._live_steps(session_id, 1)[0]
+        if not history:  # as load_head: nothing of a session that is not there
+            self._must_exist(session_id)
+        return history
 
-    def _load_head_postgresql(self, session_id: str, *, tail: bool = False) -> SessionHead:
-        """The portable load in two statements and without ORM instances (a 10,000-step
-        history is 10,000 model instances there): the session row with its head
-        checkpoint, then the live steps. Same columns, same upgraders.
-
-        With tail=True (load_tail), a third statement first finds the last model step
-        and whether any live step is stored at another schema version than this code's,
-        and only the steps from `tail_start` on are read. Another version falls back to
-        the whole load, which upgrades every step or names the one it cannot load."""
-        version_column = "s.agent_version" if _session_has("agent_version") else "''"
-        compacted_column = "s.compacted_steps" if _session_has("compacted_steps") else "0"
-        deadline_column = "s.deadline_at" if _session_has("deadline_at") else "NULL"
-        row = _execute_prepared(
-            f"SELECT s.agent, s.status, s.head, s.last_seq, c.seq, c.state, c.reason,"
-            f" {version_column}, {compacted_column}, {deadline_column}"
-            f" FROM {SESSION_TABLE} s LEFT JOIN LATERAL (SELECT seq, state, reason"
-            f"  FROM {CHECKPOINT_TABLE} WHERE session_id = s.id AND seq = s.head"
-            "  ORDER BY id DESC LIMIT 1) c ON s.head > 0"
-            " WHERE s.id = %s::uuid",
-            [session_id],
-        )
-        if row is None:
-            raise SessionNotFound(session_id)
-        (
-            agent,
-            status,
-            _head,
-            last_seq,
-            checkpoint_seq,
-            state,
-            reason,
-            agent_version,
-            compacted,
-            deadline,
-        ) = row
+    def _frame(self, session_id: str, row: SessionRow) -> SessionHead:
+        """The head without its history: the session row, its head checkpoint upgraded."""
         checkpoint = None
         applied: tuple[str, ...] = ()
-        if checkpoint_seq is not None:
+        if row.checkpoint is not None:
+            seq, state, reason = row.checkpoint
             try:
-                loaded = load_state(_json(state))
+                loaded = load_state(state)
             except IncompatibleSchemaError as exc:
-                raise exc.at(f"checkpoint at seq {checkpoint_seq}") from exc
+                raise exc.at(f"checkpoint at seq {seq}") from exc
             applied = loaded.applied
             checkpoint = CheckpointRecord(
-                seq=checkpoint_seq,
+                seq=seq,
                 state=loaded.value,
-                reason=reason,
+                reason=CheckpointReason(reason),
                 schema_version=loaded.stored_version,
             )
-        head_seq = checkpoint.seq if checkpoint else 0
-        start = 1
-        if tail:
-            # Three lookups, each on an index: superseded steps (step_superseded), the last
-            # model step (step_session_kind_seq, partial: the kind is a literal, so a
-            # prepared statement's generic plan can still use it), a live step at another
-            # schema version than this code's (step_version: rare versions are few rows).
-            superseded, last_model, other_version = _execute_prepared(
-                f"SELECT (SELECT count(*) FROM {STEP_TABLE}"
-                "  WHERE session_id = %s::uuid AND superseded_at IS NOT NULL),"
-                f" (SELECT max(seq) FROM {STEP_TABLE}"
-                f"  WHERE session_id = %s::uuid AND kind = '{StepKind.MODEL.value}'"
-                "  AND superseded_at IS NULL),"
-                f" EXISTS (SELECT 1 FROM {STEP_TABLE} WHERE session_id = %s::uuid"
-                "  AND superseded_at IS NULL"
-                f"  AND (schema_version < {SCHEMA_VERSION} OR schema_version > {SCHEMA_VERSION}))",
-                [session_id, session_id, session_id],
-            )
-            if other_version:
-                return self._load_head_postgresql(session_id)
-            start = tail_start_at(last_model, head_seq)
-        history, versions = self._live_steps(session_id, start)
-        if tail:
-            # Seqs run from 1 to last_seq without a gap, but for superseded steps that
-            # retention compacted away: the live ones are the rest.
-            live = last_seq - superseded - compacted
-            versions = {SCHEMA_VERSION: live} if live else {}
         return SessionHead(
             session_id=str(session_id),
-            agent_name=agent,
-            status=SessionStatus(status),
-            head_seq=head_seq,
-            last_seq=last_seq,
+            agent_name=row.agent,
+            status=SessionStatus(row.status),
+            head_seq=checkpoint.seq if checkpoint else 0,
+            last_seq=row.last_seq,
             checkpoint=checkpoint,
-            history=history,
+            history=[],
             upgraders_applied=applied,
-            step_versions=versions,
-            history_from=start,
-            agent_version=agent_version,
-            deadline=deadline,
+            agent_version=row.agent_version,
+            deadline=row.deadline_at,
         )
 
     def _live_steps(self, session_id: str, start: int) -> tuple[list[StepRecord], dict[int, int]]:
         """The live steps from seq `start` on, upgraded, and their count by stored version."""
         history = []
         versions: dict[int, int] = {}
-        for seq, kind, payload, version, started, finished, t_in, t_out, key in _fetch_all(
-            f"SELECT seq, kind, payload, schema_version, started_at, finished_at, tokens_in,"
-            f" tokens_out, idempotency_key FROM {STEP_TABLE}"
-            " WHERE session_id = %s::uuid AND superseded_at IS NULL AND seq >= %s ORDER BY seq",
-            [session_id, start],
-        ):
+        for row in self._live_step_rows(session_id, start):
+            seq, kind, payload, version, started, finished, t_in, t_out, key = row
             try:
-                loaded = load_step_payload(kind, _json(payload), version)
+                loaded = load_step_payload(kind, payload, version)
             except IncompatibleSchemaError as exc:
                 raise exc.at(f"step seq {seq} ({kind})") from exc
             versions[version] = versions.get(version, 0) + 1
@@ -433,60 +400,7 @@ class DjangoSessionStore:
             )
         return history, versions
 
-    def _load_head_portable(self, session_id: str) -> SessionHead:
-        # Only the columns a load needs: `check_state_compat` runs this with the next
-        # release's code before that release's migrations, when newer columns don't exist.
-        columns = ["id", "agent", "status", "head", "last_seq"]
-        for newer in ("agent_version", "deadline_at"):
-            if _session_has(newer):
-                columns.append(newer)
-        try:
-            session = AgentSession.objects.only(*columns).get(id=session_id)
-        except AgentSession.DoesNotExist:
-            raise SessionNotFound(session_id) from None
-        checkpoint = None
-        applied: tuple[str, ...] = ()
-        if session.head:
-            row = (
-                Checkpoint.objects.filter(session_id=session_id, seq=session.head)
-                .only("id", "seq", "state", "reason", "schema_version")
-                .order_by("-id")
-                .first()
-            )
-            if row is not None:
-                try:
-                    loaded = load_state(row.state)
-                except IncompatibleSchemaError as exc:
-                    raise exc.at(f"checkpoint at seq {row.seq}") from exc
-                applied = loaded.applied
-                checkpoint = CheckpointRecord(
-                    seq=row.seq,
-                    state=loaded.value,
-                    reason=row.reason,
-                    schema_version=loaded.stored_version,
-                )
-        steps = (
-            Step.objects.filter(session_id=session_id, superseded_at__isnull=True)
-            .only(*STEP_RECORD_FIELDS)
-            .order_by("seq")
-        )
-        history = [step_record(s) for s in steps]
-        versions: dict[int, int] = {}
-        for record in history:
-            versions[record.schema_version] = versions.get(record.schema_version, 0) + 1
-        return SessionHead(
-            session_id=str(session.id),
-            agent_name=session.agent,
-            status=SessionStatus(session.status),
-            head_seq=checkpoint.seq if checkpoint else 0,
-            last_seq=session.last_seq,
-            checkpoint=checkpoint,
-            history=history,
-            upgraders_applied=applied,
-            step_versions=versions,
-            agent_version=session.agent_version if _session_has("agent_version") else "",
-            deadline=session.deadline_at if _session_has("deadline_at") else None,
-        )
+    # --- Writes -----------------------------------------------------------------------------
 
     def append(
         self,
@@ -500,286 +414,13 @@ class DjangoSessionStore:
     ) -> AppendResult:
         for step in steps:
             validate_step_payload(step.kind, step.payload)
-        append = (
-            self._append_postgresql if connection.vendor == "postgresql" else self._append_portable
-        )
+        rows = append_rows(steps, checkpoint, status, error, release)
         if status != SessionStatus.COMPLETED:
-            return append(lease, steps, checkpoint, status, error, release)
+            return self._append(lease, rows)
         with transaction.atomic():
-            result = append(lease, steps, checkpoint, status, error, release)
+            result = self._append(lease, rows)
             count_failed_calls(lease.session_id)
             return result
-
-    def _append_postgresql(
-        self,
-        lease: Lease,
-        steps: Sequence[NewStep],
-        checkpoint: NewCheckpoint | None,
-        status: SessionStatus | None,
-        error: str | None,
-        release: bool,
-    ) -> AppendResult:
-        """One statement, one round trip: the fenced UPDATE of the session row, the INSERT
-        of the steps numbered from the seq it returns, and the checkpoint's INSERT, in one
-        CTE. Outside a transaction it commits on its own (autocommit); inside one (an
-        operator action, a test) it is part of it. Either way it is atomic: when the fence
-        does not match, the UPDATE returns no row and the INSERTs select nothing."""
-        count = len(steps)
-        now = timezone.now()
-        # No ORM field sees these values: scrub them here, as the fields do (the engine has
-        # redacted the steps already; the error, say, came straight from an exception).
-        sets = [
-            "last_seq = last_seq + %s",
-            "step_count = step_count + %s",
-            "tokens_in = tokens_in + %s",
-            "tokens_out = tokens_out + %s",
-            # A lease holder writes only after its load_head succeeded: whatever code marked
-            # the session incompatible before, this code loads it. (Setting the same NULL
-            # keeps the update HOT: the partial index sees no change.)
-            "incompatible_reason = ''",
-            "incompatible_at = NULL",
-            "incompatible_code_schema = NULL",
-            "incompatible_agent_version = ''",
-        ]
-        params: list[Any] = [
-            count,
-            count,
-            sum(s.tokens_in for s in steps),
-            sum(s.tokens_out for s in steps),
-        ]
-        cost = sum(float((s.payload.get("usage") or {}).get("cost") or 0) for s in steps)
-        if cost:
-            sets.append("cost = cost + %s::numeric")
-            params.append(Decimal(str(cost)))
-        if status is not None or error is not None or release:
-            sets.append("updated_at = %s")
-            params.append(now)
-        else:
-            # updated_at is in three indexes (the dashboard's sort by latest activity):
-            # writing it on every step would make every step's UPDATE a non-HOT one that
-            # adds an entry to each of the table's nine indexes. Within a run it moves at
-            # most once a second; status changes and the end of a run always move it.
-            sets.append("updated_at = CASE WHEN updated_at < %s THEN %s ELSE updated_at END")
-            params += [now - UPDATED_AT_RESOLUTION, now]
-        if checkpoint is not None:
-            # Both sides of SET read the old row, so head becomes the new last seq.
-            sets.append("head = last_seq + %s")
-            params.append(count)
-            if checkpoint.state.final_answer is not None:
-                sets.append("final_answer = %s")
-                params.append(scrub(checkpoint.state.final_answer))
-            cursor = checkpoint.state.batch_cursor
-            if cursor is not None:
-                sets.append("progress_done = %s")
-                sets.append("progress_total = %s")
-                params += [cursor.get("done"), cursor.get("total")]
-        if status is not None:
-            sets.append("status = %s")
-            params.append(status.value)
-        if error is not None:
-            sets.append("last_error = %s")
-            params.append(scrub(error))
-        if release:
-            sets.append("lease_owner = NULL")
-            sets.append("lease_expires_at = NULL")
-        params += [lease.session_id, lease.token, lease.owner]
-        params += [lease.session_id, count, SCHEMA_VERSION, now]  # the SELECT list
-        rows = []
-        for index, step in enumerate(steps):
-            rows.append(
-                "(%s, %s::varchar, %s::jsonb, %s::timestamptz, %s::timestamptz, %s::integer, "
-                "%s::integer, %s::varchar)"
-            )
-            params += [
-                index + 1,
-                step.kind.value,
-                scrubbed_json(step.payload),
-                step.started_at,
-                step.finished_at or now,
-                step.tokens_in,
-                step.tokens_out,
-                step.idempotency_key,
-            ]
-        sql = [
-            f"WITH fenced AS (UPDATE {SESSION_TABLE} SET {', '.join(sets)}"
-            " WHERE id = %s::uuid AND fencing_token = %s AND lease_owner = %s"
-            " RETURNING last_seq, cancel_requested, agent)",
-            f", new_steps AS (INSERT INTO {STEP_TABLE} (session_id, seq, kind, payload,"
-            " schema_version, started_at, finished_at, tokens_in, tokens_out, idempotency_key,"
-            " created_at)"
-            " SELECT %s::uuid, fenced.last_seq - %s + v.n, v.kind, v.payload, %s, v.started_at,"
-            " v.finished_at, v.tokens_in, v.tokens_out, v.idempotency_key, %s::timestamptz"
-            f" FROM fenced, (VALUES {', '.join(rows)}) AS v (n, kind, payload, started_at,"
-            " finished_at, tokens_in, tokens_out, idempotency_key))",
-        ]
-        if checkpoint is not None:
-            sql.append(
-                f", new_checkpoint AS (INSERT INTO {CHECKPOINT_TABLE} (session_id, seq, state,"
-                " schema_version, reason, created_at)"
-                " SELECT %s::uuid, fenced.last_seq, %s::jsonb, %s, %s, %s::timestamptz"
-                " FROM fenced)"
-            )
-            params += [
-                lease.session_id,
-                scrubbed_json(checkpoint.state.to_dict()),
-                SCHEMA_VERSION,
-                checkpoint.reason.value,
-                now,
-            ]
-        usage = model_usage(steps)
-        if usage:
-            # What the model calls cost, on the session's row of the day (one writer per
-            # session: no contention between workers).
-            values = ", ".join(
-                [
-                    "(%s::varchar, %s::integer, %s::bigint, %s::bigint, %s::bigint, %s::bigint,"
-                    " %s::numeric, %s::integer)"
-                ]
-                * len(usage)
-            )
-            sql.append(
-                f", usage AS (INSERT INTO {USAGE_TABLE} (day, session_id, agent, model, calls,"
-                " tokens_in, tokens_out, cache_read_tokens, cache_write_tokens, cost,"
-                " unpriced_calls)"
-                " SELECT %s::date, %s::uuid, fenced.agent, v.model, v.calls, v.tokens_in,"
-                " v.tokens_out, v.cache_read, v.cache_write, v.cost, v.unpriced"
-                f" FROM fenced, (VALUES {values}) AS v (model, calls, tokens_in, tokens_out,"
-                " cache_read, cache_write, cost, unpriced)"
-                " ON CONFLICT (session_id, day, model) DO UPDATE SET"
-                f" calls = {USAGE_TABLE}.calls + EXCLUDED.calls,"
-                f" tokens_in = {USAGE_TABLE}.tokens_in + EXCLUDED.tokens_in,"
-                f" tokens_out = {USAGE_TABLE}.tokens_out + EXCLUDED.tokens_out,"
-                f" cache_read_tokens = {USAGE_TABLE}.cache_read_tokens"
-                " + EXCLUDED.cache_read_tokens,"
-                f" cache_write_tokens = {USAGE_TABLE}.cache_write_tokens"
-                " + EXCLUDED.cache_write_tokens,"
-                f" cost = {USAGE_TABLE}.cost + EXCLUDED.cost,"
-                f" unpriced_calls = {USAGE_TABLE}.unpriced_calls + EXCLUDED.unpriced_calls)"
-            )
-            params += [now.date(), lease.session_id]
-            for row in usage:
-                params += list(row)
-        sql.append(" SELECT last_seq, cancel_requested FROM fenced")
-        row = _execute_prepared("".join(sql), params)
-        if row is None:
-            raise LeaseLost(f"session {lease.session_id}: lease token {lease.token} was fenced off")
-        last_seq, cancel_requested = row
-        return AppendResult(
-            seqs=list(range(last_seq - count + 1, last_seq + 1)),
-            cancel_requested=cancel_requested,
-        )
-
-    def _append_portable(
-        self,
-        lease: Lease,
-        steps: Sequence[NewStep],
-        checkpoint: NewCheckpoint | None,
-        status: SessionStatus | None,
-        error: str | None,
-        release: bool,
-    ) -> AppendResult:
-        """The same write through the ORM, in one transaction (SQLite: `make run`)."""
-        count = len(steps)
-        now = timezone.now()
-        changes: dict[str, Any] = {
-            "last_seq": F("last_seq") + count,
-            "step_count": F("step_count") + count,
-            "tokens_in": F("tokens_in") + sum(s.tokens_in for s in steps),
-            "tokens_out": F("tokens_out") + sum(s.tokens_out for s in steps),
-            # As on PostgreSQL: within a run, at most once a second (see there).
-            "updated_at": now
-            if status is not None or error is not None or release
-            else Case(
-                When(updated_at__lt=now - UPDATED_AT_RESOLUTION, then=Value(now)),
-                default=F("updated_at"),
-            ),
-            # A lease holder writes only after its load_head succeeded: whatever code marked
-            # the session incompatible before, this code loads it.
-            "incompatible_reason": "",
-            "incompatible_at": None,
-            "incompatible_code_schema": None,
-            "incompatible_agent_version": "",
-        }
-        cost = sum(float((s.payload.get("usage") or {}).get("cost") or 0) for s in steps)
-        if cost:
-            changes["cost"] = F("cost") + Decimal(str(cost))
-        if checkpoint is not None:
-            # Both sides of SET read the old row, so head becomes the new last seq.
-            changes["head"] = F("last_seq") + count
-            if checkpoint.state.final_answer is not None:
-                changes["final_answer"] = checkpoint.state.final_answer
-            cursor = checkpoint.state.batch_cursor
-            if cursor is not None:
-                changes["progress_done"] = cursor.get("done")
-                changes["progress_total"] = cursor.get("total")
-        if status is not None:
-            changes["status"] = status.value
-        if error is not None:
-            changes["last_error"] = error
-        if release:
-            changes["lease_owner"] = None
-            changes["lease_expires_at"] = None
-        with transaction.atomic():
-            matched = AgentSession.objects.filter(
-                id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
-            ).update(**changes)
-            if not matched:
-                raise LeaseLost(
-                    f"session {lease.session_id}: lease token {lease.token} was fenced off"
-                )
-            last_seq, cancel_requested = AgentSession.objects.filter(
-                id=lease.session_id
-            ).values_list("last_seq", "cancel_requested")[0]
-            first = last_seq - count + 1
-            Step.objects.bulk_create(
-                [
-                    Step(
-                        session_id=lease.session_id,
-                        seq=first + index,
-                        kind=step.kind.value,
-                        payload=step.payload,
-                        started_at=step.started_at,
-                        finished_at=step.finished_at or now,
-                        tokens_in=step.tokens_in,
-                        tokens_out=step.tokens_out,
-                        idempotency_key=step.idempotency_key,
-                        created_at=now,
-                    )
-                    for index, step in enumerate(steps)
-                ]
-            )
-            if checkpoint is not None:
-                Checkpoint.objects.create(
-                    session_id=lease.session_id,
-                    seq=last_seq,
-                    state=checkpoint.state.to_dict(),
-                    reason=checkpoint.reason.value,
-                    created_at=now,
-                )
-            usage = model_usage(steps)
-            if usage:
-                agent = AgentSession.objects.filter(id=lease.session_id).values_list(
-                    "agent", flat=True
-                )[0]
-                for model, calls, t_in, t_out, c_read, c_write, cost, unpriced in usage:
-                    row, _ = ModelUsage.objects.get_or_create(
-                        session_id=lease.session_id,
-                        day=now.date(),
-                        model=model,
-                        defaults={"agent": agent},
-                    )
-                    ModelUsage.objects.filter(pk=row.pk).update(
-                        calls=F("calls") + calls,
-                        tokens_in=F("tokens_in") + t_in,
-                        tokens_out=F("tokens_out") + t_out,
-                        cache_read_tokens=F("cache_read_tokens") + c_read,
-                        cache_write_tokens=F("cache_write_tokens") + c_write,
-                        cost=F("cost") + cost,
-                        unpriced_calls=F("unpriced_calls") + unpriced,
-                    )
-        return AppendResult(
-            seqs=list(range(first, last_seq + 1)), cancel_requested=cancel_requested
-        )
 
     def append_branch_result(
         self, lease: Lease, step: NewStep, *, call_id: str, after_seq: int
@@ -787,16 +428,9 @@ class DjangoSessionStore:
         with transaction.atomic():
             # The row lock orders concurrent branches of one turn: each sees the results
             # committed before it, so one and only one sees the last call answered.
-            locked = (
-                AgentSession.objects.select_for_update()
-                .filter(id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner)
-                .values_list("id", flat=True)
-            )
-            if not locked:
-                raise LeaseLost(
-                    f"session {lease.session_id}: lease token {lease.token} was fenced off"
-                )
-            live = Step.objects.filter(session_id=lease.session_id, superseded_at__isnull=True)
+            if not self._held(lease).select_for_update().values_list("id", flat=True):
+                raise self._fenced_off(lease)
+            live = Step.objects.filter(session__id=lease.session_id, superseded_at__isnull=True)
             model = live.filter(seq=after_seq).values_list("payload", flat=True).first() or {}
             calls = {c["id"] for c in model.get("tool_calls") or []}
             answered = (
@@ -814,9 +448,7 @@ class DjangoSessionStore:
 
     def heartbeat(self, lease: Lease, ttl: float) -> HeartbeatResult:
         now = timezone.now()
-        alive = AgentSession.objects.filter(
-            id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
-        ).update(lease_expires_at=now + timedelta(seconds=ttl))
+        alive = self._held(lease).update(lease_expires_at=now + timedelta(seconds=ttl))
         cancel = (
             AgentSession.objects.filter(id=lease.session_id)
             .values_list("cancel_requested", flat=True)
@@ -825,17 +457,11 @@ class DjangoSessionStore:
         return HeartbeatResult(alive=bool(alive), cancel_requested=bool(cancel))
 
     def release(self, lease: Lease) -> bool:
-        return bool(
-            AgentSession.objects.filter(
-                id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
-            ).update(lease_owner=None, lease_expires_at=None)
-        )
+        return bool(self._held(lease).update(lease_owner=None, lease_expires_at=None))
 
     def report_progress(self, lease: Lease, *, done: int, total: int | None, message: str) -> bool:
         return bool(
-            AgentSession.objects.filter(
-                id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
-            ).update(
+            self._held(lease).update(
                 progress_done=max(0, done),
                 progress_total=None if total is None else max(0, total),
                 progress_note=message[:200],
@@ -845,28 +471,12 @@ class DjangoSessionStore:
     @contextlib.contextmanager
     def fenced(self, lease: Lease) -> Iterator[None]:
         """One transaction around a tool's writes that first checks the lease's token and
-        owner on the session row and holds a share lock on it until commit: a claim (an
-        UPDATE of that row) waits until the writes are in, and writes of a fenced-off run
-        never commit."""
+        owner on the session row and holds it until commit: a claim (an UPDATE of that
+        row) waits until the writes are in, and writes of a fenced-off run never commit."""
         try:
             with transaction.atomic():
-                if connection.vendor == "postgresql":
-                    with connection.cursor() as cursor:
-                        cursor.execute(
-                            f"SELECT 1 FROM {SESSION_TABLE} WHERE id = %s AND fencing_token = %s"
-                            " AND lease_owner = %s FOR SHARE",
-                            [lease.session_id, lease.token, lease.owner],
-                        )
-                        held = cursor.fetchone() is not None
-                else:  # SQLite: an IMMEDIATE transaction holds the database's write lock
-                    held = AgentSession.objects.filter(
-                        id=lease.session_id, fencing_token=lease.token, lease_owner=lease.owner
-                    ).exists()
-                if not held:
-                    raise LeaseLost(
-                        f"session {lease.session_id}: lease token {lease.token} was fenced "
-                        "off; the tool's write was refused"
-                    )
+                if not self._hold(lease):
+                    raise self._fenced_off(lease, "; the tool's write was refused")
                 yield
         finally:
             _close_in_tool_thread()

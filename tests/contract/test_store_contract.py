@@ -136,6 +136,15 @@ def test_claim_of_missing_session_raises(harness):
         harness.store.claim(missing, "a", ttl=30)
 
 
+def test_loads_of_a_missing_session_raise(harness):
+    """load_history too, though a session's history may be empty: an unknown id is not a
+    session without steps."""
+    missing = str(uuid.uuid4())
+    for load in (harness.store.load_head, harness.store.load_tail, harness.store.load_history):
+        with pytest.raises(SessionNotFound):
+            load(missing)
+
+
 def test_append_assigns_contiguous_seqs_and_checkpoint_sets_head(harness):
     sid = harness.create()
     lease = harness.store.claim(sid, "a", ttl=30)
