@@ -156,7 +156,7 @@ def test_workers_behind_pgbouncer_lose_and_double_nothing(own_pgbouncer, start_w
 def test_nothing_outlives_a_transaction_on_a_server_connection():
     """What a transaction-mode pooler cannot carry from one transaction to the next: no
     session-level advisory lock, no LISTEN, no session-level SET, no explicit prepare
-    outside the store's switch (sessions_app.store._prepare)."""
+    outside the store's switch (sessions_app.store_postgresql._prepare)."""
     forbidden = re.compile(
         r"pg_(try_)?advisory_lock\(|\bLISTEN\b|execute\(\s*f?[\"']\s*SET\s(?!LOCAL)"
         r"|prepare=True|\bDECLARE\b.*\bWITH HOLD\b",
