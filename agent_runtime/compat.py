@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .agents import AgentRegistry, AgentStateError, UnknownAgent
-from .loop import RunTools, _uncertain_resolution, next_action, replay
+from .loop.trace import RunTools, next_action, replay, uncertain_resolution
 from .state import StateError
 from .store import SessionHead
 from .tools import ToolError
@@ -62,7 +62,7 @@ def session_problems(head: SessionHead, agents: AgentRegistry) -> list[Problem]:
     for pending in action.calls:
         decision = (pending.decision or {}).get("action")
         if decision == "reject" or (
-            decision == "record_result" and _uncertain_resolution(pending) is not None
+            decision == "record_result" and uncertain_resolution(pending) is not None
         ):
             continue  # decided: the tool does not run
         call = pending.call

@@ -33,7 +33,8 @@ from .store import Lease, LeaseLost, SessionHead, SessionStore, utcnow
 
 if TYPE_CHECKING:
     from .agents import Agent
-    from .loop import Heartbeat, RunConfig, RunResult
+    from .loop.heartbeat import Heartbeat
+    from .loop.run import RunConfig, RunResult
 
 
 class RunnerCancelled(Exception):
@@ -122,7 +123,8 @@ def run_with_runner(
     head: SessionHead,
 ) -> RunResult:
     """The run of a runner agent's session, once `run_session` holds its lease."""
-    from .loop import Heartbeat, Outcome, RunResult
+    from .loop.heartbeat import Heartbeat
+    from .loop.run import Outcome, RunResult
 
     session_id = head.session_id
     last_ran = head.checkpoint.state.agent_version if head.checkpoint else None
