@@ -74,9 +74,9 @@ def session_problems(head: SessionHead, agents: AgentRegistry) -> list[Problem]:
             what = "pending tool call"
         seq = pending.tool_call_step.seq if pending.tool_call_step is not None else action.model_seq
         where = f"{what} at seq {seq} ({call.name})"
-        tool = agent.tools.get(call.name)
+        tool = agent.tool_registry.get(call.name)
         if tool is None:
-            have = ", ".join(agent.tools.names()) or "none"
+            have = ", ".join(agent.tool_registry.names()) or "none"
             problems.append(
                 Problem(
                     where,

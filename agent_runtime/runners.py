@@ -126,6 +126,8 @@ def run_with_runner(
     from .loop.heartbeat import Heartbeat
     from .loop.run import Outcome, RunResult
 
+    runner = agent.runner
+    assert runner is not None  # run_session hands only runner agents' sessions here
     session_id = head.session_id
     last_ran = head.checkpoint.state.agent_version if head.checkpoint else None
     refusal = agent.refusal(started=head.agent_version, last_ran=last_ran)
@@ -150,7 +152,7 @@ def run_with_runner(
                     payload={
                         "event": SystemEvent.RUN_STARTED,
                         "worker": config.worker_id,
-                        "runner": type(agent.runner).__name__,
+                        "runner": type(runner).__name__,
                         "checkpoint_seq": head.checkpoint.seq if head.checkpoint else None,
                         "steps_after_checkpoint": len(head.steps_after_checkpoint),
                         "agent_version": agent.version,
@@ -163,7 +165,7 @@ def run_with_runner(
         with Heartbeat(store, lease, config.lease_ttl, interval) as heartbeat:
             context._heartbeat = heartbeat
             try:
-                result = agent.runner.run(context)
+                result = runner.run(context)
             except (LeaseLost, RunnerCancelled):
                 raise
             except Exception as exc:  # the runner's own code failed: the session fails

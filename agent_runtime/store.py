@@ -253,7 +253,7 @@ class InMemoryStore:
             )
             session.steps.append(
                 StepRecord(
-                    seq=1, kind="user", payload=user_payload(user_input), started_at=utcnow()
+                    seq=1, kind=StepKind.USER, payload=user_payload(user_input), started_at=utcnow()
                 )
             )
             session.last_seq = 1
@@ -266,7 +266,9 @@ class InMemoryStore:
         with self._lock:
             session = self._get(session_id)
             session.last_seq += 1
-            session.steps.append(StepRecord(seq=session.last_seq, kind="operator", payload=payload))
+            session.steps.append(
+                StepRecord(seq=session.last_seq, kind=StepKind.OPERATOR, payload=payload)
+            )
             if status is not None:
                 session.status = status
             session.fencing_token += 1
@@ -280,7 +282,7 @@ class InMemoryStore:
             session = self._get(session_id)
             session.last_seq += 1
             session.steps.append(
-                StepRecord(seq=session.last_seq, kind="user", payload=user_payload(text))
+                StepRecord(seq=session.last_seq, kind=StepKind.USER, payload=user_payload(text))
             )
             session.status = SessionStatus.QUEUED
             return session.last_seq

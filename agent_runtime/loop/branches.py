@@ -104,7 +104,7 @@ def run_branch(
     step = pending[seq].tool_call_step
     assert step is not None
     key = step.idempotency_key or f"{session_id}:{seq}"
-    tool = agent.tools.get(call.name)
+    tool = agent.tool_registry.get(call.name)
     interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
     with Heartbeat(store, lease, config.lease_ttl, interval, since=renewed_at) as heartbeat:
         started = utcnow()

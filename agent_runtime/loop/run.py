@@ -476,10 +476,11 @@ class _Run:
             else self.config.model_retries
         )
         attempt = 0
+        error: Exception
         while True:
             attempt += 1
             try:
-                return provider.complete(messages, self.agent.tools.specs(), settings)
+                return provider.complete(messages, self.agent.tool_registry.specs(), settings)
             except ProviderError as exc:
                 error, permanent = exc, exc.permanent
             except Exception as exc:  # an SDK's unexpected error: retry, it may be transient
@@ -514,7 +515,7 @@ class _Run:
         if self.agent.limits.max_parallel_tools <= 1 or len(action.calls) <= 1:
             return False
         for pending in action.calls:
-            tool = self.agent.tools.get(pending.call.name)
+            tool = self.agent.tool_registry.get(pending.call.name)
             if tool is None or tool.needs_approval or not tool.idempotent:
                 return False
             if pending.decision is not None:
@@ -615,7 +616,7 @@ class _Run:
         for pending in action.calls:
             remaining -= 1
             call = pending.call
-            tool = self.agent.tools.get(call.name)
+            tool = self.agent.tool_registry.get(call.name)
             boundary = remaining == 0  # the turn's last result: checkpoint with it
             if tool is not None and tool.needs_approval and pending.decision is None:
                 self.append(
@@ -705,7 +706,7 @@ class _Run:
                 )
             started = utcnow()
             if tool is None:
-                known = ", ".join(t.name for t in self.agent.tools) or "none"
+                known = ", ".join(self.agent.tool_registry.names()) or "none"
                 outcome = ToolOutcome(
                     ok=False,
                     error=f"unknown tool {call.name!r} (available: {known})",
