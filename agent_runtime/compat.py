@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .agents import AgentRegistry, AgentStateError, UnknownAgent
 from .loop.trace import RunTools, next_action, replay, uncertain_resolution
-from .state import StateError
+from .state import OperatorAction, StateError
 from .store import SessionHead
 from .tools import ToolError
 
@@ -60,9 +60,9 @@ def session_problems(head: SessionHead, agents: AgentRegistry) -> list[Problem]:
     if not isinstance(action, RunTools):
         return problems
     for pending in action.calls:
-        decision = (pending.decision or {}).get("action")
-        if decision == "reject" or (
-            decision == "record_result" and uncertain_resolution(pending) is not None
+        decision = pending.decision.action if pending.decision is not None else None
+        if decision == OperatorAction.REJECT or (
+            decision == OperatorAction.RECORD_RESULT and uncertain_resolution(pending) is not None
         ):
             continue  # decided: the tool does not run
         call = pending.call

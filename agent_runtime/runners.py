@@ -142,7 +142,6 @@ def run_with_runner(
         worker_id=config.worker_id,
         agent=agent,
     )
-    interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
     try:
         store.append(
             lease,
@@ -162,7 +161,7 @@ def run_with_runner(
                 )
             ],
         )
-        with Heartbeat(store, lease, config.lease_ttl, interval) as heartbeat:
+        with Heartbeat(store, lease, config.lease_ttl, config.heartbeat_every) as heartbeat:
             context._heartbeat = heartbeat
             try:
                 result = runner.run(context)

@@ -17,7 +17,6 @@ from typing import Any, Protocol
 
 from .state import (
     RUNNABLE_STATUSES,
-    SCHEMA_VERSION,
     CheckpointRecord,
     NewCheckpoint,
     NewStep,
@@ -400,19 +399,8 @@ class InMemoryStore:
             for step in steps:
                 session.last_seq += 1
                 seqs.append(session.last_seq)
-                session.steps.append(
-                    StepRecord(
-                        seq=session.last_seq,
-                        kind=step.kind,
-                        payload=dict(step.payload),
-                        schema_version=SCHEMA_VERSION,
-                        started_at=step.started_at,
-                        finished_at=step.finished_at,
-                        tokens_in=step.tokens_in,
-                        tokens_out=step.tokens_out,
-                        idempotency_key=step.idempotency_key,
-                    )
-                )
+                # A copy of the payload, as a real store serialises it.
+                session.steps.append(replace(step, payload=dict(step.payload)).at(session.last_seq))
             if checkpoint is not None:
                 # A copy, as a real store serialises it: the loop goes on mutating its state.
                 session.checkpoints.append(

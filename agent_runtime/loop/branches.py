@@ -105,8 +105,9 @@ def run_branch(
     assert step is not None
     key = step.idempotency_key or f"{session_id}:{seq}"
     tool = agent.tool_registry.get(call.name)
-    interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
-    with Heartbeat(store, lease, config.lease_ttl, interval, since=renewed_at) as heartbeat:
+    with Heartbeat(
+        store, lease, config.lease_ttl, config.heartbeat_every, since=renewed_at
+    ) as heartbeat:
         started = utcnow()
 
         def context(attempt: int) -> ToolContext:
@@ -210,7 +211,7 @@ def _join(
         },
         started_at=utcnow(),
     )
-    apply_step(state, StepRecord(seq=head.last_seq + 1, kind=joined.kind, payload=joined.payload))
+    apply_step(state, joined.at(head.last_seq + 1))
     try:
         store.append(lease, [joined], checkpoint=NewCheckpoint(state=state), release=True)
     except LeaseLost:

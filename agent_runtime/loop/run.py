@@ -32,6 +32,7 @@ from ..state import (
     StepKind,
     StepRecord,
     SystemEvent,
+    as_operator,
     model_payload,
 )
 from ..store import EffectLedger, Lease, LeaseLost, SessionHead, SessionStore, utcnow
@@ -93,6 +94,11 @@ class RunConfig:
     # How a tool call that failed on the infrastructure (database, Redis, network) is
     # retried, and which errors count as such.
     transient: TransientRetry = field(default_factory=TransientRetry)
+
+    @property
+    def heartbeat_every(self) -> float:
+        """Seconds between heartbeats: `heartbeat_interval`, or a third of the lease TTL."""
+        return self.heartbeat_interval or max(self.lease_ttl / 3, 0.05)
 
 
 class Outcome(enum.StrEnum):
@@ -203,19 +209,7 @@ class _Run:
         # Secrets never reach the store: redact first, then fold the redacted step into the
         # state, so the checkpoint written with it is redacted as well.
         steps = [replace(s, payload=self.config.redactor.redact(s.payload)) for s in steps]
-        records = [
-            StepRecord(
-                seq=self.last_seq + 1 + index,
-                kind=step.kind,
-                payload=step.payload,
-                started_at=step.started_at,
-                finished_at=step.finished_at,
-                tokens_in=step.tokens_in,
-                tokens_out=step.tokens_out,
-                idempotency_key=step.idempotency_key,
-            )
-            for index, step in enumerate(steps)
-        ]
+        records = [step.at(self.last_seq + 1 + index) for index, step in enumerate(steps)]
         # With a checkpoint, fold first so the checkpoint written with these steps already
         # includes them (and keep the state before, for a failed write). Without one the
         # fold waits for the commit: no copy of the state on every step.
@@ -636,12 +630,10 @@ class _Run:
                     release=True,
                 )
                 return RunResult(self.session_id, Outcome.WAITING_INPUT)
-            if (
-                pending.decision is not None
-                and pending.decision.get("action") == OperatorAction.REJECT
-            ):
-                reason = pending.decision.get("reason") or "no reason given"
-                actor = pending.decision.get("actor") or "an operator"
+            if pending.decision is not None and pending.decision.action == OperatorAction.REJECT:
+                rejection = as_operator(pending.decision.payload)
+                reason = rejection.get("reason") or "no reason given"
+                actor = rejection.get("actor") or "an operator"
                 outcome = ToolOutcome(
                     ok=False, error=f"rejected by {actor}: {reason}", attempts=0, failure="rejected"
                 )
@@ -967,7 +959,6 @@ def run_session(
     except (StateError, AgentStateError) as exc:
         store.release(lease)
         return RunResult(session_id, Outcome.INCOMPATIBLE, error=str(exc))
-    interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
     record = run.record
     if lease.crashes > 0:
         # A takeover of an expired lease: the run before died (or froze) mid-turn.
@@ -975,7 +966,9 @@ def run_session(
         record.recovery_seconds = _since_last_step(head)
     with observe(config.telemetry, "run", record):
         try:
-            with Heartbeat(store, lease, config.lease_ttl, interval, since=claimed_at) as heartbeat:
+            with Heartbeat(
+                store, lease, config.lease_ttl, config.heartbeat_every, since=claimed_at
+            ) as heartbeat:
                 run.heartbeat = heartbeat
                 result = run.run(head, agent_state, upgraders)
         except _Stop as stop:

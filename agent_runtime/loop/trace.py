@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any
 
 from ..agents import Agent
 from ..providers import ToolCall
 from ..state import (
     Budgets,
     OperatorAction,
+    OperatorPayload,
     PendingApproval,
     SessionState,
     StepKind,
@@ -25,6 +25,10 @@ from ..state import (
     SystemEvent,
     apply_agent_state_patch,
     apply_budgets,
+    as_model,
+    as_operator,
+    as_system,
+    as_tool_result,
     replan,
     step_text,
 )
@@ -40,7 +44,7 @@ class CallModel:
 class PendingCall:
     call: ToolCall
     tool_call_step: StepRecord | None  # recorded before a crash: run again with its key
-    decision: dict[str, Any] | None  # an operator's approve/reject for this call
+    decision: StepRecord | None  # an operator's word on this call (DECISIONS)
 
 
 @dataclass(frozen=True)
@@ -70,9 +74,7 @@ UNCERTAIN_RESOLUTIONS = {OperatorAction.RERUN, OperatorAction.RECORD_RESULT}
 
 
 def _is_new_input(step: StepRecord) -> bool:
-    return step.kind == StepKind.USER or (
-        step.kind == StepKind.OPERATOR and step.payload.get("action") in _NEW_INPUT_OPERATOR_ACTIONS
-    )
+    return step.kind == StepKind.USER or step.action in _NEW_INPUT_OPERATOR_ACTIONS
 
 
 def next_action(history: list[StepRecord]) -> Action:
@@ -88,17 +90,13 @@ def next_action(history: list[StepRecord]) -> Action:
     if last_model is None:
         return CallModel()
     model_step = history[last_model]
-    calls = [ToolCall(**c) for c in model_step.payload.get("tool_calls") or []]
+    calls = [ToolCall(**c) for c in as_model(model_step.payload).get("tool_calls") or []]
     if not calls:
         return Finished(step_text(model_step.payload))
     after = history[last_model + 1 :]
-    results = {s.payload.get("call_id") for s in after if s.kind == StepKind.TOOL_RESULT}
-    recorded = {s.payload.get("call_id"): s for s in after if s.kind == StepKind.TOOL_CALL}
-    decisions = {
-        s.payload.get("call_id"): {**s.payload, "_seq": s.seq}
-        for s in after
-        if s.kind == StepKind.OPERATOR and s.payload.get("action") in DECISIONS
-    }
+    results = {s.call_id for s in after if s.kind == StepKind.TOOL_RESULT}
+    recorded = {s.call_id: s for s in after if s.kind == StepKind.TOOL_CALL}
+    decisions = {s.call_id: s for s in after if s.action in DECISIONS}
     pending = [
         PendingCall(call=c, tool_call_step=recorded.get(c.id), decision=decisions.get(c.id))
         for c in calls
@@ -109,34 +107,35 @@ def next_action(history: list[StepRecord]) -> Action:
     return RunTools(model_seq=model_step.seq, calls=pending)
 
 
-def uncertain_resolution(pending: PendingCall) -> dict[str, Any] | None:
+def uncertain_resolution(pending: PendingCall) -> OperatorPayload | None:
     """A person's rerun/record_result for a call recorded before a crash, made after it."""
     decision = pending.decision
     if (
         decision is None
         or pending.tool_call_step is None
-        or decision.get("action") not in UNCERTAIN_RESOLUTIONS
-        or decision.get("_seq", 0) <= pending.tool_call_step.seq
+        or decision.action not in UNCERTAIN_RESOLUTIONS
+        or decision.seq <= pending.tool_call_step.seq
     ):
         return None
-    return decision
+    return as_operator(decision.payload)
 
 
 def apply_step(state: SessionState, step: StepRecord) -> None:
     """Fold one step into the state (used live and when replaying after a checkpoint)."""
-    payload = step.payload
     state.counters.steps += 1
     if step.kind == StepKind.USER:
         state.final_answer = None
     elif step.kind == StepKind.MODEL:
+        model = as_model(step.payload)
         state.turn += 1
         state.counters.model_calls += 1
         state.counters.tokens_in += step.tokens_in
         state.counters.tokens_out += step.tokens_out
-        state.counters.cost += float((payload.get("usage") or {}).get("cost") or 0.0)
-        if not payload.get("tool_calls"):
-            state.final_answer = step_text(payload)
+        state.counters.cost += float((model.get("usage") or {}).get("cost") or 0.0)
+        if not model.get("tool_calls"):
+            state.final_answer = step_text(step.payload)
     elif step.kind == StepKind.TOOL_RESULT:
+        payload = as_tool_result(step.payload)
         state.counters.tool_calls += 1
         state.counters.retries += max(0, int(payload.get("attempts") or 1) - 1)
         if payload.get("plan_update") is not None:
@@ -154,23 +153,26 @@ def apply_step(state: SessionState, step: StepRecord) -> None:
             state.uncertain_calls.remove(payload["call_id"])
         if payload.get("agent_state") is not None:
             apply_agent_state_patch(state, payload["agent_state"])
-    elif step.kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.SET_BUDGETS:
-        apply_budgets(state, payload)
-    elif step.kind == StepKind.SYSTEM and payload.get("event") == SystemEvent.RUN_STARTED:
-        if payload.get("agent_version"):
-            state.agent_version = str(payload["agent_version"])
-        if payload.get("agent_state") is not None:
-            state.agent_state = copy.deepcopy(payload["agent_state"])
-    elif step.kind == StepKind.SYSTEM and payload.get("event") == SystemEvent.UNCERTAIN_CALL:
-        if payload["call_id"] not in state.uncertain_calls:
-            state.uncertain_calls.append(payload["call_id"])
-    elif step.kind == StepKind.SYSTEM and payload.get("event") == SystemEvent.WAITING_FOR_APPROVAL:
+    elif step.action == OperatorAction.SET_BUDGETS:
+        apply_budgets(state, step.payload)
+    elif step.event == SystemEvent.RUN_STARTED:
+        started = as_system(step.payload)
+        if started.get("agent_version"):
+            state.agent_version = str(started["agent_version"])
+        if started.get("agent_state") is not None:
+            state.agent_state = copy.deepcopy(started["agent_state"])
+    elif step.event == SystemEvent.UNCERTAIN_CALL:
+        uncertain = as_system(step.payload)
+        if uncertain["call_id"] not in state.uncertain_calls:
+            state.uncertain_calls.append(uncertain["call_id"])
+    elif step.event == SystemEvent.WAITING_FOR_APPROVAL:
+        waiting = as_system(step.payload)
         state.pending_approval = PendingApproval(
-            call_id=payload["call_id"],
-            tool=payload["tool"],
-            arguments=payload["arguments"],
-            model_seq=payload["model_seq"],
-            requested_at=payload.get("requested_at"),
+            call_id=waiting["call_id"],
+            tool=waiting["tool"],
+            arguments=waiting["arguments"],
+            model_seq=waiting["model_seq"],
+            requested_at=waiting.get("requested_at"),
         )
 
 
@@ -205,6 +207,6 @@ def current_fan_out(history: list[StepRecord]) -> tuple[RunTools, StepRecord] | 
     for step in reversed(history):
         if step.seq <= action.model_seq:
             return None
-        if step.kind == StepKind.SYSTEM and step.payload.get("event") == SystemEvent.FAN_OUT:
+        if step.event == SystemEvent.FAN_OUT:
             return action, step
     return None
