@@ -28,7 +28,15 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .state import NewStep, SessionStatus, StepKind, SystemEvent
+from .state import (
+    NewStep,
+    SessionStatus,
+    StepKind,
+    SystemEvent,
+    SystemPayload,
+    error_payload,
+    stored,
+)
 from .store import Lease, LeaseLost, SessionHead, SessionStore, utcnow
 
 if TYPE_CHECKING:
@@ -124,7 +132,7 @@ def run_with_runner(
 ) -> RunResult:
     """The run of a runner agent's session, once `run_session` holds its lease."""
     from .loop.heartbeat import Heartbeat
-    from .loop.run import Outcome, RunResult
+    from .loop.run import Outcome, RunResult, run_started
 
     runner = agent.runner
     assert runner is not None  # run_session hands only runner agents' sessions here
@@ -148,15 +156,10 @@ def run_with_runner(
             [
                 NewStep(
                     kind=StepKind.SYSTEM,
-                    payload={
-                        "event": SystemEvent.RUN_STARTED,
-                        "worker": config.worker_id,
-                        "runner": type(runner).__name__,
-                        "checkpoint_seq": head.checkpoint.seq if head.checkpoint else None,
-                        "steps_after_checkpoint": len(head.steps_after_checkpoint),
-                        "agent_version": agent.version,
-                        "agent_started_on": head.agent_version or None,
-                    },
+                    payload=stored(
+                        run_started(head, worker=config.worker_id, agent_version=agent.version)
+                        | SystemPayload(runner=type(runner).__name__)
+                    ),
                     started_at=utcnow(),
                 )
             ],
@@ -182,7 +185,7 @@ def run_with_runner(
     if result.status == RunnerStatus.FAILED:
         step = NewStep(
             kind=StepKind.ERROR,
-            payload={"where": "runner", "error": result.error or "failed", **result.detail},
+            payload=error_payload("runner", result.error or "failed", **result.detail),
         )
     else:
         step = NewStep(

@@ -499,6 +499,11 @@ def stored(fields: Mapping[str, Any]) -> dict[str, Any]:
     return dict(fields)
 
 
+def error_payload(where: str, error: str, **details: Any) -> dict[str, Any]:
+    """An `error` step's payload: where it happened, what it was, and its details."""
+    return {**stored(ErrorPayload(where=where, error=error)), **details}
+
+
 def as_model(payload: dict[str, Any]) -> ModelPayload:
     return cast(ModelPayload, payload)
 
@@ -542,7 +547,7 @@ def user_payload(text: str) -> dict[str, Any]:
 
 
 def model_payload(
-    text: str | None, tool_calls: list[dict[str, Any]], usage: dict[str, Any], model: str
+    text: str | None, tool_calls: list[dict[str, Any]], usage: Mapping[str, Any], model: str
 ) -> dict[str, Any]:
     return {"content": text_parts(text), "tool_calls": tool_calls, "usage": usage, "model": model}
 

@@ -23,6 +23,7 @@ from .state import (
     SessionStatus,
     StepKind,
     StepRecord,
+    as_model,
     user_payload,
     validate_step_payload,
 )
@@ -427,10 +428,12 @@ class InMemoryStore:
             self._check(session, lease)
             live = [s for s in session.steps if not s.superseded and s.seq >= after_seq]
             model = next((s for s in live if s.seq == after_seq), None)
-            calls = {c["id"] for c in (model.payload.get("tool_calls") or [])} if model else set()
-            answered = {
-                s.payload.get("call_id") for s in live if s.kind == StepKind.TOOL_RESULT
-            } & calls
+            calls = (
+                {c["id"] for c in as_model(model.payload).get("tool_calls") or []}
+                if model
+                else set()
+            )
+            answered = {s.call_id for s in live if s.kind == StepKind.TOOL_RESULT} & calls
             if call_id in answered:
                 return BranchAppend(seq=None, unanswered=len(calls - answered))
             seq = self.append(lease, [step]).seqs[0]

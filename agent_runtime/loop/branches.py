@@ -13,7 +13,18 @@ from dataclasses import dataclass
 
 from ..agents import Agent, AgentRegistry, UnknownAgent
 from ..records import RecordSource
-from ..state import NewCheckpoint, NewStep, StateError, StepKind, StepRecord, SystemEvent
+from ..state import (
+    NewCheckpoint,
+    NewStep,
+    StateError,
+    StepKind,
+    StepRecord,
+    SystemEvent,
+    SystemPayload,
+    as_system,
+    as_tool_call,
+    stored,
+)
 from ..store import EffectLedger, Lease, LeaseLost, SessionStore, utcnow
 from ..telemetry import RunRecord, ToolCallRecord, guarded, observe
 from ..tools import ToolContext, ToolOutcome
@@ -66,12 +77,13 @@ def run_branch(
     found = current_fan_out(head.history)
     if found is None:
         return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED)
-    action, fan = found
-    fan_calls: list[int] = list(fan.payload["calls"])
+    action, fan_step = found
+    fan = as_system(fan_step.payload)
+    fan_calls: list[int] = list(fan["calls"])
     pending = {p.tool_call_step.seq: p for p in action.calls if p.tool_call_step is not None}
     if seq not in fan_calls or seq not in pending:
         return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED)
-    lease = Lease(session_id, fan.payload["owner"], int(fan.payload["token"]))
+    lease = Lease(session_id, fan["owner"], int(fan["token"]))
     renewed_at = time.monotonic()
     if not store.heartbeat(lease, config.lease_ttl).alive:
         return _refused(store, session_id, seq, pending[seq].call.id)
@@ -146,9 +158,7 @@ def run_branch(
                 return _refused(store, session_id, seq, call.id)
         if heartbeat.lost.is_set():
             return _refused(store, session_id, seq, call.id)
-        payload = result_payload(call, outcome)
-        if step.payload.get("branch"):
-            payload["branch"] = step.payload["branch"]
+        payload = result_payload(call, outcome, branch=as_tool_call(step.payload).get("branch"))
         result = NewStep(
             kind=StepKind.TOOL_RESULT,
             payload=config.redactor.redact(payload),
@@ -167,12 +177,12 @@ def run_branch(
             # The next wave: the result just written frees one slot of the agent's limit.
             # Each append gets a distinct count (the row lock orders them), so each waiting
             # call is enqueued by exactly one branch.
-            limit = int(fan.payload.get("limit") or len(fan_calls))
+            limit = int(fan.get("limit") or len(fan_calls))
             answered = len(fan_calls) - appended.unanswered
             index = limit + answered - 1
             more = (fan_calls[index],) if index < len(fan_calls) else ()
             return BranchResult(session_id, seq, BranchOutcome.RECORDED, branches=more)
-        return _join(session_id, seq, store=store, agent=agent, lease=lease, fan=fan)
+        return _join(session_id, seq, store=store, agent=agent, lease=lease, fan=fan_step)
 
 
 def _refused(store: SessionStore, session_id: str, seq: int, call_id: str) -> BranchResult:
@@ -182,9 +192,7 @@ def _refused(store: SessionStore, session_id: str, seq: int, call_id: str) -> Br
     answered by the other copy, and it was not needed. Fenced means the call has no
     result: a new wave, a rollback or a cancel took the session away."""
     history = store.load_head(session_id).history
-    answered = any(
-        s.kind == StepKind.TOOL_RESULT and s.payload.get("call_id") == call_id for s in history
-    )
+    answered = any(s.kind == StepKind.TOOL_RESULT and s.call_id == call_id for s in history)
     outcome = BranchOutcome.NOT_NEEDED if answered else BranchOutcome.FENCED
     return BranchResult(session_id, seq, outcome)
 
@@ -204,11 +212,13 @@ def _join(
     state = replay(head, agent)
     joined = NewStep(
         kind=StepKind.SYSTEM,
-        payload={
-            "event": SystemEvent.JOINED,
-            "fan_out_seq": fan.seq,
-            "results": len(fan.payload["calls"]),
-        },
+        payload=stored(
+            SystemPayload(
+                event=SystemEvent.JOINED,
+                fan_out_seq=fan.seq,
+                results=len(as_system(fan.payload)["calls"]),
+            )
+        ),
         started_at=utcnow(),
     )
     apply_step(state, joined.at(head.last_seq + 1))

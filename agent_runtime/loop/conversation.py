@@ -6,7 +6,17 @@ import json
 from typing import Any
 
 from ..providers import Message, ToolCall
-from ..state import OperatorAction, StepKind, StepRecord, step_text, tool_ok
+from ..state import (
+    OperatorAction,
+    OperatorPayload,
+    StepKind,
+    StepRecord,
+    as_model,
+    as_operator,
+    as_tool_result,
+    step_text,
+    tool_ok,
+)
 
 
 def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Message]:
@@ -16,15 +26,15 @@ def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Messag
     return Conversation(system_prompt, history).messages
 
 
-def _corrections(history: list[StepRecord]) -> dict[Any, dict[str, Any]]:
-    return {
-        s.payload.get("result_seq"): s.payload
-        for s in history
-        if s.kind == StepKind.OPERATOR and s.payload.get("action") == OperatorAction.CORRECT_RESULT
-    }
+def _corrections(history: list[StepRecord]) -> dict[Any, OperatorPayload]:
+    """The operators' corrections, by the seq of the tool result each one corrects."""
+    corrections = (
+        as_operator(s.payload) for s in history if s.action == OperatorAction.CORRECT_RESULT
+    )
+    return {correction.get("result_seq"): correction for correction in corrections}
 
 
-def _step_message(step: StepRecord, corrections: dict[Any, dict[str, Any]]) -> Message | None:
+def _step_message(step: StepRecord, corrections: dict[Any, OperatorPayload]) -> Message | None:
     """What one step shows the model, if anything."""
     payload = step.payload
     if step.kind == StepKind.USER:
@@ -33,20 +43,21 @@ def _step_message(step: StepRecord, corrections: dict[Any, dict[str, Any]]) -> M
         return Message(
             role="assistant",
             content=step_text(payload),
-            tool_calls=tuple(ToolCall(**c) for c in payload.get("tool_calls") or []),
+            tool_calls=tuple(ToolCall(**c) for c in as_model(payload).get("tool_calls") or []),
         )
     if step.kind == StepKind.TOOL_RESULT:
+        tool_result = as_tool_result(payload)
         # The model has always been shown {"ok": bool, ...}; the stored status is mapped
         # back so sessions read the same to a model across the v1 -> v2 change.
         result = {
-            "name": payload.get("name"),
+            "name": tool_result.get("name"),
             "ok": tool_ok(payload),
-            "output": payload.get("output"),
-            "error": payload.get("error"),
-            "attempts": payload.get("attempts", 1),
+            "output": tool_result.get("output"),
+            "error": tool_result.get("error"),
+            "attempts": tool_result.get("attempts", 1),
         }
-        if payload.get("recorded_by_operator"):
-            result["recorded_by_operator"] = payload["recorded_by_operator"]
+        if tool_result.get("recorded_by_operator"):
+            result["recorded_by_operator"] = tool_result["recorded_by_operator"]
         correction = corrections.get(step.seq)
         if correction is not None:
             # The corrected value, labelled as an operator's: never passed off as the tool's.
@@ -58,18 +69,18 @@ def _step_message(step: StepRecord, corrections: dict[Any, dict[str, Any]]) -> M
         return Message(
             role="tool",
             content=content,
-            tool_call_id=payload.get("call_id"),
-            name=payload.get("name"),
+            tool_call_id=tool_result.get("call_id"),
+            name=tool_result.get("name"),
         )
-    if step.kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.CORRECT_RESULT:
+    if step.action == OperatorAction.CORRECT_RESULT:
         return Message(
             role="user",
             content=(
-                f"[Operator correction] The result of tool call {payload.get('call_id')} "
+                f"[Operator correction] The result of tool call {step.call_id} "
                 "was corrected by an operator; continue from the corrected result."
             ),
         )
-    if step.kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.INSTRUCTION:
+    if step.action == OperatorAction.INSTRUCTION:
         # Marked as coming from an operator, never passed off as the model or a tool.
         return Message(role="user", content=f"[Operator instruction] {step_text(payload) or ''}")
     return None
@@ -134,10 +145,7 @@ class Conversation:
 
     def add(self, step: StepRecord) -> None:
         self._history.append(step)
-        if (
-            step.kind == StepKind.OPERATOR
-            and step.payload.get("action") == OperatorAction.CORRECT_RESULT
-        ):
+        if step.action == OperatorAction.CORRECT_RESULT:
             self._rebuild()
         else:
             self._render(step)

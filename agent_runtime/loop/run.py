@@ -23,17 +23,26 @@ from ..providers.base import Usage
 from ..records import RecordSource
 from ..redaction import NO_REDACTION, Redactor
 from ..state import (
+    BranchLabel,
     NewCheckpoint,
     NewStep,
     OperatorAction,
+    PlanUpdateItem,
     SessionState,
     SessionStatus,
     StateError,
     StepKind,
     StepRecord,
     SystemEvent,
+    SystemPayload,
+    ToolCallPayload,
+    UsagePayload,
     as_operator,
+    as_system,
+    as_tool_call,
+    error_payload,
     model_payload,
+    stored,
 )
 from ..store import EffectLedger, Lease, LeaseLost, SessionHead, SessionStore, utcnow
 from ..telemetry import (
@@ -294,7 +303,9 @@ class _Run:
         self.append(
             NewStep(
                 kind=StepKind.SYSTEM,
-                payload={"event": SystemEvent.CANCELLED, "worker": self.config.worker_id},
+                payload=stored(
+                    SystemPayload(event=SystemEvent.CANCELLED, worker=self.config.worker_id)
+                ),
             ),
             checkpoint=False,
             status=SessionStatus.CANCELLED,
@@ -304,7 +315,7 @@ class _Run:
 
     def fail(self, where: str, message: str, **details: Any) -> None:
         self.append(
-            NewStep(kind=StepKind.ERROR, payload={"where": where, "error": message, **details}),
+            NewStep(kind=StepKind.ERROR, payload=error_payload(where, message, **details)),
             status=SessionStatus.FAILED,
             error=message,
             release=True,
@@ -318,24 +329,16 @@ class _Run:
         agent_state: dict[str, Any] | None = None,
         agent_state_upgraders: tuple[str, ...] = (),
     ) -> RunResult:
-        payload: dict[str, Any] = {
-            "event": SystemEvent.RUN_STARTED,
-            "worker": self.config.worker_id,
-            "checkpoint_seq": head.checkpoint.seq if head.checkpoint else None,
-            "steps_after_checkpoint": len(head.steps_after_checkpoint),
-            "schema_version": (head.checkpoint.schema_version if head.checkpoint else None),
-            "upgraders": list(head.upgraders_applied),
-            # Stored version -> how many of the loaded steps were stored in it.
-            "step_versions": {str(v): n for v, n in sorted(head.step_versions.items())},
-            # The agent version running it, beside the one the session started on.
-            "agent_version": self.agent.version,
-            "agent_started_on": head.agent_version or None,
-        }
+        payload = run_started(head, worker=self.config.worker_id, agent_version=self.agent.version)
+        payload["schema_version"] = head.checkpoint.schema_version if head.checkpoint else None
+        payload["upgraders"] = list(head.upgraders_applied)
+        # Stored version -> how many of the loaded steps were stored in it.
+        payload["step_versions"] = {str(v): n for v, n in sorted(head.step_versions.items())}
         if agent_state is not None:
             # New or upgraded: recorded whole, so every change after it is at its version.
             payload["agent_state"] = agent_state
             payload["agent_state_upgraders"] = list(agent_state_upgraders)
-        self.append(NewStep(kind=StepKind.SYSTEM, payload=payload, started_at=utcnow()))
+        self.append(NewStep(kind=StepKind.SYSTEM, payload=stored(payload), started_at=utcnow()))
         while True:
             if self.heartbeat is not None and self.heartbeat.cancel_requested:
                 self.stop_cancelled()
@@ -345,7 +348,10 @@ class _Run:
                 # step's commit but before the status change cannot happen: they are one
                 # transaction) simply settles the status.
                 self.append(
-                    NewStep(kind=StepKind.SYSTEM, payload={"event": SystemEvent.ALREADY_ANSWERED}),
+                    NewStep(
+                        kind=StepKind.SYSTEM,
+                        payload=stored(SystemPayload(event=SystemEvent.ALREADY_ANSWERED)),
+                    ),
                     checkpoint=True,
                     status=SessionStatus.COMPLETED,
                     release=True,
@@ -401,13 +407,15 @@ class _Run:
         self.append(
             NewStep(
                 kind=StepKind.SYSTEM,
-                payload={
-                    "event": SystemEvent.BUDGET_REACHED,
-                    "budget": budget,
-                    "limit": limit,
-                    "used": used,
-                    "message": message,
-                },
+                payload=stored(
+                    SystemPayload(
+                        event=SystemEvent.BUDGET_REACHED,
+                        budget=budget,
+                        limit=limit,
+                        used=used,
+                        message=message,
+                    )
+                ),
             ),
             checkpoint=True,
             status=SessionStatus.PAUSED,
@@ -526,11 +534,9 @@ class _Run:
         this finds the unanswered calls and fans them out anew (a new token fences off
         any branch of the old wave that is still going)."""
         fan_outs = [
-            s
+            as_system(s.payload)
             for s in self.history
-            if s.seq > action.model_seq
-            and s.kind == StepKind.SYSTEM
-            and s.payload.get("event") == SystemEvent.FAN_OUT
+            if s.seq > action.model_seq and s.event == SystemEvent.FAN_OUT
         ]
         limit = self.agent.limits.max_parallel_tools
         new_calls = [p for p in action.calls if p.tool_call_step is None]
@@ -540,13 +546,15 @@ class _Run:
                 [
                     NewStep(
                         kind=StepKind.TOOL_CALL,
-                        payload={
-                            "call_id": p.call.id,
-                            "name": p.call.name,
-                            "arguments": p.call.arguments,
-                            # Which branch of how many: the trace shows them side by side.
-                            "branch": {"index": index + 1, "of": len(new_calls)},
-                        },
+                        payload=stored(
+                            ToolCallPayload(
+                                call_id=p.call.id,
+                                name=p.call.name,
+                                arguments=p.call.arguments,
+                                # Which branch of how many: the trace shows them side by side.
+                                branch=BranchLabel(index=index + 1, of=len(new_calls)),
+                            )
+                        ),
                         started_at=now,
                         idempotency_key=f"{self.session_id}:{self.last_seq + 1 + index}",
                     )
@@ -554,7 +562,7 @@ class _Run:
                 ]
             )
         recorded = {
-            s.payload.get("call_id"): s
+            s.call_id: s
             for s in self.history
             if s.seq > action.model_seq and s.kind == StepKind.TOOL_CALL
         }
@@ -563,7 +571,7 @@ class _Run:
         # result keeps killing its worker: the model sees an error instead.
         given_up = []
         for call in calls:
-            tries = sum(1 for f in fan_outs if call.seq in f.payload["calls"][: f.payload["limit"]])
+            tries = sum(1 for f in fan_outs if call.seq in f["calls"][: f["limit"]])
             if tries >= self.config.max_branch_attempts:
                 given_up.append(call)
         for index, call in enumerate(given_up):
@@ -576,8 +584,11 @@ class _Run:
                 attempts=0,
                 failure="gave_up",
             )
+            recorded_call = as_tool_call(call.payload)
             self.record_result(
-                ToolCall(call.payload["call_id"], call.payload["name"], call.payload["arguments"]),
+                ToolCall(
+                    recorded_call["call_id"], recorded_call["name"], recorded_call["arguments"]
+                ),
                 outcome,
                 started=utcnow(),
                 checkpoint=len(given_up) == len(calls) and index == len(given_up) - 1,
@@ -589,19 +600,32 @@ class _Run:
         self.append(
             NewStep(
                 kind=StepKind.SYSTEM,
-                payload={
-                    "event": SystemEvent.FAN_OUT,
-                    "worker": self.config.worker_id,
-                    "owner": self.lease.owner,
-                    "token": self.lease.token,
-                    "calls": seqs,
-                    "call_ids": [c.payload["call_id"] for c in calls],
-                    "limit": limit,
-                },
+                payload=stored(
+                    SystemPayload(
+                        event=SystemEvent.FAN_OUT,
+                        worker=self.config.worker_id,
+                        owner=self.lease.owner,
+                        token=self.lease.token,
+                        calls=seqs,
+                        call_ids=[as_tool_call(c.payload)["call_id"] for c in calls],
+                        limit=limit,
+                    )
+                ),
                 started_at=utcnow(),
             )
         )
         return RunResult(self.session_id, Outcome.FANNED_OUT, branches=tuple(seqs[:limit]))
+
+    def wait_for_person(self, waiting: SystemPayload) -> RunResult:
+        """Stop the run at a call a person must decide on (an approval, an uncertain
+        call): checkpointed, the session waits for input."""
+        self.append(
+            NewStep(kind=StepKind.SYSTEM, payload=stored(waiting)),
+            checkpoint=True,
+            status=SessionStatus.WAITING_INPUT,
+            release=True,
+        )
+        return RunResult(self.session_id, Outcome.WAITING_INPUT)
 
     def run_tools(self, action: RunTools) -> RunResult | None:
         if self.can_fan_out(action):
@@ -613,23 +637,16 @@ class _Run:
             tool = self.agent.tool_registry.get(call.name)
             boundary = remaining == 0  # the turn's last result: checkpoint with it
             if tool is not None and tool.needs_approval and pending.decision is None:
-                self.append(
-                    NewStep(
-                        kind=StepKind.SYSTEM,
-                        payload={
-                            "event": SystemEvent.WAITING_FOR_APPROVAL,
-                            "call_id": call.id,
-                            "tool": call.name,
-                            "arguments": call.arguments,
-                            "model_seq": action.model_seq,
-                            "requested_at": utcnow().isoformat(),
-                        },
-                    ),
-                    checkpoint=True,
-                    status=SessionStatus.WAITING_INPUT,
-                    release=True,
+                return self.wait_for_person(
+                    SystemPayload(
+                        event=SystemEvent.WAITING_FOR_APPROVAL,
+                        call_id=call.id,
+                        tool=call.name,
+                        arguments=call.arguments,
+                        model_seq=action.model_seq,
+                        requested_at=utcnow().isoformat(),
+                    )
                 )
-                return RunResult(self.session_id, Outcome.WAITING_INPUT)
             if pending.decision is not None and pending.decision.action == OperatorAction.REJECT:
                 rejection = as_operator(pending.decision.payload)
                 reason = rejection.get("reason") or "no reason given"
@@ -644,23 +661,16 @@ class _Run:
                 if resolution is None:
                     # It may or may not have happened, and running it again could do it
                     # twice: a person decides (run again, record what happened, or fail).
-                    self.append(
-                        NewStep(
-                            kind=StepKind.SYSTEM,
-                            payload={
-                                "event": SystemEvent.UNCERTAIN_CALL,
-                                "call_id": call.id,
-                                "tool": call.name,
-                                "arguments": call.arguments,
-                                "tool_call_seq": pending.tool_call_step.seq,
-                                "idempotency_key": pending.tool_call_step.idempotency_key,
-                            },
-                        ),
-                        checkpoint=True,
-                        status=SessionStatus.WAITING_INPUT,
-                        release=True,
+                    return self.wait_for_person(
+                        SystemPayload(
+                            event=SystemEvent.UNCERTAIN_CALL,
+                            call_id=call.id,
+                            tool=call.name,
+                            arguments=call.arguments,
+                            tool_call_seq=pending.tool_call_step.seq,
+                            idempotency_key=pending.tool_call_step.idempotency_key,
+                        )
                     )
-                    return RunResult(self.session_id, Outcome.WAITING_INPUT)
                 if resolution.get("action") == OperatorAction.RECORD_RESULT:
                     outcome = ToolOutcome(ok=True, output=resolution.get("output"), attempts=0)
                     self.record_result(
@@ -687,11 +697,11 @@ class _Run:
                         kind=StepKind.TOOL_CALL,
                         # The key lives in the step's own column: it is derived from the seq,
                         # and payloads stay identical between a resumed and a straight run.
-                        payload={
-                            "call_id": call.id,
-                            "name": call.name,
-                            "arguments": call.arguments,
-                        },
+                        payload=stored(
+                            ToolCallPayload(
+                                call_id=call.id, name=call.name, arguments=call.arguments
+                            )
+                        ),
                         started_at=utcnow(),
                         idempotency_key=key,
                     )
@@ -777,11 +787,7 @@ class _Run:
         checkpoint: bool,
         recorded_by: str | None = None,
     ) -> None:
-        payload = result_payload(call, outcome)
-        if recorded_by is not None:
-            # Not the tool's word: a person recorded what happened. Marked, and shown to the
-            # model as an operator's record.
-            payload["recorded_by_operator"] = recorded_by
+        payload = result_payload(call, outcome, recorded_by=recorded_by)
         self.append(
             NewStep(
                 kind=StepKind.TOOL_RESULT, payload=payload, started_at=started, finished_at=utcnow()
@@ -790,16 +796,29 @@ class _Run:
         )
 
 
-def usage_record(usage: Usage, prices: PriceTable, spec: str, model: str) -> dict[str, Any]:
+def run_started(head: SessionHead, *, worker: str, agent_version: str) -> SystemPayload:
+    """What every run records first: what it loaded, and the agent version running it
+    beside the one the session started on."""
+    return SystemPayload(
+        event=SystemEvent.RUN_STARTED,
+        worker=worker,
+        checkpoint_seq=head.checkpoint.seq if head.checkpoint else None,
+        steps_after_checkpoint=len(head.steps_after_checkpoint),
+        agent_version=agent_version,
+        agent_started_on=head.agent_version or None,
+    )
+
+
+def usage_record(usage: Usage, prices: PriceTable, spec: str, model: str) -> UsagePayload:
     """A model step's `usage`: its tokens, cache tokens and cost. A call the price table
     has no price for (and whose provider reported none) is marked `unpriced`."""
     provider = spec.partition(":")[0]
     cost = prices.cost(provider, model, usage)
-    record: dict[str, Any] = {
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "cost": round(cost or 0.0, 8),
-    }
+    record = UsagePayload(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost=round(cost or 0.0, 8),
+    )
     if usage.cache_read_tokens:
         record["cache_read_tokens"] = usage.cache_read_tokens
     if usage.cache_write_tokens:
@@ -809,12 +828,18 @@ def usage_record(usage: Usage, prices: PriceTable, spec: str, model: str) -> dic
     return record
 
 
-def result_payload(call: ToolCall, outcome: ToolOutcome) -> dict[str, Any]:
+def result_payload(
+    call: ToolCall,
+    outcome: ToolOutcome,
+    *,
+    branch: BranchLabel | None = None,
+    recorded_by: str | None = None,
+) -> dict[str, Any]:
     """The tool_result payload of a call's outcome, with the state changes it carries."""
     payload = outcome.payload(call.id, call.name)
     if outcome.plan_update is not None:
         payload["plan_update"] = [
-            {"title": title, "status": status} for title, status in outcome.plan_update
+            PlanUpdateItem(title=title, status=status) for title, status in outcome.plan_update
         ]
     if outcome.memory_added:
         payload["memory_added"] = list(outcome.memory_added)
@@ -822,7 +847,13 @@ def result_payload(call: ToolCall, outcome: ToolOutcome) -> dict[str, Any]:
         payload["batch_cursor"] = dict(outcome.batch_cursor)
     if outcome.ok and outcome.agent_state is not None:
         payload["agent_state"] = outcome.agent_state
-    return payload
+    if branch is not None:
+        payload["branch"] = branch
+    if recorded_by is not None:
+        # Not the tool's word: a person recorded what happened. Marked, and shown to the
+        # model as an operator's record.
+        payload["recorded_by_operator"] = recorded_by
+    return stored(payload)
 
 
 def report_late_call(
@@ -927,7 +958,7 @@ def run_session(
             [
                 NewStep(
                     kind=StepKind.ERROR,
-                    payload={"where": "worker", "error": message, "crashes": lease.crashes},
+                    payload=error_payload("worker", message, crashes=lease.crashes),
                 )
             ],
             status=SessionStatus.FAILED,

@@ -111,8 +111,19 @@ class SdkProvider:
 
     model: str
     base_url: str | None
-    _api_key: str
-    _scrub: Scrubber
+
+    def __init__(self, *, model: str, options: dict[str, Any]) -> None:
+        self.model = model
+        # options["<name>_base_url"] (empty: the SDK's default) and options["<name>_api_key"].
+        self.base_url: str | None = (options.get(f"{self.name}_base_url") or "").strip() or None
+        api_key = (options.get(f"{self.name}_api_key") or "").strip()
+        self._api_key = self.client_key(api_key)
+        self._scrub = Scrubber([api_key])
+
+    def client_key(self, api_key: str) -> str:
+        """The key the client is built with (ProviderError, permanent, when it needs one
+        and there is none)."""
+        raise NotImplementedError
 
     def request(
         self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings

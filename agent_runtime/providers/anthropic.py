@@ -14,7 +14,6 @@ import anthropic
 from ..tools import ToolSpec
 from ._http import (
     MalformedResponse,
-    Scrubber,
     SdkProvider,
     canonical,
     kind,
@@ -38,14 +37,10 @@ class AnthropicProvider(SdkProvider):
     client_class = anthropic.Anthropic
     default_endpoint = "the Anthropic API"
 
-    def __init__(self, *, model: str, options: dict[str, Any]) -> None:
-        self.model = model
-        self.base_url: str | None = (options.get("anthropic_base_url") or "").strip() or None
-        api_key = (options.get("anthropic_api_key") or "").strip()
+    def client_key(self, api_key: str) -> str:
         if not api_key:
             raise ProviderError("anthropic: no API key: set ANTHROPIC_API_KEY", permanent=True)
-        self._api_key = api_key
-        self._scrub = Scrubber([api_key])
+        return api_key
 
     def resource(self, client: Any) -> Any:
         return client.messages

@@ -15,7 +15,6 @@ import openai
 from ..tools import ToolSpec
 from ._http import (
     MalformedResponse,
-    Scrubber,
     SdkProvider,
     decode_arguments,
     kind,
@@ -38,18 +37,14 @@ class OpenAIProvider(SdkProvider):
     client_class = openai.OpenAI
     default_endpoint = "the OpenAI API"
 
-    def __init__(self, *, model: str, options: dict[str, Any]) -> None:
-        self.model = model
-        self.base_url: str | None = (options.get("openai_base_url") or "").strip() or None
-        api_key = (options.get("openai_api_key") or "").strip()
+    def client_key(self, api_key: str) -> str:
         if not api_key and self.base_url is None:
             raise ProviderError(
                 "openai: no API key: set OPENAI_API_KEY (or OPENAI_BASE_URL, for a local "
                 "OpenAI-compatible server that needs no key)",
                 permanent=True,
             )
-        self._api_key = api_key or PLACEHOLDER_KEY
-        self._scrub = Scrubber([api_key])
+        return api_key or PLACEHOLDER_KEY
 
     def resource(self, client: Any) -> Any:
         return client.chat.completions
