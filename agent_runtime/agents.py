@@ -222,6 +222,13 @@ class Agent:
             # Frozen: the normalised registry replaces the list once, here.
             object.__setattr__(self, "tools", ToolRegistry(list(self.tools)))
 
+    @property
+    def tool_registry(self) -> ToolRegistry:
+        """The agent's tools by name: `tools` as given, made a registry when the agent
+        was built."""
+        assert isinstance(self.tools, ToolRegistry)  # __post_init__ replaced a sequence
+        return self.tools
+
     def problems(self) -> list[str]:
         out = []
         if not isinstance(self.name, str) or not NAME.match(self.name):

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .agents import AgentRegistry, AgentStateError, UnknownAgent
-from .loop import RunTools, _uncertain_resolution, next_action, replay
-from .state import StateError
+from .loop.trace import RunTools, next_action, replay, uncertain_resolution
+from .state import OperatorAction, StateError
 from .store import SessionHead
 from .tools import ToolError
 
@@ -60,9 +60,9 @@ def session_problems(head: SessionHead, agents: AgentRegistry) -> list[Problem]:
     if not isinstance(action, RunTools):
         return problems
     for pending in action.calls:
-        decision = (pending.decision or {}).get("action")
-        if decision == "reject" or (
-            decision == "record_result" and _uncertain_resolution(pending) is not None
+        decision = pending.decision.action if pending.decision is not None else None
+        if decision == OperatorAction.REJECT or (
+            decision == OperatorAction.RECORD_RESULT and uncertain_resolution(pending) is not None
         ):
             continue  # decided: the tool does not run
         call = pending.call
@@ -74,9 +74,9 @@ def session_problems(head: SessionHead, agents: AgentRegistry) -> list[Problem]:
             what = "pending tool call"
         seq = pending.tool_call_step.seq if pending.tool_call_step is not None else action.model_seq
         where = f"{what} at seq {seq} ({call.name})"
-        tool = agent.tools.get(call.name)
+        tool = agent.tool_registry.get(call.name)
         if tool is None:
-            have = ", ".join(agent.tools.names()) or "none"
+            have = ", ".join(agent.tool_registry.names()) or "none"
             problems.append(
                 Problem(
                     where,

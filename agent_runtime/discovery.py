@@ -50,12 +50,6 @@ class Discovery:
         return AgentRegistry(self.agents)
 
 
-def parse_paths(value: str | Iterable[str]) -> list[str]:
-    """`a.b:agents, c:make_agents` (an environment variable) or a list of paths."""
-    items = value.split(",") if isinstance(value, str) else list(value)
-    return [item.strip() for item in items if item and item.strip()]
-
-
 def discover(paths: Iterable[str], *, entry_points: bool = True) -> Discovery:
     """Load every agent named by `paths` and, with `entry_points`, by installed packages."""
     found = Discovery()

@@ -28,12 +28,21 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from .state import NewStep, SessionStatus, StepKind, SystemEvent
+from .state import (
+    NewStep,
+    SessionStatus,
+    StepKind,
+    SystemEvent,
+    SystemPayload,
+    error_payload,
+    stored,
+)
 from .store import Lease, LeaseLost, SessionHead, SessionStore, utcnow
 
 if TYPE_CHECKING:
     from .agents import Agent
-    from .loop import Heartbeat, RunConfig, RunResult
+    from .loop.heartbeat import Heartbeat
+    from .loop.run import RunConfig, RunResult
 
 
 class RunnerCancelled(Exception):
@@ -122,8 +131,11 @@ def run_with_runner(
     head: SessionHead,
 ) -> RunResult:
     """The run of a runner agent's session, once `run_session` holds its lease."""
-    from .loop import Heartbeat, Outcome, RunResult
+    from .loop.heartbeat import Heartbeat
+    from .loop.run import Outcome, RunResult, run_started
 
+    runner = agent.runner
+    assert runner is not None  # run_session hands only runner agents' sessions here
     session_id = head.session_id
     last_ran = head.checkpoint.state.agent_version if head.checkpoint else None
     refusal = agent.refusal(started=head.agent_version, last_ran=last_ran)
@@ -138,30 +150,24 @@ def run_with_runner(
         worker_id=config.worker_id,
         agent=agent,
     )
-    interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
     try:
         store.append(
             lease,
             [
                 NewStep(
                     kind=StepKind.SYSTEM,
-                    payload={
-                        "event": SystemEvent.RUN_STARTED,
-                        "worker": config.worker_id,
-                        "runner": type(agent.runner).__name__,
-                        "checkpoint_seq": head.checkpoint.seq if head.checkpoint else None,
-                        "steps_after_checkpoint": len(head.steps_after_checkpoint),
-                        "agent_version": agent.version,
-                        "agent_started_on": head.agent_version or None,
-                    },
+                    payload=stored(
+                        run_started(head, worker=config.worker_id, agent_version=agent.version)
+                        | SystemPayload(runner=type(runner).__name__)
+                    ),
                     started_at=utcnow(),
                 )
             ],
         )
-        with Heartbeat(store, lease, config.lease_ttl, interval) as heartbeat:
+        with Heartbeat(store, lease, config.lease_ttl, config.heartbeat_every) as heartbeat:
             context._heartbeat = heartbeat
             try:
-                result = agent.runner.run(context)
+                result = runner.run(context)
             except (LeaseLost, RunnerCancelled):
                 raise
             except Exception as exc:  # the runner's own code failed: the session fails
@@ -179,7 +185,7 @@ def run_with_runner(
     if result.status == RunnerStatus.FAILED:
         step = NewStep(
             kind=StepKind.ERROR,
-            payload={"where": "runner", "error": result.error or "failed", **result.detail},
+            payload=error_payload("runner", result.error or "failed", **result.detail),
         )
     else:
         step = NewStep(

@@ -21,9 +21,10 @@ import copy
 import dataclasses
 import enum
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 SCHEMA_VERSION = 3
 
@@ -302,6 +303,19 @@ class NewStep:
     tokens_out: int = 0
     idempotency_key: str | None = None
 
+    def at(self, seq: int) -> StepRecord:
+        """This step as stored at `seq` (in the current schema version)."""
+        return StepRecord(
+            seq=seq,
+            kind=self.kind,
+            payload=self.payload,
+            started_at=self.started_at,
+            finished_at=self.finished_at,
+            tokens_in=self.tokens_in,
+            tokens_out=self.tokens_out,
+            idempotency_key=self.idempotency_key,
+        )
+
 
 @dataclass(frozen=True)
 class StepRecord:
@@ -318,6 +332,21 @@ class StepRecord:
     idempotency_key: str | None = None
     superseded: bool = False
 
+    @property
+    def call_id(self) -> str | None:
+        """The tool call a tool_call, tool_result, decision or system step is about."""
+        return self.payload.get("call_id")
+
+    @property
+    def action(self) -> str | None:
+        """An operator step's OperatorAction (None for other kinds)."""
+        return self.payload.get("action") if self.kind == StepKind.OPERATOR else None
+
+    @property
+    def event(self) -> str | None:
+        """A system step's SystemEvent (None for other kinds)."""
+        return self.payload.get("event") if self.kind == StepKind.SYSTEM else None
+
 
 @dataclass(frozen=True)
 class CheckpointRecord:
@@ -331,6 +360,168 @@ class CheckpointRecord:
 class NewCheckpoint:
     state: SessionState
     reason: CheckpointReason = CheckpointReason.AUTO
+
+
+# --- The fields of step payloads ---------------------------------------------------------
+# A stored payload is a plain JSON object (StepRecord.payload); these say which fields each
+# kind's payload has, by name, once. Writers build one as its TypedDict and store it with
+# `stored`; readers see one through its `as_...` view. The stored JSON is what it always was.
+
+
+class UsagePayload(TypedDict):
+    """A model step's `usage`: its tokens, cache tokens and cost."""
+
+    input_tokens: int
+    output_tokens: int
+    cost: float
+    cache_read_tokens: NotRequired[int]
+    cache_write_tokens: NotRequired[int]
+    unpriced: NotRequired[bool]  # no price known for the model: `cost` is 0
+
+
+class ToolCallFields(TypedDict):
+    """One tool call a model step asks for (an item of its `tool_calls`)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+class ModelPayload(TypedDict):
+    content: list[dict[str, Any]]
+    tool_calls: list[ToolCallFields]
+    usage: UsagePayload
+    model: str
+
+
+class BranchLabel(TypedDict):
+    """Which fan-out branch a call is: `index` of `of`."""
+
+    index: int
+    of: int
+
+
+class ToolCallPayload(TypedDict):
+    """A tool call recorded before it runs (its idempotency key is the step's own)."""
+
+    call_id: str
+    name: str
+    arguments: dict[str, Any]
+    branch: NotRequired[BranchLabel]
+
+
+class PlanUpdateItem(TypedDict):
+    title: str
+    status: str
+
+
+class ToolResultPayload(TypedDict):
+    call_id: str
+    name: str
+    status: str  # TOOL_STATUSES
+    output: Any
+    error: str | None
+    attempts: int
+    attempt_errors: NotRequired[list[str]]  # the errors of retried attempts, oldest first
+    failure: NotRequired[str]  # why a failed call failed (agent_runtime.tools.FAILURE_KINDS)
+    plan_update: NotRequired[list[PlanUpdateItem]]
+    memory_added: NotRequired[list[str]]
+    batch_cursor: NotRequired[dict[str, Any]]
+    agent_state: NotRequired[dict[str, Any]]  # the call's change: {"version", "set", "unset"}
+    branch: NotRequired[BranchLabel]
+    recorded_by_operator: NotRequired[str]  # a person recorded what an uncertain call did
+
+
+class ErrorPayload(TypedDict, total=False):
+    """An `error` step: where it happened and what it was (with details of its own)."""
+
+    where: str
+    error: str
+
+
+class OperatorPayload(TypedDict, total=False):
+    """An `operator` step: a person's word (`action`, an OperatorAction) and its details."""
+
+    action: str
+    actor: str
+    call_id: str  # the pending call a decision is about
+    reason: str
+    output: Any  # a recorded or corrected result
+    note: str
+    result_seq: int  # the tool_result step a correction replaces
+    content: list[dict[str, Any]]  # an instruction's text
+    budgets: dict[str, Any]
+
+
+class SystemPayload(TypedDict, total=False):
+    """A `system` step: what the engine did (`event`, a SystemEvent) and its details."""
+
+    event: str
+    worker: str
+    # run_started
+    runner: str
+    checkpoint_seq: int | None
+    steps_after_checkpoint: int
+    schema_version: int | None
+    upgraders: list[str]
+    step_versions: dict[str, int]
+    agent_version: str
+    agent_started_on: str | None
+    agent_state: dict[str, Any]
+    agent_state_upgraders: list[str]
+    # waiting_for_approval, uncertain_call
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+    model_seq: int
+    requested_at: str
+    tool_call_seq: int
+    idempotency_key: str | None
+    # fan_out, joined
+    owner: str
+    token: int
+    calls: list[int]
+    call_ids: list[str]
+    limit: Any  # fan_out: how many branches run at once; budget_reached: the budget's limit
+    fan_out_seq: int
+    results: int
+    # budget_reached
+    budget: str
+    used: Any
+    message: str
+    # run_finished
+    outcome: str
+    final_answer: str
+
+
+def stored(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """A payload built as one of the TypedDicts above, as the JSON object a step stores."""
+    return dict(fields)
+
+
+def error_payload(where: str, error: str, **details: Any) -> dict[str, Any]:
+    """An `error` step's payload: where it happened, what it was, and its details."""
+    return {**stored(ErrorPayload(where=where, error=error)), **details}
+
+
+def as_model(payload: dict[str, Any]) -> ModelPayload:
+    return cast(ModelPayload, payload)
+
+
+def as_tool_call(payload: dict[str, Any]) -> ToolCallPayload:
+    return cast(ToolCallPayload, payload)
+
+
+def as_tool_result(payload: dict[str, Any]) -> ToolResultPayload:
+    return cast(ToolResultPayload, payload)
+
+
+def as_operator(payload: dict[str, Any]) -> OperatorPayload:
+    return cast(OperatorPayload, payload)
+
+
+def as_system(payload: dict[str, Any]) -> SystemPayload:
+    return cast(SystemPayload, payload)
 
 
 # --- Step payloads of the current version -----------------------------------------------
@@ -356,7 +547,7 @@ def user_payload(text: str) -> dict[str, Any]:
 
 
 def model_payload(
-    text: str | None, tool_calls: list[dict[str, Any]], usage: dict[str, Any], model: str
+    text: str | None, tool_calls: list[dict[str, Any]], usage: Mapping[str, Any], model: str
 ) -> dict[str, Any]:
     return {"content": text_parts(text), "tool_calls": tool_calls, "usage": usage, "model": model}
 

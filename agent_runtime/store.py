@@ -17,13 +17,13 @@ from typing import Any, Protocol
 
 from .state import (
     RUNNABLE_STATUSES,
-    SCHEMA_VERSION,
     CheckpointRecord,
     NewCheckpoint,
     NewStep,
     SessionStatus,
     StepKind,
     StepRecord,
+    as_model,
     user_payload,
     validate_step_payload,
 )
@@ -253,7 +253,7 @@ class InMemoryStore:
             )
             session.steps.append(
                 StepRecord(
-                    seq=1, kind="user", payload=user_payload(user_input), started_at=utcnow()
+                    seq=1, kind=StepKind.USER, payload=user_payload(user_input), started_at=utcnow()
                 )
             )
             session.last_seq = 1
@@ -266,7 +266,9 @@ class InMemoryStore:
         with self._lock:
             session = self._get(session_id)
             session.last_seq += 1
-            session.steps.append(StepRecord(seq=session.last_seq, kind="operator", payload=payload))
+            session.steps.append(
+                StepRecord(seq=session.last_seq, kind=StepKind.OPERATOR, payload=payload)
+            )
             if status is not None:
                 session.status = status
             session.fencing_token += 1
@@ -280,7 +282,7 @@ class InMemoryStore:
             session = self._get(session_id)
             session.last_seq += 1
             session.steps.append(
-                StepRecord(seq=session.last_seq, kind="user", payload=user_payload(text))
+                StepRecord(seq=session.last_seq, kind=StepKind.USER, payload=user_payload(text))
             )
             session.status = SessionStatus.QUEUED
             return session.last_seq
@@ -398,19 +400,8 @@ class InMemoryStore:
             for step in steps:
                 session.last_seq += 1
                 seqs.append(session.last_seq)
-                session.steps.append(
-                    StepRecord(
-                        seq=session.last_seq,
-                        kind=step.kind,
-                        payload=dict(step.payload),
-                        schema_version=SCHEMA_VERSION,
-                        started_at=step.started_at,
-                        finished_at=step.finished_at,
-                        tokens_in=step.tokens_in,
-                        tokens_out=step.tokens_out,
-                        idempotency_key=step.idempotency_key,
-                    )
-                )
+                # A copy of the payload, as a real store serialises it.
+                session.steps.append(replace(step, payload=dict(step.payload)).at(session.last_seq))
             if checkpoint is not None:
                 # A copy, as a real store serialises it: the loop goes on mutating its state.
                 session.checkpoints.append(
@@ -437,10 +428,12 @@ class InMemoryStore:
             self._check(session, lease)
             live = [s for s in session.steps if not s.superseded and s.seq >= after_seq]
             model = next((s for s in live if s.seq == after_seq), None)
-            calls = {c["id"] for c in (model.payload.get("tool_calls") or [])} if model else set()
-            answered = {
-                s.payload.get("call_id") for s in live if s.kind == StepKind.TOOL_RESULT
-            } & calls
+            calls = (
+                {c["id"] for c in as_model(model.payload).get("tool_calls") or []}
+                if model
+                else set()
+            )
+            answered = {s.call_id for s in live if s.kind == StepKind.TOOL_RESULT} & calls
             if call_id in answered:
                 return BranchAppend(seq=None, unanswered=len(calls - answered))
             seq = self.append(lease, [step]).seqs[0]

@@ -16,9 +16,11 @@ import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 log = logging.getLogger("respawn.telemetry")
+
+_R = TypeVar("_R")
 
 
 @dataclass
@@ -101,8 +103,7 @@ class _Combined(Telemetry):
     def __init__(self, parts: Sequence[Telemetry]) -> None:
         self.parts = list(parts)
 
-    @contextlib.contextmanager
-    def _nested(self, method: str, record: Any) -> Iterator[Any]:
+    def _nested(self, method: str, record: _R) -> Iterator[_R]:
         with contextlib.ExitStack() as stack:
             for part in self.parts:
                 try:
@@ -111,24 +112,29 @@ class _Combined(Telemetry):
                     _hook_failed(part, method)
             yield record
 
-    def run(self, record: RunRecord):  # type: ignore[override]
-        return self._nested("run", record)
+    @contextlib.contextmanager
+    def run(self, record: RunRecord) -> Iterator[RunRecord]:
+        yield from self._nested("run", record)
 
-    def model_call(self, record: ModelCallRecord):  # type: ignore[override]
-        return self._nested("model_call", record)
+    @contextlib.contextmanager
+    def model_call(self, record: ModelCallRecord) -> Iterator[ModelCallRecord]:
+        yield from self._nested("model_call", record)
 
-    def tool_call(self, record: ToolCallRecord):  # type: ignore[override]
-        return self._nested("tool_call", record)
+    @contextlib.contextmanager
+    def tool_call(self, record: ToolCallRecord) -> Iterator[ToolCallRecord]:
+        yield from self._nested("tool_call", record)
 
-    def steps_written(self, run, kinds, seconds, checkpoint_seq) -> None:
+    def steps_written(
+        self, run: RunRecord, kinds: Sequence[str], seconds: float, checkpoint_seq: int | None
+    ) -> None:
         for part in self.parts:
             guarded(part.steps_written, run, kinds, seconds, checkpoint_seq)
 
-    def fenced(self, run, where) -> None:
+    def fenced(self, run: RunRecord, where: str) -> None:
         for part in self.parts:
             guarded(part.fenced, run, where)
 
-    def budget_reached(self, run, budget) -> None:
+    def budget_reached(self, run: RunRecord, budget: str) -> None:
         for part in self.parts:
             guarded(part.budget_reached, run, budget)
 

@@ -37,6 +37,7 @@ from typing import Any
 import pydantic
 
 from .records import RecordSource
+from .state import ToolResultPayload
 from .store import EffectLedger, LeaseLost
 
 # A tool reporting progress writes it to the session row at most this often.
@@ -255,16 +256,16 @@ class ToolOutcome:
     # Why a failed call failed (FAILURE_KINDS); None when it succeeded.
     failure: str | None = None
 
-    def payload(self, call_id: str, name: str) -> dict[str, Any]:
+    def payload(self, call_id: str, name: str) -> ToolResultPayload:
         """The tool_result step payload (current schema version)."""
-        payload = {
-            "call_id": call_id,
-            "name": name,
-            "status": "ok" if self.ok else "error",
-            "output": self.output,
-            "error": self.error,
-            "attempts": self.attempts,
-        }
+        payload = ToolResultPayload(
+            call_id=call_id,
+            name=name,
+            status="ok" if self.ok else "error",
+            output=self.output,
+            error=self.error,
+            attempts=self.attempts,
+        )
         if self.attempt_errors:
             # Optional and for people (the trace lists each attempt); the model is not shown it.
             payload["attempt_errors"] = list(self.attempt_errors)
@@ -345,6 +346,16 @@ class Tool:
         attempt = 0
         retried: list[str] = []
         first_transient: float | None = None
+
+        def failed(error: str, failure: str) -> ToolOutcome:
+            return ToolOutcome(
+                ok=False,
+                error=error,
+                attempts=attempt,
+                attempt_errors=tuple(retried),
+                failure=failure,
+            )
+
         while True:
             attempt += 1
             ctx = ctx_factory(attempt)  # raises LeaseLost when the run may not start it
@@ -367,31 +378,13 @@ class Tool:
                     retried.append(str(exc))
                     time.sleep(self.retry_backoff * (2 ** (attempt - 1)))
                     continue
-                return ToolOutcome(
-                    ok=False,
-                    error=str(exc),
-                    attempts=attempt,
-                    attempt_errors=tuple(retried),
-                    failure="tool",
-                )
+                return failed(str(exc), "tool")
             except _Overrun:
-                return ToolOutcome(
-                    ok=False,
-                    error=f"{self.name} timed out after {self.timeout:g}s",
-                    attempts=attempt,
-                    attempt_errors=tuple(retried),
-                    failure="timeout",
-                )
+                return failed(f"{self.name} timed out after {self.timeout:g}s", "timeout")
             except Exception as exc:  # a tool's bug is the model's problem to see, not a crash
                 error = f"{self.name} raised {type(exc).__name__}: {exc}".strip()
                 if not transient.is_transient(exc):
-                    return ToolOutcome(
-                        ok=False,
-                        error=error,
-                        attempts=attempt,
-                        attempt_errors=tuple(retried),
-                        failure="tool",
-                    )
+                    return failed(error, "tool")
                 now = time.monotonic()
                 first_transient = now if first_transient is None else first_transient
                 transient_tries = sum(1 for e in retried if e.startswith(INFRASTRUCTURE_PREFIX))
@@ -401,13 +394,7 @@ class Tool:
                     time.sleep(delay)
                     continue
                 why = "" if self.idempotent else " (not retried: the tool is not idempotent)"
-                return ToolOutcome(
-                    ok=False,
-                    error=f"{INFRASTRUCTURE_PREFIX}{error}{why}",
-                    attempts=attempt,
-                    attempt_errors=tuple(retried),
-                    failure="infrastructure",
-                )
+                return failed(f"{INFRASTRUCTURE_PREFIX}{error}{why}", "infrastructure")
 
 
 # The errors of infrastructure failures start with this, in the trace and the model's view.

@@ -10,9 +10,12 @@ from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from http import HTTPStatus
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from .base import ModelTurn, ProviderError
+from .base import Message, ModelSettings, ModelTurn, ProviderError
+
+if TYPE_CHECKING:
+    from ..tools import ToolSpec
 
 REDACTED = "[redacted]"
 
@@ -93,6 +96,71 @@ def server_detail(body: object) -> str:
     if message is None:
         message = body
     return shorten(message if isinstance(message, str) else json.dumps(message, default=str))
+
+
+class SdkProvider:
+    """A provider that makes one request per turn through an official SDK; retries and
+    backoff belong to the loop. A subclass names its SDK, builds the request body and
+    reads the turn from the response body."""
+
+    name: ClassVar[str]
+    sdk: ModuleType  # the SDK module, whose error classes are read
+    base_error: ClassVar[type[Exception]]
+    client_class: ClassVar[Callable[..., Any]]
+    default_endpoint: ClassVar[str]  # named in errors when no base URL is set
+
+    model: str
+    base_url: str | None
+
+    def __init__(self, *, model: str, options: dict[str, Any]) -> None:
+        self.model = model
+        # options["<name>_base_url"] (empty: the SDK's default) and options["<name>_api_key"].
+        self.base_url: str | None = (options.get(f"{self.name}_base_url") or "").strip() or None
+        api_key = (options.get(f"{self.name}_api_key") or "").strip()
+        self._api_key = self.client_key(api_key)
+        self._scrub = Scrubber([api_key])
+
+    def client_key(self, api_key: str) -> str:
+        """The key the client is built with (ProviderError, permanent, when it needs one
+        and there is none)."""
+        raise NotImplementedError
+
+    def request(
+        self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings
+    ) -> dict[str, Any]:
+        """The request body for one turn."""
+        raise NotImplementedError
+
+    def resource(self, client: Any) -> Any:
+        """The SDK resource whose `create` sends a turn's request."""
+        raise NotImplementedError
+
+    def parse(self, body: str) -> ModelTurn:
+        """The turn in a response body (MalformedResponse when it is not one)."""
+        raise NotImplementedError
+
+    def complete(
+        self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings
+    ) -> ModelTurn:
+        request = self.request(messages, tools, settings)
+        return sdk_turn(
+            provider=self.name,
+            sdk=self.sdk,
+            base_error=self.base_error,
+            open_client=lambda: self.client_class(
+                api_key=self._api_key,  # explicit: the SDK then reads no credential files
+                base_url=self.base_url,  # None: the SDK's default
+                timeout=settings.timeout,
+                max_retries=0,  # the loop retries, with its backoff, and records the attempts
+            ),
+            send=lambda client: self.resource(client).with_raw_response.create(
+                **request, timeout=settings.timeout
+            ),
+            parse=self.parse,
+            endpoint=self.base_url or self.default_endpoint,
+            timeout=settings.timeout,
+            scrub=self._scrub,
+        )
 
 
 def sdk_turn(

@@ -14,10 +14,9 @@ import anthropic
 from ..tools import ToolSpec
 from ._http import (
     MalformedResponse,
-    Scrubber,
+    SdkProvider,
     canonical,
     kind,
-    sdk_turn,
     server_detail,
     snippet,
     token_count,
@@ -29,40 +28,25 @@ NAME = "anthropic"
 DEFAULT_MAX_TOKENS = 4096
 
 
-class AnthropicProvider:
+class AnthropicProvider(SdkProvider):
     """One Messages request per turn. Retries and backoff belong to the loop."""
 
-    def __init__(self, *, model: str, options: dict[str, Any]) -> None:
-        self.model = model
-        self.base_url: str | None = (options.get("anthropic_base_url") or "").strip() or None
-        api_key = (options.get("anthropic_api_key") or "").strip()
+    name = NAME
+    sdk = anthropic
+    base_error = anthropic.AnthropicError
+    client_class = anthropic.Anthropic
+    default_endpoint = "the Anthropic API"
+
+    def client_key(self, api_key: str) -> str:
         if not api_key:
             raise ProviderError("anthropic: no API key: set ANTHROPIC_API_KEY", permanent=True)
-        self._api_key = api_key
-        self._scrub = Scrubber([api_key])
+        return api_key
 
-    def complete(
-        self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings
-    ) -> ModelTurn:
-        request = self.request(messages, tools, settings)
-        return sdk_turn(
-            provider=NAME,
-            sdk=anthropic,
-            base_error=anthropic.AnthropicError,
-            open_client=lambda: anthropic.Anthropic(
-                api_key=self._api_key,  # explicit: the SDK then reads no credential files
-                base_url=self.base_url,  # None: the SDK's default
-                timeout=settings.timeout,
-                max_retries=0,  # the loop retries, with its backoff, and records the attempts
-            ),
-            send=lambda client: client.messages.with_raw_response.create(
-                **request, timeout=settings.timeout
-            ),
-            parse=parse_message,
-            endpoint=self.base_url or "the Anthropic API",
-            timeout=settings.timeout,
-            scrub=self._scrub,
-        )
+    def resource(self, client: Any) -> Any:
+        return client.messages
+
+    def parse(self, body: str) -> ModelTurn:
+        return parse_message(body)
 
     def request(
         self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings

@@ -15,10 +15,9 @@ import openai
 from ..tools import ToolSpec
 from ._http import (
     MalformedResponse,
-    Scrubber,
+    SdkProvider,
     decode_arguments,
     kind,
-    sdk_turn,
     snippet,
     token_count,
 )
@@ -29,44 +28,29 @@ NAME = "openai"
 PLACEHOLDER_KEY = "unused"
 
 
-class OpenAIProvider:
+class OpenAIProvider(SdkProvider):
     """One Chat Completions request per turn. Retries and backoff belong to the loop."""
 
-    def __init__(self, *, model: str, options: dict[str, Any]) -> None:
-        self.model = model
-        self.base_url: str | None = (options.get("openai_base_url") or "").strip() or None
-        api_key = (options.get("openai_api_key") or "").strip()
+    name = NAME
+    sdk = openai
+    base_error = openai.OpenAIError
+    client_class = openai.OpenAI
+    default_endpoint = "the OpenAI API"
+
+    def client_key(self, api_key: str) -> str:
         if not api_key and self.base_url is None:
             raise ProviderError(
                 "openai: no API key: set OPENAI_API_KEY (or OPENAI_BASE_URL, for a local "
                 "OpenAI-compatible server that needs no key)",
                 permanent=True,
             )
-        self._api_key = api_key or PLACEHOLDER_KEY
-        self._scrub = Scrubber([api_key])
+        return api_key or PLACEHOLDER_KEY
 
-    def complete(
-        self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings
-    ) -> ModelTurn:
-        request = self.request(messages, tools, settings)
-        return sdk_turn(
-            provider=NAME,
-            sdk=openai,
-            base_error=openai.OpenAIError,
-            open_client=lambda: openai.OpenAI(
-                api_key=self._api_key,
-                base_url=self.base_url,  # None: the SDK's default
-                timeout=settings.timeout,
-                max_retries=0,  # the loop retries, with its backoff, and records the attempts
-            ),
-            send=lambda client: client.chat.completions.with_raw_response.create(
-                **request, timeout=settings.timeout
-            ),
-            parse=parse_completion,
-            endpoint=self.base_url or "the OpenAI API",
-            timeout=settings.timeout,
-            scrub=self._scrub,
-        )
+    def resource(self, client: Any) -> Any:
+        return client.chat.completions
+
+    def parse(self, body: str) -> ModelTurn:
+        return parse_completion(body)
 
     def request(
         self, messages: list[Message], tools: list[ToolSpec], settings: ModelSettings

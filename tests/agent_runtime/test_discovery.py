@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agent_runtime.discovery import discover, parse_paths
+from agent_runtime.discovery import discover
 
 
 def problems(*paths: str) -> list[tuple[str, str]]:
@@ -25,11 +25,6 @@ def test_a_path_may_name_an_agent_a_list_or_a_function():
     names = [a.name for a in found.agents]
     assert names[:2] == ["acme-ep", "acme"] and "research" in names
     assert found.sources["acme"] == "RESPAWN_AGENTS entry 'acme_agents:agents_v1'"
-
-
-def test_paths_come_comma_separated():
-    assert parse_paths(" a.b:c, d:e ,,") == ["a.b:c", "d:e"]
-    assert parse_paths("") == []
 
 
 @pytest.mark.parametrize(

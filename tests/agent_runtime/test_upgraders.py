@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_runtime.loop import _answer_abandoned_calls, build_messages
+from agent_runtime.loop import build_messages
 from agent_runtime.providers import Message, ToolCall
 from agent_runtime.state import (
     SCHEMA_VERSION,
@@ -369,6 +369,34 @@ def render_v1(system_prompt: str, steps: list[tuple[str, dict]]) -> list[Message
     return messages
 
 
+def answer_abandoned_calls(messages: list[Message]) -> list[Message]:
+    """The rendering rule that came after v1: a tool call still without a result when the
+    conversation moves on gets an explicit "not run" result right there."""
+    out: list[Message] = []
+    open_calls: dict[str, str] = {}
+    for message in messages:
+        if message.role == "tool":
+            open_calls.pop(message.tool_call_id or "", None)
+        else:
+            for call_id, name in open_calls.items():
+                content = json.dumps(
+                    {
+                        "name": name,
+                        "ok": False,
+                        "output": None,
+                        "attempts": 0,
+                        "error": "not run: the conversation moved on before this call ran",
+                    },
+                    sort_keys=True,
+                )
+                out.append(Message(role="tool", content=content, tool_call_id=call_id, name=name))
+            open_calls = {}
+        if message.role == "assistant":
+            open_calls = {c.id: c.name for c in message.tool_calls}
+        out.append(message)
+    return out
+
+
 text = st.text(max_size=30)
 plan_statuses = st.sampled_from(["pending", "in_progress", "done"])
 json_values = st.recursive(
@@ -519,7 +547,7 @@ def test_upgraded_v1_sessions_render_identically_and_round_trip(state, steps, pr
     ]
     # One rendering rule came after v1 and applies to every version alike: a tool call left
     # without a result gets an explicit "not run" answer where the conversation moves on.
-    assert build_messages(prompt, records) == _answer_abandoned_calls(render_v1(prompt, steps))
+    assert build_messages(prompt, records) == answer_abandoned_calls(render_v1(prompt, steps))
 
     # Nothing is lost: the upgrade goes back to exactly the v1 blobs.
     assert state_down_to_v1(loaded.value.to_dict()) == state

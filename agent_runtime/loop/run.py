@@ -1,52 +1,51 @@
-"""The agent loop: claim, load, think, act, checkpoint, repeat.
+"""A run of a session: claim, load, think, act, checkpoint, repeat.
 
-What happens next is always derived from the durable trace (`next_action`), never from
-in-memory flags, so a run that starts after a crash continues exactly where the last
-committed step left off. The state is a fold of the steps over the head checkpoint
-(`apply_step`), applied the same way live and on resume.
+`run_session` takes the session's lease and advances it as far as it goes: to an answer, a
+pause, a failure, a cancel, or a fan-out of the turn's tool calls to branch jobs
+(`agent_runtime.loop.branches`). What it does at each step is what the trace says next
+(`agent_runtime.loop.trace`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import enum
-import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .agents import Agent, AgentRegistry, AgentStateError, UnknownAgent
-from .pricing import PriceTable, load_price_table
-from .providers import Message, ModelSettings, ModelTurn, Provider, ProviderError, ToolCall
-from .providers import make_provider as default_make_provider
-from .providers.base import Usage
-from .records import RecordSource
-from .redaction import NO_REDACTION, Redactor
-from .state import (
-    Budgets,
+from ..agents import Agent, AgentRegistry, AgentStateError, UnknownAgent
+from ..pricing import PriceTable, load_price_table
+from ..providers import Message, ModelSettings, ModelTurn, Provider, ProviderError, ToolCall
+from ..providers import make_provider as default_make_provider
+from ..providers.base import Usage
+from ..records import RecordSource
+from ..redaction import NO_REDACTION, Redactor
+from ..state import (
+    BranchLabel,
     NewCheckpoint,
     NewStep,
     OperatorAction,
-    PendingApproval,
+    PlanUpdateItem,
     SessionState,
     SessionStatus,
     StateError,
     StepKind,
     StepRecord,
     SystemEvent,
-    apply_agent_state_patch,
-    apply_budgets,
+    SystemPayload,
+    ToolCallPayload,
+    UsagePayload,
+    as_operator,
+    as_system,
+    as_tool_call,
+    error_payload,
     model_payload,
-    replan,
-    step_text,
-    tool_ok,
+    stored,
 )
-from .store import EffectLedger, Lease, LeaseLost, SessionHead, SessionStore, utcnow
-from .telemetry import (
+from ..store import EffectLedger, Lease, LeaseLost, SessionHead, SessionStore, utcnow
+from ..telemetry import (
     NO_TELEMETRY,
     ModelCallRecord,
     RunRecord,
@@ -55,8 +54,19 @@ from .telemetry import (
     guarded,
     observe,
 )
-from .tools import FenceGuard, Tool, ToolContext, ToolOutcome, TransientRetry
-from .upgraders import IncompatibleSchemaError
+from ..tools import Tool, ToolContext, ToolOutcome, TransientRetry
+from ..upgraders import IncompatibleSchemaError
+from .conversation import Conversation
+from .heartbeat import Heartbeat, fence_guard
+from .trace import (
+    CallModel,
+    Finished,
+    RunTools,
+    apply_step,
+    next_action,
+    replay,
+    uncertain_resolution,
+)
 
 log = logging.getLogger("respawn.loop")
 
@@ -94,6 +104,11 @@ class RunConfig:
     # retried, and which errors count as such.
     transient: TransientRetry = field(default_factory=TransientRetry)
 
+    @property
+    def heartbeat_every(self) -> float:
+        """Seconds between heartbeats: `heartbeat_interval`, or a third of the lease TTL."""
+        return self.heartbeat_interval or max(self.lease_ttl / 3, 0.05)
+
 
 class Outcome(enum.StrEnum):
     COMPLETED = "completed"
@@ -118,175 +133,6 @@ class RunResult:
     branches: tuple[int, ...] = ()  # FANNED_OUT: seqs of the tool calls to run as branch jobs
 
 
-# --- Reading the trace ------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CallModel:
-    pass
-
-
-@dataclass(frozen=True)
-class PendingCall:
-    call: ToolCall
-    tool_call_step: StepRecord | None  # recorded before a crash: run again with its key
-    decision: dict[str, Any] | None  # an operator's approve/reject for this call
-
-
-@dataclass(frozen=True)
-class RunTools:
-    model_seq: int
-    calls: list[PendingCall]
-
-
-@dataclass(frozen=True)
-class Finished:
-    answer: str | None
-
-
-Action = CallModel | RunTools | Finished
-
-# Operator steps that give the model something new to respond to (a person's edit).
-_NEW_INPUT_OPERATOR_ACTIONS = {OperatorAction.INSTRUCTION, OperatorAction.CORRECT_RESULT}
-# A person's word on one pending tool call: approve/reject a call that needs approval;
-# rerun/record_result an uncertain one (a non-idempotent call a crash left without result).
-DECISIONS = {
-    OperatorAction.APPROVE,
-    OperatorAction.REJECT,
-    OperatorAction.RERUN,
-    OperatorAction.RECORD_RESULT,
-}
-UNCERTAIN_RESOLUTIONS = {OperatorAction.RERUN, OperatorAction.RECORD_RESULT}
-
-
-def _is_new_input(step: StepRecord) -> bool:
-    return step.kind == StepKind.USER or (
-        step.kind == StepKind.OPERATOR and step.payload.get("action") in _NEW_INPUT_OPERATOR_ACTIONS
-    )
-
-
-def next_action(history: list[StepRecord]) -> Action:
-    """Decide what the session does next from its live history alone."""
-    last_model = None
-    for index in range(len(history) - 1, -1, -1):
-        step = history[index]
-        if _is_new_input(step):
-            return CallModel()
-        if step.kind == StepKind.MODEL:
-            last_model = index
-            break
-    if last_model is None:
-        return CallModel()
-    model_step = history[last_model]
-    calls = [ToolCall(**c) for c in model_step.payload.get("tool_calls") or []]
-    if not calls:
-        return Finished(step_text(model_step.payload))
-    after = history[last_model + 1 :]
-    results = {s.payload.get("call_id") for s in after if s.kind == StepKind.TOOL_RESULT}
-    recorded = {s.payload.get("call_id"): s for s in after if s.kind == StepKind.TOOL_CALL}
-    decisions = {
-        s.payload.get("call_id"): {**s.payload, "_seq": s.seq}
-        for s in after
-        if s.kind == StepKind.OPERATOR and s.payload.get("action") in DECISIONS
-    }
-    pending = [
-        PendingCall(call=c, tool_call_step=recorded.get(c.id), decision=decisions.get(c.id))
-        for c in calls
-        if c.id not in results
-    ]
-    if not pending:
-        return CallModel()
-    return RunTools(model_seq=model_step.seq, calls=pending)
-
-
-def _uncertain_resolution(pending: PendingCall) -> dict[str, Any] | None:
-    """A person's rerun/record_result for a call recorded before a crash, made after it."""
-    decision = pending.decision
-    if (
-        decision is None
-        or pending.tool_call_step is None
-        or decision.get("action") not in UNCERTAIN_RESOLUTIONS
-        or decision.get("_seq", 0) <= pending.tool_call_step.seq
-    ):
-        return None
-    return decision
-
-
-def apply_step(state: SessionState, step: StepRecord) -> None:
-    """Fold one step into the state (used live and when replaying after a checkpoint)."""
-    payload = step.payload
-    state.counters.steps += 1
-    if step.kind == StepKind.USER:
-        state.final_answer = None
-    elif step.kind == StepKind.MODEL:
-        state.turn += 1
-        state.counters.model_calls += 1
-        state.counters.tokens_in += step.tokens_in
-        state.counters.tokens_out += step.tokens_out
-        state.counters.cost += float((payload.get("usage") or {}).get("cost") or 0.0)
-        if not payload.get("tool_calls"):
-            state.final_answer = step_text(payload)
-    elif step.kind == StepKind.TOOL_RESULT:
-        state.counters.tool_calls += 1
-        state.counters.retries += max(0, int(payload.get("attempts") or 1) - 1)
-        if payload.get("plan_update") is not None:
-            state.plan = replan(
-                state.plan, [(item["title"], item["status"]) for item in payload["plan_update"]]
-            )
-        if isinstance(payload.get("batch_cursor"), dict):
-            state.batch_cursor = dict(payload["batch_cursor"])
-        for ref in payload.get("memory_added") or []:
-            if ref not in state.memory_refs:
-                state.memory_refs.append(ref)
-        if state.pending_approval and state.pending_approval.call_id == payload.get("call_id"):
-            state.pending_approval = None
-        if payload.get("call_id") in state.uncertain_calls:
-            state.uncertain_calls.remove(payload["call_id"])
-        if payload.get("agent_state") is not None:
-            apply_agent_state_patch(state, payload["agent_state"])
-    elif step.kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.SET_BUDGETS:
-        apply_budgets(state, payload)
-    elif step.kind == StepKind.SYSTEM and payload.get("event") == SystemEvent.RUN_STARTED:
-        if payload.get("agent_version"):
-            state.agent_version = str(payload["agent_version"])
-        if payload.get("agent_state") is not None:
-            state.agent_state = copy.deepcopy(payload["agent_state"])
-    elif step.kind == StepKind.SYSTEM and payload.get("event") == SystemEvent.UNCERTAIN_CALL:
-        if payload["call_id"] not in state.uncertain_calls:
-            state.uncertain_calls.append(payload["call_id"])
-    elif step.kind == StepKind.SYSTEM and payload.get("event") == SystemEvent.WAITING_FOR_APPROVAL:
-        state.pending_approval = PendingApproval(
-            call_id=payload["call_id"],
-            tool=payload["tool"],
-            arguments=payload["arguments"],
-            model_seq=payload["model_seq"],
-            requested_at=payload.get("requested_at"),
-        )
-
-
-def new_state(agent: Agent) -> SessionState:
-    """The state of a session that has no checkpoint yet: the agent's limits as budgets."""
-    limits = agent.limits
-    return SessionState(
-        agent_name=agent.name,
-        agent_version=agent.version,
-        budgets=Budgets(
-            max_steps=limits.max_steps, max_tokens=limits.max_tokens, max_cost=limits.max_cost
-        ),
-    )
-
-
-def replay(head: SessionHead, agent: Agent) -> SessionState:
-    """The state at the end of the loaded history: the head checkpoint's, with every step
-    after it folded in. Raises StateError when a step cannot be folded."""
-    state = (
-        copy.deepcopy(head.checkpoint.state) if head.checkpoint is not None else new_state(agent)
-    )
-    for step in head.steps_after_checkpoint:
-        apply_step(state, step)
-    return state
-
-
 def start_agent_state(
     agent: Agent, state: SessionState
 ) -> tuple[dict[str, Any] | None, tuple[str, ...]]:
@@ -303,245 +149,6 @@ def start_agent_state(
     record = state.agent_state is None or bool(applied)
     state.agent_state = loaded
     return (loaded if record else None), applied
-
-
-def build_messages(system_prompt: str, history: list[StepRecord]) -> list[Message]:
-    """The conversation a provider sees, rebuilt from durable steps only (already upgraded
-    to the current schema). A session stored in an older version renders exactly as it did
-    then: tests hold every version's fixtures to that."""
-    return Conversation(system_prompt, history).messages
-
-
-def _corrections(history: list[StepRecord]) -> dict[Any, dict[str, Any]]:
-    return {
-        s.payload.get("result_seq"): s.payload
-        for s in history
-        if s.kind == StepKind.OPERATOR and s.payload.get("action") == OperatorAction.CORRECT_RESULT
-    }
-
-
-def _step_message(step: StepRecord, corrections: dict[Any, dict[str, Any]]) -> Message | None:
-    """What one step shows the model, if anything."""
-    payload = step.payload
-    if step.kind == StepKind.USER:
-        return Message(role="user", content=step_text(payload) or "")
-    if step.kind == StepKind.MODEL:
-        return Message(
-            role="assistant",
-            content=step_text(payload),
-            tool_calls=tuple(ToolCall(**c) for c in payload.get("tool_calls") or []),
-        )
-    if step.kind == StepKind.TOOL_RESULT:
-        # The model has always been shown {"ok": bool, ...}; the stored status is mapped
-        # back so sessions read the same to a model across the v1 -> v2 change.
-        result = {
-            "name": payload.get("name"),
-            "ok": tool_ok(payload),
-            "output": payload.get("output"),
-            "error": payload.get("error"),
-            "attempts": payload.get("attempts", 1),
-        }
-        if payload.get("recorded_by_operator"):
-            result["recorded_by_operator"] = payload["recorded_by_operator"]
-        correction = corrections.get(step.seq)
-        if correction is not None:
-            # The corrected value, labelled as an operator's: never passed off as the tool's.
-            result.update(ok=True, output=correction.get("output"), error=None)
-            result["corrected_by_operator"] = correction.get("actor")
-            if correction.get("note"):
-                result["operator_note"] = correction["note"]
-        content = json.dumps(result, sort_keys=True, default=str)
-        return Message(
-            role="tool",
-            content=content,
-            tool_call_id=payload.get("call_id"),
-            name=payload.get("name"),
-        )
-    if step.kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.CORRECT_RESULT:
-        return Message(
-            role="user",
-            content=(
-                f"[Operator correction] The result of tool call {payload.get('call_id')} "
-                "was corrected by an operator; continue from the corrected result."
-            ),
-        )
-    if step.kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.INSTRUCTION:
-        # Marked as coming from an operator, never passed off as the model or a tool.
-        return Message(role="user", content=f"[Operator instruction] {step_text(payload) or ''}")
-    return None
-
-
-class _OpenCalls:
-    """Gives every tool call that never got a result (new input arrived first, e.g. after a
-    rollback to a pending approval) an explicit "not run" result, right where the
-    conversation moved on. Both provider APIs refuse a tool call left unanswered."""
-
-    def __init__(self) -> None:
-        self.open: dict[str, str] = {}
-
-    def push(self, message: Message, out: list[Message]) -> None:
-        if message.role == "tool":
-            self.open.pop(message.tool_call_id or "", None)
-        elif self.open:
-            for call_id, name in self.open.items():
-                content = json.dumps(
-                    {
-                        "name": name,
-                        "ok": False,
-                        "output": None,
-                        "attempts": 0,
-                        "error": "not run: the conversation moved on before this call ran",
-                    },
-                    sort_keys=True,
-                )
-                out.append(Message(role="tool", content=content, tool_call_id=call_id, name=name))
-            self.open = {}
-        if message.role == "assistant":
-            self.open = {c.id: c.name for c in message.tool_calls}
-        out.append(message)
-
-
-def _answer_abandoned_calls(messages: list[Message]) -> list[Message]:
-    out: list[Message] = []
-    open_calls = _OpenCalls()
-    for message in messages:
-        open_calls.push(message, out)
-    return out
-
-
-class Conversation:
-    """build_messages, kept up to date as a run appends steps: each step is rendered once,
-    not once per model call (which made a long session quadratic in its length).
-
-    `messages` is always equal to build_messages(system_prompt, history) over the steps
-    given so far. A step that changes how earlier steps render (an operator's correction)
-    rebuilds it; a run itself never appends one."""
-
-    def __init__(self, system_prompt: str, history: list[StepRecord]) -> None:
-        # The agent's instructions may change from call to call (a function of the
-        # state): set before reading `messages`.
-        self.system_prompt = system_prompt
-        self._history = list(history)
-        self._rebuild()
-
-    def _rebuild(self) -> None:
-        self._corrections = _corrections(self._history)
-        self._open_calls = _OpenCalls()
-        self._messages: list[Message] = []
-        for step in self._history:
-            self._render(step)
-
-    def _render(self, step: StepRecord) -> None:
-        message = _step_message(step, self._corrections)
-        if message is not None:
-            self._open_calls.push(message, self._messages)
-
-    def add(self, step: StepRecord) -> None:
-        self._history.append(step)
-        if (
-            step.kind == StepKind.OPERATOR
-            and step.payload.get("action") == OperatorAction.CORRECT_RESULT
-        ):
-            self._rebuild()
-        else:
-            self._render(step)
-
-    @property
-    def messages(self) -> list[Message]:
-        system = [Message(role="system", content=self.system_prompt)] if self.system_prompt else []
-        return system + self._messages
-
-
-# --- The lease heartbeat ----------------------------------------------------------------
-
-
-class Heartbeat:
-    """Keeps the lease alive from a background thread while a model call or tool runs, and
-    knows, by this worker's own clock, until when the lease is surely still the run's.
-
-    `since` is the monotonic time just before the lease was taken or last renewed: the
-    lease runs out no earlier than `since + ttl` wherever it is looked at (clocks in sync
-    to well under the TTL, as the lease protocol already requires)."""
-
-    def __init__(
-        self,
-        store: SessionStore,
-        lease: Lease,
-        ttl: float,
-        interval: float,
-        since: float | None = None,
-    ) -> None:
-        self._store = store
-        self._lease = lease
-        self._ttl = ttl
-        self._interval = interval
-        self._stop = threading.Event()
-        self.lost = threading.Event()
-        self.cancel_requested = False
-        self.valid_until = (time.monotonic() if since is None else since) + ttl
-        self._thread = threading.Thread(target=self._run, name="respawn-heartbeat", daemon=True)
-
-    def ensure(self) -> None:
-        """Raise LeaseLost unless the run still holds its lease: before a tool call
-        starts, so that a worker that froze past its lease (a stopped process, a long
-        pause) never starts one after another worker may have taken the session over.
-        Past the expiry by this clock, or close to it, the lease is renewed first (it
-        is still the run's if nobody took it: the token decides)."""
-        if self.lost.is_set():
-            raise LeaseLost(f"session {self._lease.session_id}: the lease was fenced off")
-        if time.monotonic() < self.valid_until - self._ttl / 10:
-            return
-        sent = time.monotonic()
-        try:
-            result = self._store.heartbeat(self._lease, self._ttl)
-        except Exception as exc:
-            raise LeaseLost(
-                f"session {self._lease.session_id}: the lease ran out by this worker's clock "
-                f"and could not be renewed ({type(exc).__name__}: {exc})"
-            ) from exc
-        if not result.alive:
-            self.lost.set()
-            raise LeaseLost(
-                f"session {self._lease.session_id}: the lease ran out by this worker's clock "
-                "and another holder has it"
-            )
-        self.valid_until = sent + self._ttl
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=self._interval + 5)
-
-    def _run(self) -> None:
-        cleanup = getattr(self._store, "thread_cleanup", None)
-        last_error, last_logged = "", 0.0
-        try:
-            while not self._stop.wait(self._interval):
-                sent = time.monotonic()
-                try:
-                    result = self._store.heartbeat(self._lease, self._ttl)
-                except Exception as exc:  # retried; the lease TTL is the bound
-                    # The same error again (the database down) is logged once a minute.
-                    error = f"{type(exc).__name__}: {exc}"
-                    if error != last_error or sent - last_logged >= 60:
-                        log.warning("heartbeat for %s failed: %s", self._lease.session_id, error)
-                        last_error, last_logged = error, sent
-                    continue
-                last_error = ""
-                self.cancel_requested = result.cancel_requested
-                if not result.alive:
-                    self.lost.set()
-                    return
-                self.valid_until = sent + self._ttl
-        finally:
-            if cleanup is not None:
-                cleanup()
-
-
-# --- The run ----------------------------------------------------------------------------
 
 
 class _Stop(Exception):
@@ -611,19 +218,7 @@ class _Run:
         # Secrets never reach the store: redact first, then fold the redacted step into the
         # state, so the checkpoint written with it is redacted as well.
         steps = [replace(s, payload=self.config.redactor.redact(s.payload)) for s in steps]
-        records = [
-            StepRecord(
-                seq=self.last_seq + 1 + index,
-                kind=step.kind,
-                payload=step.payload,
-                started_at=step.started_at,
-                finished_at=step.finished_at,
-                tokens_in=step.tokens_in,
-                tokens_out=step.tokens_out,
-                idempotency_key=step.idempotency_key,
-            )
-            for index, step in enumerate(steps)
-        ]
+        records = [step.at(self.last_seq + 1 + index) for index, step in enumerate(steps)]
         # With a checkpoint, fold first so the checkpoint written with these steps already
         # includes them (and keep the state before, for a failed write). Without one the
         # fold waits for the commit: no copy of the state on every step.
@@ -708,7 +303,9 @@ class _Run:
         self.append(
             NewStep(
                 kind=StepKind.SYSTEM,
-                payload={"event": SystemEvent.CANCELLED, "worker": self.config.worker_id},
+                payload=stored(
+                    SystemPayload(event=SystemEvent.CANCELLED, worker=self.config.worker_id)
+                ),
             ),
             checkpoint=False,
             status=SessionStatus.CANCELLED,
@@ -718,7 +315,7 @@ class _Run:
 
     def fail(self, where: str, message: str, **details: Any) -> None:
         self.append(
-            NewStep(kind=StepKind.ERROR, payload={"where": where, "error": message, **details}),
+            NewStep(kind=StepKind.ERROR, payload=error_payload(where, message, **details)),
             status=SessionStatus.FAILED,
             error=message,
             release=True,
@@ -732,24 +329,16 @@ class _Run:
         agent_state: dict[str, Any] | None = None,
         agent_state_upgraders: tuple[str, ...] = (),
     ) -> RunResult:
-        payload: dict[str, Any] = {
-            "event": SystemEvent.RUN_STARTED,
-            "worker": self.config.worker_id,
-            "checkpoint_seq": head.checkpoint.seq if head.checkpoint else None,
-            "steps_after_checkpoint": len(head.steps_after_checkpoint),
-            "schema_version": (head.checkpoint.schema_version if head.checkpoint else None),
-            "upgraders": list(head.upgraders_applied),
-            # Stored version -> how many of the loaded steps were stored in it.
-            "step_versions": {str(v): n for v, n in sorted(head.step_versions.items())},
-            # The agent version running it, beside the one the session started on.
-            "agent_version": self.agent.version,
-            "agent_started_on": head.agent_version or None,
-        }
+        payload = run_started(head, worker=self.config.worker_id, agent_version=self.agent.version)
+        payload["schema_version"] = head.checkpoint.schema_version if head.checkpoint else None
+        payload["upgraders"] = list(head.upgraders_applied)
+        # Stored version -> how many of the loaded steps were stored in it.
+        payload["step_versions"] = {str(v): n for v, n in sorted(head.step_versions.items())}
         if agent_state is not None:
             # New or upgraded: recorded whole, so every change after it is at its version.
             payload["agent_state"] = agent_state
             payload["agent_state_upgraders"] = list(agent_state_upgraders)
-        self.append(NewStep(kind=StepKind.SYSTEM, payload=payload, started_at=utcnow()))
+        self.append(NewStep(kind=StepKind.SYSTEM, payload=stored(payload), started_at=utcnow()))
         while True:
             if self.heartbeat is not None and self.heartbeat.cancel_requested:
                 self.stop_cancelled()
@@ -759,7 +348,10 @@ class _Run:
                 # step's commit but before the status change cannot happen: they are one
                 # transaction) simply settles the status.
                 self.append(
-                    NewStep(kind=StepKind.SYSTEM, payload={"event": SystemEvent.ALREADY_ANSWERED}),
+                    NewStep(
+                        kind=StepKind.SYSTEM,
+                        payload=stored(SystemPayload(event=SystemEvent.ALREADY_ANSWERED)),
+                    ),
                     checkpoint=True,
                     status=SessionStatus.COMPLETED,
                     release=True,
@@ -815,13 +407,15 @@ class _Run:
         self.append(
             NewStep(
                 kind=StepKind.SYSTEM,
-                payload={
-                    "event": SystemEvent.BUDGET_REACHED,
-                    "budget": budget,
-                    "limit": limit,
-                    "used": used,
-                    "message": message,
-                },
+                payload=stored(
+                    SystemPayload(
+                        event=SystemEvent.BUDGET_REACHED,
+                        budget=budget,
+                        limit=limit,
+                        used=used,
+                        message=message,
+                    )
+                ),
             ),
             checkpoint=True,
             status=SessionStatus.PAUSED,
@@ -884,10 +478,11 @@ class _Run:
             else self.config.model_retries
         )
         attempt = 0
+        error: Exception
         while True:
             attempt += 1
             try:
-                return provider.complete(messages, self.agent.tools.specs(), settings)
+                return provider.complete(messages, self.agent.tool_registry.specs(), settings)
             except ProviderError as exc:
                 error, permanent = exc, exc.permanent
             except Exception as exc:  # an SDK's unexpected error: retry, it may be transient
@@ -922,7 +517,7 @@ class _Run:
         if self.agent.limits.max_parallel_tools <= 1 or len(action.calls) <= 1:
             return False
         for pending in action.calls:
-            tool = self.agent.tools.get(pending.call.name)
+            tool = self.agent.tool_registry.get(pending.call.name)
             if tool is None or tool.needs_approval or not tool.idempotent:
                 return False
             if pending.decision is not None:
@@ -939,11 +534,9 @@ class _Run:
         this finds the unanswered calls and fans them out anew (a new token fences off
         any branch of the old wave that is still going)."""
         fan_outs = [
-            s
+            as_system(s.payload)
             for s in self.history
-            if s.seq > action.model_seq
-            and s.kind == StepKind.SYSTEM
-            and s.payload.get("event") == SystemEvent.FAN_OUT
+            if s.seq > action.model_seq and s.event == SystemEvent.FAN_OUT
         ]
         limit = self.agent.limits.max_parallel_tools
         new_calls = [p for p in action.calls if p.tool_call_step is None]
@@ -953,13 +546,15 @@ class _Run:
                 [
                     NewStep(
                         kind=StepKind.TOOL_CALL,
-                        payload={
-                            "call_id": p.call.id,
-                            "name": p.call.name,
-                            "arguments": p.call.arguments,
-                            # Which branch of how many: the trace shows them side by side.
-                            "branch": {"index": index + 1, "of": len(new_calls)},
-                        },
+                        payload=stored(
+                            ToolCallPayload(
+                                call_id=p.call.id,
+                                name=p.call.name,
+                                arguments=p.call.arguments,
+                                # Which branch of how many: the trace shows them side by side.
+                                branch=BranchLabel(index=index + 1, of=len(new_calls)),
+                            )
+                        ),
                         started_at=now,
                         idempotency_key=f"{self.session_id}:{self.last_seq + 1 + index}",
                     )
@@ -967,7 +562,7 @@ class _Run:
                 ]
             )
         recorded = {
-            s.payload.get("call_id"): s
+            s.call_id: s
             for s in self.history
             if s.seq > action.model_seq and s.kind == StepKind.TOOL_CALL
         }
@@ -976,7 +571,7 @@ class _Run:
         # result keeps killing its worker: the model sees an error instead.
         given_up = []
         for call in calls:
-            tries = sum(1 for f in fan_outs if call.seq in f.payload["calls"][: f.payload["limit"]])
+            tries = sum(1 for f in fan_outs if call.seq in f["calls"][: f["limit"]])
             if tries >= self.config.max_branch_attempts:
                 given_up.append(call)
         for index, call in enumerate(given_up):
@@ -989,8 +584,11 @@ class _Run:
                 attempts=0,
                 failure="gave_up",
             )
+            recorded_call = as_tool_call(call.payload)
             self.record_result(
-                ToolCall(call.payload["call_id"], call.payload["name"], call.payload["arguments"]),
+                ToolCall(
+                    recorded_call["call_id"], recorded_call["name"], recorded_call["arguments"]
+                ),
                 outcome,
                 started=utcnow(),
                 checkpoint=len(given_up) == len(calls) and index == len(given_up) - 1,
@@ -1002,19 +600,32 @@ class _Run:
         self.append(
             NewStep(
                 kind=StepKind.SYSTEM,
-                payload={
-                    "event": SystemEvent.FAN_OUT,
-                    "worker": self.config.worker_id,
-                    "owner": self.lease.owner,
-                    "token": self.lease.token,
-                    "calls": seqs,
-                    "call_ids": [c.payload["call_id"] for c in calls],
-                    "limit": limit,
-                },
+                payload=stored(
+                    SystemPayload(
+                        event=SystemEvent.FAN_OUT,
+                        worker=self.config.worker_id,
+                        owner=self.lease.owner,
+                        token=self.lease.token,
+                        calls=seqs,
+                        call_ids=[as_tool_call(c.payload)["call_id"] for c in calls],
+                        limit=limit,
+                    )
+                ),
                 started_at=utcnow(),
             )
         )
         return RunResult(self.session_id, Outcome.FANNED_OUT, branches=tuple(seqs[:limit]))
+
+    def wait_for_person(self, waiting: SystemPayload) -> RunResult:
+        """Stop the run at a call a person must decide on (an approval, an uncertain
+        call): checkpointed, the session waits for input."""
+        self.append(
+            NewStep(kind=StepKind.SYSTEM, payload=stored(waiting)),
+            checkpoint=True,
+            status=SessionStatus.WAITING_INPUT,
+            release=True,
+        )
+        return RunResult(self.session_id, Outcome.WAITING_INPUT)
 
     def run_tools(self, action: RunTools) -> RunResult | None:
         if self.can_fan_out(action):
@@ -1023,59 +634,43 @@ class _Run:
         for pending in action.calls:
             remaining -= 1
             call = pending.call
-            tool = self.agent.tools.get(call.name)
+            tool = self.agent.tool_registry.get(call.name)
             boundary = remaining == 0  # the turn's last result: checkpoint with it
             if tool is not None and tool.needs_approval and pending.decision is None:
-                self.append(
-                    NewStep(
-                        kind=StepKind.SYSTEM,
-                        payload={
-                            "event": SystemEvent.WAITING_FOR_APPROVAL,
-                            "call_id": call.id,
-                            "tool": call.name,
-                            "arguments": call.arguments,
-                            "model_seq": action.model_seq,
-                            "requested_at": utcnow().isoformat(),
-                        },
-                    ),
-                    checkpoint=True,
-                    status=SessionStatus.WAITING_INPUT,
-                    release=True,
+                return self.wait_for_person(
+                    SystemPayload(
+                        event=SystemEvent.WAITING_FOR_APPROVAL,
+                        call_id=call.id,
+                        tool=call.name,
+                        arguments=call.arguments,
+                        model_seq=action.model_seq,
+                        requested_at=utcnow().isoformat(),
+                    )
                 )
-                return RunResult(self.session_id, Outcome.WAITING_INPUT)
-            if (
-                pending.decision is not None
-                and pending.decision.get("action") == OperatorAction.REJECT
-            ):
-                reason = pending.decision.get("reason") or "no reason given"
-                actor = pending.decision.get("actor") or "an operator"
+            if pending.decision is not None and pending.decision.action == OperatorAction.REJECT:
+                rejection = as_operator(pending.decision.payload)
+                reason = rejection.get("reason") or "no reason given"
+                actor = rejection.get("actor") or "an operator"
                 outcome = ToolOutcome(
                     ok=False, error=f"rejected by {actor}: {reason}", attempts=0, failure="rejected"
                 )
                 self.record_result(call, outcome, started=utcnow(), checkpoint=boundary)
                 continue
-            resolution = _uncertain_resolution(pending)
+            resolution = uncertain_resolution(pending)
             if pending.tool_call_step is not None and tool is not None and not tool.idempotent:
                 if resolution is None:
                     # It may or may not have happened, and running it again could do it
                     # twice: a person decides (run again, record what happened, or fail).
-                    self.append(
-                        NewStep(
-                            kind=StepKind.SYSTEM,
-                            payload={
-                                "event": SystemEvent.UNCERTAIN_CALL,
-                                "call_id": call.id,
-                                "tool": call.name,
-                                "arguments": call.arguments,
-                                "tool_call_seq": pending.tool_call_step.seq,
-                                "idempotency_key": pending.tool_call_step.idempotency_key,
-                            },
-                        ),
-                        checkpoint=True,
-                        status=SessionStatus.WAITING_INPUT,
-                        release=True,
+                    return self.wait_for_person(
+                        SystemPayload(
+                            event=SystemEvent.UNCERTAIN_CALL,
+                            call_id=call.id,
+                            tool=call.name,
+                            arguments=call.arguments,
+                            tool_call_seq=pending.tool_call_step.seq,
+                            idempotency_key=pending.tool_call_step.idempotency_key,
+                        )
                     )
-                    return RunResult(self.session_id, Outcome.WAITING_INPUT)
                 if resolution.get("action") == OperatorAction.RECORD_RESULT:
                     outcome = ToolOutcome(ok=True, output=resolution.get("output"), attempts=0)
                     self.record_result(
@@ -1102,18 +697,18 @@ class _Run:
                         kind=StepKind.TOOL_CALL,
                         # The key lives in the step's own column: it is derived from the seq,
                         # and payloads stay identical between a resumed and a straight run.
-                        payload={
-                            "call_id": call.id,
-                            "name": call.name,
-                            "arguments": call.arguments,
-                        },
+                        payload=stored(
+                            ToolCallPayload(
+                                call_id=call.id, name=call.name, arguments=call.arguments
+                            )
+                        ),
                         started_at=utcnow(),
                         idempotency_key=key,
                     )
                 )
             started = utcnow()
             if tool is None:
-                known = ", ".join(t.name for t in self.agent.tools) or "none"
+                known = ", ".join(self.agent.tool_registry.names()) or "none"
                 outcome = ToolOutcome(
                     ok=False,
                     error=f"unknown tool {call.name!r} (available: {known})",
@@ -1192,11 +787,7 @@ class _Run:
         checkpoint: bool,
         recorded_by: str | None = None,
     ) -> None:
-        payload = result_payload(call, outcome)
-        if recorded_by is not None:
-            # Not the tool's word: a person recorded what happened. Marked, and shown to the
-            # model as an operator's record.
-            payload["recorded_by_operator"] = recorded_by
+        payload = result_payload(call, outcome, recorded_by=recorded_by)
         self.append(
             NewStep(
                 kind=StepKind.TOOL_RESULT, payload=payload, started_at=started, finished_at=utcnow()
@@ -1205,16 +796,29 @@ class _Run:
         )
 
 
-def usage_record(usage: Usage, prices: PriceTable, spec: str, model: str) -> dict[str, Any]:
+def run_started(head: SessionHead, *, worker: str, agent_version: str) -> SystemPayload:
+    """What every run records first: what it loaded, and the agent version running it
+    beside the one the session started on."""
+    return SystemPayload(
+        event=SystemEvent.RUN_STARTED,
+        worker=worker,
+        checkpoint_seq=head.checkpoint.seq if head.checkpoint else None,
+        steps_after_checkpoint=len(head.steps_after_checkpoint),
+        agent_version=agent_version,
+        agent_started_on=head.agent_version or None,
+    )
+
+
+def usage_record(usage: Usage, prices: PriceTable, spec: str, model: str) -> UsagePayload:
     """A model step's `usage`: its tokens, cache tokens and cost. A call the price table
     has no price for (and whose provider reported none) is marked `unpriced`."""
     provider = spec.partition(":")[0]
     cost = prices.cost(provider, model, usage)
-    record: dict[str, Any] = {
-        "input_tokens": usage.input_tokens,
-        "output_tokens": usage.output_tokens,
-        "cost": round(cost or 0.0, 8),
-    }
+    record = UsagePayload(
+        input_tokens=usage.input_tokens,
+        output_tokens=usage.output_tokens,
+        cost=round(cost or 0.0, 8),
+    )
     if usage.cache_read_tokens:
         record["cache_read_tokens"] = usage.cache_read_tokens
     if usage.cache_write_tokens:
@@ -1224,12 +828,18 @@ def usage_record(usage: Usage, prices: PriceTable, spec: str, model: str) -> dic
     return record
 
 
-def result_payload(call: ToolCall, outcome: ToolOutcome) -> dict[str, Any]:
+def result_payload(
+    call: ToolCall,
+    outcome: ToolOutcome,
+    *,
+    branch: BranchLabel | None = None,
+    recorded_by: str | None = None,
+) -> dict[str, Any]:
     """The tool_result payload of a call's outcome, with the state changes it carries."""
     payload = outcome.payload(call.id, call.name)
     if outcome.plan_update is not None:
         payload["plan_update"] = [
-            {"title": title, "status": status} for title, status in outcome.plan_update
+            PlanUpdateItem(title=title, status=status) for title, status in outcome.plan_update
         ]
     if outcome.memory_added:
         payload["memory_added"] = list(outcome.memory_added)
@@ -1237,26 +847,13 @@ def result_payload(call: ToolCall, outcome: ToolOutcome) -> dict[str, Any]:
         payload["batch_cursor"] = dict(outcome.batch_cursor)
     if outcome.ok and outcome.agent_state is not None:
         payload["agent_state"] = outcome.agent_state
-    return payload
-
-
-def fence_guard(store: SessionStore, lease: Lease, heartbeat: Heartbeat | None) -> FenceGuard:
-    """What a tool's `ctx.fenced()` enters: the lease checked by this worker's clock (and
-    renewed if need be), then the store's own fence (SessionStore.fenced) around the
-    tool's writes."""
-    fenced = getattr(store, "fenced", None)
-
-    @contextlib.contextmanager
-    def guard():
-        if heartbeat is not None:
-            heartbeat.ensure()
-        if fenced is None:
-            yield
-            return
-        with fenced(lease):
-            yield
-
-    return guard
+    if branch is not None:
+        payload["branch"] = branch
+    if recorded_by is not None:
+        # Not the tool's word: a person recorded what happened. Marked, and shown to the
+        # model as an operator's record.
+        payload["recorded_by_operator"] = recorded_by
+    return stored(payload)
 
 
 def report_late_call(
@@ -1361,7 +958,7 @@ def run_session(
             [
                 NewStep(
                     kind=StepKind.ERROR,
-                    payload={"where": "worker", "error": message, "crashes": lease.crashes},
+                    payload=error_payload("worker", message, crashes=lease.crashes),
                 )
             ],
             status=SessionStatus.FAILED,
@@ -1372,7 +969,7 @@ def run_session(
     if agent.runner is not None:
         # A foreign turn loop (agent_runtime.runners): the lease, the run_started step, the
         # heartbeat and the closing status stay the engine's.
-        from .runners import run_with_runner
+        from ..runners import run_with_runner
 
         return run_with_runner(store=store, agent=agent, config=config, lease=lease, head=head)
     try:
@@ -1393,7 +990,6 @@ def run_session(
     except (StateError, AgentStateError) as exc:
         store.release(lease)
         return RunResult(session_id, Outcome.INCOMPATIBLE, error=str(exc))
-    interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
     record = run.record
     if lease.crashes > 0:
         # A takeover of an expired lease: the run before died (or froze) mid-turn.
@@ -1401,7 +997,9 @@ def run_session(
         record.recovery_seconds = _since_last_step(head)
     with observe(config.telemetry, "run", record):
         try:
-            with Heartbeat(store, lease, config.lease_ttl, interval, since=claimed_at) as heartbeat:
+            with Heartbeat(
+                store, lease, config.lease_ttl, config.heartbeat_every, since=claimed_at
+            ) as heartbeat:
                 run.heartbeat = heartbeat
                 result = run.run(head, agent_state, upgraders)
         except _Stop as stop:
@@ -1421,214 +1019,3 @@ def _since_last_step(head: SessionHead) -> float | None:
         if stamp is not None:
             return max(0.0, (utcnow() - stamp).total_seconds())
     return None
-
-
-# --- Fan-out branches -------------------------------------------------------------------
-
-
-class BranchOutcome(enum.StrEnum):
-    RECORDED = "recorded"  # the result is in; other calls of the turn are still running
-    JOINED = "joined"  # the turn's last result: checkpointed, the session runs next
-    NOT_NEEDED = "not_needed"  # answered already, not of the current turn, or not a branch
-    FENCED = "fenced"  # the fan-out was fenced off (a new wave, a rollback, a cancel)
-    INCOMPATIBLE = "incompatible"
-
-
-@dataclass(frozen=True)
-class BranchResult:
-    session_id: str
-    seq: int
-    outcome: BranchOutcome
-    branches: tuple[int, ...] = ()  # calls of the same turn to enqueue now (the next wave)
-    error: str | None = None
-
-
-def current_fan_out(history: list[StepRecord]) -> tuple[RunTools, StepRecord] | None:
-    """The current turn's unanswered calls and its latest `fan_out` step, if it fanned out."""
-    action = next_action(history)
-    if not isinstance(action, RunTools):
-        return None
-    for step in reversed(history):
-        if step.seq <= action.model_seq:
-            return None
-        if step.kind == StepKind.SYSTEM and step.payload.get("event") == SystemEvent.FAN_OUT:
-            return action, step
-    return None
-
-
-def run_branch(
-    session_id: str,
-    seq: int,
-    *,
-    store: SessionStore,
-    agents: AgentRegistry,
-    effects: EffectLedger,
-    config: RunConfig,
-    records: RecordSource | None = None,
-) -> BranchResult:
-    """Run the fan-out branch for the tool call at `seq`, and join the turn if its result
-    is the last one.
-
-    A branch writes under the lease of the run that fanned out (owner and token from the
-    `fan_out` step), so every write is fenced as the run's own would be, and the session
-    still has one writer of its turn sequence: a new run, a rollback or a cancel bumps the
-    token and fences late branches off. The result is appended only if the call has none
-    yet, decided under the session row's lock (`append_branch_result`); the append that
-    finds every call of the fan-out answered is the join, and exactly one append can."""
-    try:
-        head = store.load_head(session_id)
-    except IncompatibleSchemaError as exc:
-        return BranchResult(session_id, seq, BranchOutcome.INCOMPATIBLE, error=str(exc))
-    found = current_fan_out(head.history)
-    if found is None:
-        return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED)
-    action, fan = found
-    fan_calls: list[int] = list(fan.payload["calls"])
-    pending = {p.tool_call_step.seq: p for p in action.calls if p.tool_call_step is not None}
-    if seq not in fan_calls or seq not in pending:
-        return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED)
-    lease = Lease(session_id, fan.payload["owner"], int(fan.payload["token"]))
-    renewed_at = time.monotonic()
-    if not store.heartbeat(lease, config.lease_ttl).alive:
-        return _refused(store, session_id, seq, pending[seq].call.id)
-    try:
-        agent = agents.get(head.agent_name)
-    except UnknownAgent as exc:
-        return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED, error=str(exc))
-    try:
-        state = replay(head, agent)
-    except StateError as exc:
-        return BranchResult(session_id, seq, BranchOutcome.INCOMPATIBLE, error=str(exc))
-    refusal = agent.refusal(started=head.agent_version, last_ran=state.agent_version)
-    stored = state.agent_state
-    if (
-        refusal is None
-        and agent.state is not None
-        and (stored is None or stored["version"] != agent.state.version)
-    ):
-        # The run that fanned out kept another version of the agent state: its changes
-        # could not apply. Left to a run of this code, which upgrades the state first
-        # and fans the calls out again once the lease expires.
-        refusal = (
-            f"agent {agent.name!r}: the fan-out's agent state is at version "
-            f"{None if stored is None else stored['version']}, this code's at "
-            f"{agent.state.version}"
-        )
-    if refusal is not None:
-        return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED, error=refusal)
-    call = pending[seq].call
-    step = pending[seq].tool_call_step
-    assert step is not None
-    key = step.idempotency_key or f"{session_id}:{seq}"
-    tool = agent.tools.get(call.name)
-    interval = config.heartbeat_interval or max(config.lease_ttl / 3, 0.05)
-    with Heartbeat(store, lease, config.lease_ttl, interval, since=renewed_at) as heartbeat:
-        started = utcnow()
-
-        def context(attempt: int) -> ToolContext:
-            heartbeat.ensure()  # never start a call after the lease is gone
-            return ToolContext(
-                session_id=session_id,
-                call_id=call.id,
-                seq=seq,
-                idempotency_key=key,
-                attempt=attempt,
-                effects=effects,
-                options=config.tool_options,
-                records=records,
-                agent_name=agent.name,
-                agent_version=agent.version,
-                agent_state=state.agent_state if agent.state is not None else None,
-                progress=progress_sink(store, lease),
-                fence_token=lease.token,
-                fence=fence_guard(store, lease, heartbeat),
-            )
-
-        if tool is None:
-            outcome = ToolOutcome(ok=False, error=f"unknown tool {call.name!r}", failure="tool")
-        else:
-            # A branch is its own job, not a run: its call is reported on its own, in the
-            # session's trace (sessions_app.telemetry parents it on the session).
-            branch = RunRecord(session_id, agent.name, agent.version, config.worker_id)
-            observed = ToolCallRecord(branch, call.name, call.id)
-            try:
-                with observe(config.telemetry, "tool_call", observed):
-                    outcome = tool.run(context, call.arguments, config.transient)
-                    observed.ok, observed.error = outcome.ok, outcome.error
-                    observed.attempts = outcome.attempts
-            except LeaseLost:
-                guarded(config.telemetry.fenced, branch, "tool_call")
-                return _refused(store, session_id, seq, call.id)
-        if heartbeat.lost.is_set():
-            return _refused(store, session_id, seq, call.id)
-        payload = result_payload(call, outcome)
-        if step.payload.get("branch"):
-            payload["branch"] = step.payload["branch"]
-        result = NewStep(
-            kind=StepKind.TOOL_RESULT,
-            payload=config.redactor.redact(payload),
-            started_at=started,
-            finished_at=utcnow(),
-        )
-        try:
-            appended = store.append_branch_result(
-                lease, result, call_id=call.id, after_seq=action.model_seq
-            )
-        except LeaseLost:
-            return _refused(store, session_id, seq, call.id)
-        if appended.seq is None:
-            return BranchResult(session_id, seq, BranchOutcome.NOT_NEEDED)
-        if appended.unanswered:
-            # The next wave: the result just written frees one slot of the agent's limit.
-            # Each append gets a distinct count (the row lock orders them), so each waiting
-            # call is enqueued by exactly one branch.
-            limit = int(fan.payload.get("limit") or len(fan_calls))
-            answered = len(fan_calls) - appended.unanswered
-            index = limit + answered - 1
-            more = (fan_calls[index],) if index < len(fan_calls) else ()
-            return BranchResult(session_id, seq, BranchOutcome.RECORDED, branches=more)
-        return _join(session_id, seq, store=store, agent=agent, lease=lease, fan=fan)
-
-
-def _refused(store: SessionStore, session_id: str, seq: int, call_id: str) -> BranchResult:
-    """The outcome of a branch whose lease check failed. The join releases the fan-out's
-    lease once every call is answered, so a duplicate of a branch (its job run twice) that
-    checks after the join finds the lease gone without being fenced off: its call was
-    answered by the other copy, and it was not needed. Fenced means the call has no
-    result: a new wave, a rollback or a cancel took the session away."""
-    history = store.load_head(session_id).history
-    answered = any(
-        s.kind == StepKind.TOOL_RESULT and s.payload.get("call_id") == call_id for s in history
-    )
-    outcome = BranchOutcome.NOT_NEEDED if answered else BranchOutcome.FENCED
-    return BranchResult(session_id, seq, outcome)
-
-
-def _join(
-    session_id: str,
-    seq: int,
-    *,
-    store: SessionStore,
-    agent: Agent,
-    lease: Lease,
-    fan: StepRecord,
-) -> BranchResult:
-    """Checkpoint the joined turn and give the lease back: the session's next run (the job
-    enqueues it) calls the model with every result in."""
-    head = store.load_head(session_id)
-    state = replay(head, agent)
-    joined = NewStep(
-        kind=StepKind.SYSTEM,
-        payload={
-            "event": SystemEvent.JOINED,
-            "fan_out_seq": fan.seq,
-            "results": len(fan.payload["calls"]),
-        },
-        started_at=utcnow(),
-    )
-    apply_step(state, StepRecord(seq=head.last_seq + 1, kind=joined.kind, payload=joined.payload))
-    try:
-        store.append(lease, [joined], checkpoint=NewCheckpoint(state=state), release=True)
-    except LeaseLost:
-        return BranchResult(session_id, seq, BranchOutcome.FENCED)
-    return BranchResult(session_id, seq, BranchOutcome.JOINED)
