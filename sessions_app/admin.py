@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
 from typing import Any
 
 from django.contrib import admin, messages
@@ -39,20 +38,20 @@ from django_rq.models import Dashboard as RqDashboard
 
 from agent_runtime.state import SCHEMA_VERSION
 
-from . import admin_services, queues_admin, services
+from . import admin_services, queues_admin, selectors, services
 from .admin_forms import ApiTokenAddForm, CheckpointAdminForm, SessionAdminForm, StepAdminForm
 from .admin_site import RoleRules
+from .http import ADMIN, parse_uuid, request_meta
 from .models import (
     AgentSession,
     ApiToken,
     AuditEvent,
     Checkpoint,
-    Status,
     Step,
 )
 from .permissions import can_administer, can_operate, can_view
 from .runtime import agent_registry
-from .validation import MAX_DATE, MIN_DATE, InvalidInput, parse_int, request_meta
+from .validation import MAX_DATE, MIN_DATE, InvalidInput, parse_int
 from .views import BULK_LIMIT
 
 admin.site.site_header = "Respawn admin"
@@ -209,7 +208,7 @@ class LargeTableAdmin(admin.ModelAdmin):
 
 
 def _meta(request: HttpRequest) -> dict[str, Any]:
-    return request_meta(request, "admin")
+    return request_meta(request, ADMIN)
 
 
 def _pretty_json(value: Any):
@@ -226,19 +225,12 @@ def _changelist_url(model_name: str, **params: Any) -> str:
     return f"{url}?{query}" if query else url
 
 
-def _parse_uuid(value: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(value.strip())
-    except (ValueError, AttributeError):
-        return None
-
-
 def _search_by_session_id(queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
     """The search box of step, checkpoint and audit lists: an exact session id."""
     term = search_term.strip()
     if not term:
         return queryset, False
-    session_id = _parse_uuid(term)
+    session_id = parse_uuid(term)
     if session_id is None:
         return queryset.none(), False
     return queryset.filter(session_id=session_id), False
@@ -329,16 +321,16 @@ class SessionFilter(admin.SimpleListFilter):
         value = self.value()
         if not value:
             return []
-        session_id = _parse_uuid(value)
+        session_id = parse_uuid(value)
         if session_id is None:
             raise IncorrectLookupParameters(f"not a session id: {value!r}")
-        session = AgentSession.objects.filter(id=session_id).only("id", "title", "agent").first()
+        session = selectors.session_by_id(session_id)
         return [(value, str(session) if session else value)]
 
     def queryset(self, request, queryset):
         if not self.value():
             return queryset
-        session_id = _parse_uuid(self.value())
+        session_id = parse_uuid(self.value())
         if session_id is None:
             raise IncorrectLookupParameters(f"not a session id: {self.value()!r}")
         return queryset.filter(session_id=session_id)
@@ -352,8 +344,7 @@ class RecentActionFilter(admin.SimpleListFilter):
     recent = 10_000
 
     def lookups(self, request, model_admin):
-        latest = AuditEvent.objects.order_by("-created_at").values_list("action", flat=True)
-        actions = set(latest[: self.recent])
+        actions = selectors.recent_audit_actions(self.recent)
         if self.value():
             actions.add(self.value())
         return [(action, action) for action in sorted(actions)]
@@ -502,7 +493,7 @@ class AgentSessionAdmin(LargeTableAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        session_id = _parse_uuid(term)
+        session_id = parse_uuid(term)
         if session_id is not None:
             return queryset.filter(id=session_id), False
         # UPPER(title) LIKE '%term%': served by the trigram index session_title_trgm.
@@ -589,10 +580,10 @@ class AgentSessionAdmin(LargeTableAdmin):
     @admin.action(description="Cancel the selected sessions", permissions=["operate"])
     def cancel_sessions(self, request, queryset):
         def run(session_id, index):
-            session = services.session_cancel(
+            services.session_cancel(
                 session_id=session_id, actor=request.user, request_meta=_meta(request)
             )
-            return "cancel requested" if session.status == Status.RUNNING else "cancelled"
+            return "cancelled"
 
         self._each_session(request, queryset, run)
 
@@ -626,6 +617,12 @@ class AgentSessionAdmin(LargeTableAdmin):
 # --- Steps and checkpoints -----------------------------------------------------------------
 
 
+def _with_editable(readonly: tuple[str, ...], editable: str, *, after: str) -> tuple[str, ...]:
+    """A history row's form: its read-only fields, and its one editable field after `after`."""
+    at = readonly.index(after) + 1
+    return (*readonly[:at], editable, *readonly[at:])
+
+
 class SessionRowsAdmin(LargeTableAdmin):
     """Rows that belong to a session: in trace order within one session, newest first
     across sessions (each order served by an index)."""
@@ -646,7 +643,7 @@ class SessionRowsAdmin(LargeTableAdmin):
     session_ordering: tuple[str, ...] = ("session", "seq")
 
     def get_ordering(self, request):
-        one_session = request.GET.get(SessionFilter.parameter_name) or _parse_uuid(
+        one_session = request.GET.get(SessionFilter.parameter_name) or parse_uuid(
             request.GET.get("q", "")
         )
         if one_session:
@@ -714,21 +711,7 @@ class StepAdmin(SessionRowsAdmin):
         "superseded_at",
         "created_at",
     )
-    fields = (
-        "session_detail_link",
-        "session_state",
-        "seq",
-        "kind",
-        "schema_version",
-        "payload",
-        "started_at",
-        "finished_at",
-        "tokens_in",
-        "tokens_out",
-        "idempotency_key",
-        "superseded_at",
-        "created_at",
-    )
+    fields = _with_editable(readonly_fields, "payload", after="schema_version")
 
     @admin.display(description="superseded")
     def superseded(self, obj: Step) -> str:
@@ -784,16 +767,7 @@ class CheckpointAdmin(SessionRowsAdmin):
         "is_head",
         "created_at",
     )
-    fields = (
-        "session_detail_link",
-        "session_state",
-        "seq",
-        "reason",
-        "schema_version",
-        "is_head",
-        "state",
-        "created_at",
-    )
+    fields = _with_editable(readonly_fields, "state", after="is_head")
 
     @admin.display(description="at the head")
     def is_head(self, obj: Checkpoint) -> str:
