@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -57,7 +57,8 @@ from .views import BULK_LIMIT
 admin.site.site_header = "Respawn admin"
 admin.site.site_title = "Respawn admin"
 admin.site.index_title = "Records"
-admin.site.site_url = reverse_lazy("sessions:list")  # "View site" opens the dashboard
+# "View site" opens the dashboard (lazy: the URLconf is not loaded yet).
+admin.site.site_url = reverse_lazy("sessions:list")  # type: ignore[assignment]
 
 PREVIEW_CHARS = 120
 MESSAGES_PER_ACTION = 50  # per-session lines in an action's report; a summary for the rest
@@ -203,7 +204,7 @@ class LargeTableAdmin(admin.ModelAdmin):
     def preview(self, obj: Any) -> str:
         text = getattr(obj, "preview_text", None)
         if text is None:
-            text = json.dumps(getattr(obj, self.preview_column), ensure_ascii=False)
+            text = json.dumps(getattr(obj, str(self.preview_column)), ensure_ascii=False)
         return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
 
 
@@ -261,8 +262,9 @@ class AgentFilter(admin.SimpleListFilter):
 
     def lookups(self, request, model_admin):
         names = list(agent_registry().names())
-        if self.value() and self.value() not in names:
-            names.append(self.value())  # an agent no longer registered, picked by URL
+        value = self.value()
+        if value and value not in names:
+            names.append(value)  # an agent no longer registered, picked by URL
         return [(name, name) for name in names]
 
     def queryset(self, request, queryset):
@@ -291,7 +293,8 @@ class SchemaVersionFilter(admin.SimpleListFilter):
         return VERSION_CHOICES
 
     def queryset(self, request, queryset):
-        return queryset.filter(_version_q(self.value())) if self.value() else queryset
+        value = self.value()
+        return queryset.filter(_version_q(value)) if value else queryset
 
 
 class HeadSchemaVersionFilter(SchemaVersionFilter):
@@ -302,10 +305,11 @@ class HeadSchemaVersionFilter(SchemaVersionFilter):
     parameter_name = "head_version"
 
     def queryset(self, request, queryset):
-        if not self.value():
+        value = self.value()
+        if not value:
             return queryset
         at_head = Checkpoint.objects.filter(session=OuterRef("pk"), seq=OuterRef("head")).filter(
-            _version_q(self.value())
+            _version_q(value)
         )
         return queryset.filter(Exists(at_head))
 
@@ -345,8 +349,9 @@ class RecentActionFilter(admin.SimpleListFilter):
 
     def lookups(self, request, model_admin):
         actions = selectors.recent_audit_actions(self.recent)
-        if self.value():
-            actions.add(self.value())
+        value = self.value()
+        if value:
+            actions.add(value)
         return [(action, action) for action in sorted(actions)]
 
     def queryset(self, request, queryset):
@@ -628,10 +633,10 @@ class SessionRowsAdmin(LargeTableAdmin):
     across sessions (each order served by an index)."""
 
     list_select_related = ("session",)
-    list_filter: tuple = (SessionFilter,)
+    list_filter: ClassVar[tuple[Any, ...]] = (SessionFilter,)
     search_fields = ("session__id",)  # an exact session id: see get_search_results
     search_help_text = "A session id (exact)."
-    sortable_by: tuple = ()
+    sortable_by = ()
 
     def has_add_permission(self, request):
         return False  # history is appended by the engine
@@ -673,6 +678,28 @@ class SessionRowsAdmin(LargeTableAdmin):
             str(obj.session),
             obj.session_id,
         )
+
+    def _dashboard_url(self, obj: Any) -> str:
+        """The row's place in the dashboard's trace (superseded steps shown)."""
+        base = reverse("sessions:detail", args=[obj.session_id])
+        return f"{base}?from={obj.seq}&superseded=1#step-{obj.seq}"
+
+    def object_links(self, obj: Any) -> list[tuple[str, str]]:
+        rows = f"{str(self.opts.verbose_name_plural).capitalize()} of this session"
+        return [
+            ("Open in dashboard", self._dashboard_url(obj)),
+            ("Session", _session_admin_url(obj.session_id)),
+            (rows, _changelist_url(str(self.opts.model_name), session=obj.session_id)),
+        ]
+
+    def save_edit(self, obj: Any, value: Any, **who: Any) -> None:
+        """Save the row's one editable value through admin_services."""
+        raise NotImplementedError
+
+    def save_model(self, request, obj, form, change):
+        if form.has_changed():
+            value = form.cleaned_data[form.blob]
+            self.save_edit(obj, value, actor=request.user, request_meta=_meta(request))
 
     @admin.display(description="session now")
     def session_state(self, obj: Any):
@@ -717,29 +744,12 @@ class StepAdmin(SessionRowsAdmin):
     def superseded(self, obj: Step) -> str:
         return "superseded" if obj.superseded_at is not None else ""
 
-    def _dashboard_url(self, obj: Step) -> str:
-        base = reverse("sessions:detail", args=[obj.session_id])
-        return f"{base}?from={obj.seq}&superseded=1#step-{obj.seq}"
-
     @admin.display(description="dashboard")
     def dashboard(self, obj: Step):
         return format_html('<a href="{}">open</a>', self._dashboard_url(obj))
 
-    def object_links(self, obj: Step) -> list[tuple[str, str]]:
-        return [
-            ("Open in dashboard", self._dashboard_url(obj)),
-            ("Session", _session_admin_url(obj.session_id)),
-            ("Steps of this session", _changelist_url("step", session=obj.session_id)),
-        ]
-
-    def save_model(self, request, obj, form, change):
-        if form.has_changed():
-            admin_services.step_edit_payload(
-                step_id=obj.pk,
-                payload=form.cleaned_data["payload"],
-                actor=request.user,
-                request_meta=_meta(request),
-            )
+    def save_edit(self, obj: Step, value: Any, **who: Any) -> None:
+        admin_services.step_edit_payload(step_id=obj.pk, payload=value, **who)
 
 
 @admin.register(Checkpoint)
@@ -773,22 +783,8 @@ class CheckpointAdmin(SessionRowsAdmin):
     def is_head(self, obj: Checkpoint) -> str:
         return "head" if obj.seq == obj.session.head else ""
 
-    def object_links(self, obj: Checkpoint) -> list[tuple[str, str]]:
-        dashboard = reverse("sessions:detail", args=[obj.session_id])
-        return [
-            ("Open in dashboard", f"{dashboard}?from={obj.seq}&superseded=1#step-{obj.seq}"),
-            ("Session", _session_admin_url(obj.session_id)),
-            ("Checkpoints of this session", _changelist_url("checkpoint", session=obj.session_id)),
-        ]
-
-    def save_model(self, request, obj, form, change):
-        if form.has_changed():
-            admin_services.checkpoint_edit_state(
-                checkpoint_id=obj.pk,
-                state=form.cleaned_data["state"],
-                actor=request.user,
-                request_meta=_meta(request),
-            )
+    def save_edit(self, obj: Checkpoint, value: Any, **who: Any) -> None:
+        admin_services.checkpoint_edit_state(checkpoint_id=obj.pk, state=value, **who)
 
 
 # --- The audit log (read-only for everyone; the database refuses changes anyway) ----------

@@ -270,8 +270,11 @@ class BudgetsIn(Schema):
     """Limits for one session; a field left out keeps its value (the agent's limit at
     start), null lifts a token, cost or time limit. Reaching one pauses the session."""
 
-    # Required when given: a step limit cannot be lifted (null is refused).
-    max_steps: int = Field(None, ge=1, le=10**9, description="steps of the trace")
+    # Required when given: a step limit cannot be lifted (null is refused); left out, it
+    # keeps its value, so it has a default all the same.
+    max_steps: int = Field(  # type: ignore[assignment]
+        None, ge=1, le=10**9, description="steps of the trace"
+    )
     max_tokens: int | None = Field(
         None, ge=1, le=10**12, description="input + output tokens of every model call"
     )
@@ -389,7 +392,7 @@ class DecisionIn(Schema):
 
 
 # The body may be left out (no reason given); when sent it is an object, never null.
-NO_REASON = DecisionIn()
+NO_REASON = DecisionIn(reason="")
 
 
 class AnswerIn(Schema):
@@ -478,6 +481,14 @@ def _detail(session: AgentSession) -> dict[str, Any]:
             for k in ("call_id", "tool", "arguments", "tool_call_seq", "idempotency_key")
         }
     return out
+
+
+def _act(request: ApiRequest, action: Callable[..., AgentSession], status: int, **given: Any):
+    """An operator's action on a session (a service, which checks and audits it), answered
+    with the session as it is now."""
+    _require_operate(request)
+    session = action(**given, actor=request.auth, request_meta=_meta(request))
+    return Reply(status, _detail(session))
 
 
 def _loaded_payload(step: Step) -> dict[str, Any]:
@@ -689,60 +700,48 @@ def list_steps(
     summary="Send a message",
 )
 def send_message(request: ApiRequest, session_id: UUID, body: MessageIn):
-    _require_operate(request)
-    session = services.session_send_message(
-        session_id=session_id, content=body.content, actor=request.auth, request_meta=_meta(request)
+    return _act(
+        request, services.session_send_message, 202, session_id=session_id, content=body.content
     )
-    return Reply(202, _detail(session))
 
 
 @api.post("/sessions/{session_id}/resume", response={202: SessionOut, **ERRORS}, summary="Resume")
 def resume(request: ApiRequest, session_id: UUID):
-    _require_operate(request)
-    session = services.session_resume(
-        session_id=session_id, actor=request.auth, request_meta=_meta(request)
-    )
-    return Reply(202, _detail(session))
+    return _act(request, services.session_resume, 202, session_id=session_id)
 
 
 @api.post("/sessions/{session_id}/cancel", response={200: SessionOut, **ERRORS}, summary="Cancel")
 def cancel(request: ApiRequest, session_id: UUID):
-    _require_operate(request)
-    session = services.session_cancel(
-        session_id=session_id, actor=request.auth, request_meta=_meta(request)
-    )
-    return Reply(200, _detail(session))
+    return _act(request, services.session_cancel, 200, session_id=session_id)
 
 
 @api.post(
     "/sessions/{session_id}/rollback", response={200: SessionOut, **ERRORS}, summary="Roll back"
 )
 def rollback(request: ApiRequest, session_id: UUID, body: CheckpointIn):
-    _require_operate(request)
-    session = services.checkpoint_rollback(
+    return _act(
+        request,
+        services.checkpoint_rollback,
+        200,
         session_id=session_id,
         checkpoint_seq=body.checkpoint_seq,
-        actor=request.auth,
-        request_meta=_meta(request),
     )
-    return Reply(200, _detail(session))
 
 
 @api.post("/sessions/{session_id}/fork", response={201: SessionOut, **ERRORS}, summary="Fork")
 def fork(request: ApiRequest, session_id: UUID, body: CheckpointIn):
-    _require_operate(request)
-    session = services.session_fork(
+    return _act(
+        request,
+        services.session_fork,
+        201,
         session_id=session_id,
         checkpoint_seq=body.checkpoint_seq,
-        actor=request.auth,
-        request_meta=_meta(request),
     )
-    return Reply(201, _detail(session))
 
 
 @api.post("/sessions/{session_id}/approve", response={202: SessionOut, **ERRORS}, summary="Approve")
 def approve(request: ApiRequest, session_id: UUID, body: DecisionIn = NO_REASON):
-    return _decide(services.session_approve, request, session_id, body)
+    return _act(request, services.session_approve, 202, session_id=session_id, reason=body.reason)
 
 
 @api.post(
@@ -754,27 +753,12 @@ def answer(request: ApiRequest, session_id: UUID, body: AnswerIn):
     """Resume a LangGraph session waiting in `interrupt()` with `value`."""
     from .graph_services import session_answer_interrupt
 
-    _require_operate(request)
-    session = session_answer_interrupt(
-        session_id=session_id, value=body.value, actor=request.auth, request_meta=_meta(request)
-    )
-    return Reply(202, _detail(session))
+    return _act(request, session_answer_interrupt, 202, session_id=session_id, value=body.value)
 
 
 @api.post("/sessions/{session_id}/reject", response={202: SessionOut, **ERRORS}, summary="Reject")
 def reject(request: ApiRequest, session_id: UUID, body: DecisionIn = NO_REASON):
-    return _decide(services.session_reject, request, session_id, body)
-
-
-def _decide(
-    decide: Callable[..., AgentSession], request: ApiRequest, session_id: UUID, body: DecisionIn
-) -> Reply:
-    """Approve or reject the tool call waiting for a person."""
-    _require_operate(request)
-    session = decide(
-        session_id=session_id, actor=request.auth, reason=body.reason, request_meta=_meta(request)
-    )
-    return Reply(202, _detail(session))
+    return _act(request, services.session_reject, 202, session_id=session_id, reason=body.reason)
 
 
 @api.post(
@@ -785,30 +769,28 @@ def _decide(
 def resolve_uncertain(request: ApiRequest, session_id: UUID, body: UncertainIn):
     """A non-idempotent tool call that a crash left without a result: run it again, record
     what it returned, or fail the session."""
-    _require_operate(request)
-    session = services.session_resolve_uncertain(
+    return _act(
+        request,
+        services.session_resolve_uncertain,
+        202,
         session_id=session_id,
         resolution=body.resolution,
         output=body.output,
         note=body.note,
-        actor=request.auth,
-        request_meta=_meta(request),
     )
-    return Reply(202, _detail(session))
 
 
 @api.post("/sessions/{session_id}/hold", response={200: SessionOut, **ERRORS}, summary="Legal hold")
 def legal_hold(request: ApiRequest, session_id: UUID, body: HoldIn):
     """Put the session on legal hold (retention never touches it) or release it."""
-    _require_operate(request)
-    session = services.session_set_legal_hold(
+    return _act(
+        request,
+        services.session_set_legal_hold,
+        200,
         session_id=session_id,
         hold=body.hold,
         note=body.note,
-        actor=request.auth,
-        request_meta=_meta(request),
     )
-    return _detail(session)
 
 
 # --- Budgets and costs ------------------------------------------------------------------

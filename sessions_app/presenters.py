@@ -107,7 +107,7 @@ class StatusView:
     hint: str  # what it means, for a tooltip
 
 
-STATUS_TEXT = {
+STATUS_TEXT: dict[str, tuple[str, str]] = {
     Status.QUEUED: ("Queued", "waiting for a worker to take it"),
     Status.RUNNING: ("Running", "a worker is running it"),
     Status.WAITING_INPUT: ("Waiting for a person", "a person must approve or decide something"),

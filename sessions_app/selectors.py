@@ -19,6 +19,7 @@ from django.utils import timezone
 from agent_runtime.agents import version_key
 from agent_runtime.compat import session_problems
 from agent_runtime.state import SCHEMA_VERSION, STATE_BUDGETS, OperatorAction, SystemEvent
+from agent_runtime.tools import ToolRegistry
 from agent_runtime.upgraders import IncompatibleSchemaError
 
 from .models import (
@@ -717,9 +718,12 @@ class Preview:
 
 def _tool_flags(agent: str, name: str) -> tuple[bool | None, bool]:
     try:
-        tool = agent_registry().get(agent).tools.get(name)
+        tools = agent_registry().get(agent).tools
     except KeyError:
-        tool = None
+        return None, False
+    # Agent.__post_init__ makes its tools a registry.
+    assert isinstance(tools, ToolRegistry)
+    tool = tools.get(name)
     if tool is None:
         return None, False
     return tool.idempotent, tool.needs_approval
@@ -1005,7 +1009,7 @@ def state_compat_report(*, every_session: bool = False) -> CompatReport:
     if not every_session:
         sessions = sessions.filter(status__in=LOADABLE)
     rows = list(sessions.order_by("created_at", "id").values_list("id", "agent", "status"))
-    marked: dict[Any, datetime] = {}
+    marked: dict[Any, datetime | None] = {}
     if _has_column(AgentSession, "incompatible_at"):
         marked = dict(
             AgentSession.objects.filter(

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -28,7 +28,7 @@ from django_htmx.http import (
 
 from . import charts, search, selectors, services, trace
 from .graph_services import pending_interrupts
-from .http import DASHBOARD, bearer_token, parse_uuid, positive_int, request_meta
+from .http import DASHBOARD, HtmxRequest, bearer_token, parse_uuid, positive_int, request_meta
 from .models import AgentSession, AuditAction, Checkpoint, Status
 from .permissions import can_operate, can_view
 from .presenters import TraceContext, diff_states, status_view
@@ -43,17 +43,17 @@ TRACE_REFRESH_MAX = 500  # steps a trace re-renders in place after an action
 # --- Access -----------------------------------------------------------------------------
 
 
-def _require_view(request: HttpRequest) -> None:
+def _require_view(request: HtmxRequest) -> None:
     if not can_view(request.user):
         raise PermissionDenied("your account has no role here (viewer or operator)")
 
 
-def _require_operate(request: HttpRequest) -> None:
+def _require_operate(request: HtmxRequest) -> None:
     if not can_operate(request.user):
         raise PermissionDenied("only operators can change sessions")
 
 
-def _get_session(request: HttpRequest, session_id: UUID) -> AgentSession:
+def _get_session(request: HtmxRequest, session_id: UUID) -> AgentSession:
     _require_view(request)
     session = selectors.session_by_id(session_id)
     if session is None:
@@ -61,12 +61,12 @@ def _get_session(request: HttpRequest, session_id: UUID) -> AgentSession:
     return session
 
 
-def _meta(request: HttpRequest) -> dict[str, Any]:
+def _meta(request: HtmxRequest) -> dict[str, Any]:
     return request_meta(request, DASHBOARD)
 
 
 def _fragment(
-    request: HttpRequest, template: str, context: dict[str, Any], *, title: str, target: str
+    request: HtmxRequest, template: str, context: dict[str, Any], *, title: str, target: str
 ) -> HttpResponse:
     """A fragment the page loads into `target`; opened by its own address (a link followed
     without JavaScript), the same inside a full page."""
@@ -81,7 +81,7 @@ def _fragment(
     return render(request, "sessions/fragment_page.html", page)
 
 
-def _error(request: HttpRequest, text: str, status: int) -> HttpResponse:
+def _error(request: HtmxRequest, text: str, status: int) -> HttpResponse:
     """An error an htmx request shows next to what the operator clicked (static/js reads
     the `data-error` text); a full page for anything else."""
     if request.htmx:
@@ -95,7 +95,7 @@ def _error(request: HttpRequest, text: str, status: int) -> HttpResponse:
 # --- Session list -----------------------------------------------------------------------
 
 
-def _list_context(request: HttpRequest) -> dict[str, Any]:
+def _list_context(request: HtmxRequest) -> dict[str, Any]:
     filters = selectors.SessionFilters.from_query(request.GET)
     cursor = request.GET.get("cursor") or None
     before = request.GET.get("before") or None
@@ -176,7 +176,7 @@ def _counts_context(
 
 @login_required
 @require_GET
-def session_list(request: HttpRequest) -> HttpResponse:
+def session_list(request: HtmxRequest) -> HttpResponse:
     _require_view(request)
     context = _list_context(request)
     target = request.htmx.target if request.htmx else None
@@ -189,7 +189,7 @@ def session_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def status_counts(request: HttpRequest) -> HttpResponse:
+def status_counts(request: HtmxRequest) -> HttpResponse:
     """The count chips under the list's filters (polled, and redrawn when a row settles)."""
     _require_view(request)
     filters = selectors.SessionFilters.from_query(request.GET)
@@ -200,7 +200,7 @@ def status_counts(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_row(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_row(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     _require_view(request)
     session = selectors.session_by_id(session_id)
     context = {
@@ -219,7 +219,7 @@ def session_row(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_POST
-def bulk_action(request: HttpRequest) -> HttpResponse:
+def bulk_action(request: HtmxRequest) -> HttpResponse:
     _require_operate(request)
     action = request.POST.get("action", "")
     if action not in ("resume", "cancel"):
@@ -270,7 +270,7 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def list_charts(request: HttpRequest) -> HttpResponse:
+def list_charts(request: HtmxRequest) -> HttpResponse:
     _require_view(request)
     span = request.GET.get("span", "24h")
     if span not in charts.SPANS:
@@ -295,7 +295,7 @@ def list_charts(request: HttpRequest) -> HttpResponse:
 
 
 def _trace_context(
-    request: HttpRequest,
+    request: HtmxRequest,
     session: AgentSession,
     params: Any,
     *,
@@ -334,7 +334,7 @@ def _trace_context(
 
 
 def _detail_context(
-    request: HttpRequest, session: AgentSession, part: str = "page"
+    request: HtmxRequest, session: AgentSession, part: str = "page"
 ) -> dict[str, Any]:
     """What the page (or one of its parts: panel, header, actions) needs, and no more:
     each part is polled or re-rendered on its own, and a 100,000-step trace must not make
@@ -392,7 +392,7 @@ def _model_name(session: AgentSession) -> str:
 
 @login_required
 @require_GET
-def session_detail(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_detail(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     session = _get_session(request, session_id)
     if request.htmx and request.htmx.target == "trace":
         # The trace's own navigation (filters, jumps, the refresh after an action).
@@ -409,7 +409,7 @@ def session_detail(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_header(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_header(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     """The header (polled while the session is live), the actions, or both."""
     session = _get_session(request, session_id)
     part = request.GET.get("part", "panel")
@@ -427,7 +427,7 @@ def session_header(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_steps(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_steps(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     """The next page of the trace after `after` (lazy load on scroll, and the live tail).
     The page before says how many turns and runs it showed, and the worker of its run."""
     session = _get_session(request, session_id)
@@ -465,7 +465,7 @@ def session_steps(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_timeline(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_timeline(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     """The timeline: every step on an axis of active time; a long session as an overview,
     with a window of steps drawn one row each (`from`, `to`)."""
     session = _get_session(request, session_id)
@@ -489,7 +489,7 @@ def session_timeline(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_usage(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_usage(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     """Tokens and cost per turn."""
     session = _get_session(request, session_id)
     filters = trace.TraceFilters.from_query(request.GET)
@@ -504,7 +504,7 @@ def session_usage(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def checkpoint_diff(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def checkpoint_diff(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     session = _get_session(request, session_id)
     checkpoints = selectors.checkpoints_of(session)
 
@@ -547,7 +547,7 @@ def checkpoint_diff(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def action_preview(request: HttpRequest, session_id: UUID, action: str) -> HttpResponse:
+def action_preview(request: HtmxRequest, session_id: UUID, action: str) -> HttpResponse:
     session = _get_session(request, session_id)
     _require_operate(request)
     if action == "resume":
@@ -563,7 +563,7 @@ def action_preview(request: HttpRequest, session_id: UUID, action: str) -> HttpR
 
 
 def _action_response(
-    request: HttpRequest, session: AgentSession, *, ok: bool, text: str, status: int = 200
+    request: HtmxRequest, session: AgentSession, *, ok: bool, text: str, status: int = 200
 ) -> HttpResponse:
     """After an action: the panel redrawn with the outcome, and the trace and timeline told
     to redraw in place. A refused action keeps the form as the operator filled it and says
@@ -588,7 +588,7 @@ def _action_response(
 
 @login_required
 @require_POST
-def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpResponse:
+def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpResponse:
     session = _get_session(request, session_id)
     _require_operate(request)
     who, meta = request.user, _meta(request)
@@ -753,7 +753,7 @@ def _json(raw: str, what: str, *, text_allowed: bool = False) -> Any:
 
 @login_required
 @require_GET
-def audit_log(request: HttpRequest) -> HttpResponse:
+def audit_log(request: HtmxRequest) -> HttpResponse:
     _require_view(request)
     actor = (request.GET.get("actor") or "").strip()
     action = (request.GET.get("action") or "").strip()
@@ -790,7 +790,7 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_export(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_export(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     """The session as a file (viewers may export: it is what they can read anyway)."""
     from .transfer import export_bytes
 
@@ -805,7 +805,7 @@ MAX_IMPORT_BYTES = 64 * 1024 * 1024  # through the browser; bigger files: manage
 
 
 @login_required
-def session_import(request: HttpRequest) -> HttpResponse:
+def session_import(request: HtmxRequest) -> HttpResponse:
     """Upload an export (operators): checked whole, then written at once, or not at all."""
     from .transfer import TransferError, import_session
 
@@ -816,7 +816,7 @@ def session_import(request: HttpRequest) -> HttpResponse:
         upload = request.FILES.get("file")
         if upload is None:
             error = "choose an exported session file (.jsonl.gz)"
-        elif upload.size > MAX_IMPORT_BYTES:
+        elif (upload.size or 0) > MAX_IMPORT_BYTES:
             error = (
                 f"the file is larger than {MAX_IMPORT_BYTES // 2**20} MB: "
                 "use python manage.py import_session"
@@ -850,7 +850,7 @@ def session_import(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def agents(request: HttpRequest) -> HttpResponse:
+def agents(request: HtmxRequest) -> HttpResponse:
     """The agents this deployment runs, their tools, and their live sessions per version."""
     _require_view(request)
     return render(
@@ -868,7 +868,7 @@ COST_WINDOW_DAYS = 30
 
 @login_required
 @require_GET
-def costs(request: HttpRequest) -> HttpResponse:
+def costs(request: HtmxRequest) -> HttpResponse:
     """What model calls cost: by day, agent or model, over a window of days (the last
     COST_WINDOW_DAYS by default), with the totals; kept when sessions are deleted."""
     _require_view(request)
@@ -909,7 +909,7 @@ def costs(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def attention(request: HttpRequest) -> HttpResponse:
+def attention(request: HtmxRequest) -> HttpResponse:
     """Sessions a person should look at, in sections, each paged on its own (`?<key>=cursor`);
     an htmx request for one section (`?section=key`) gets just that section."""
     _require_view(request)
@@ -931,7 +931,7 @@ def attention(request: HttpRequest) -> HttpResponse:
         "now": now,
     }
     if only in sections and request.htmx:
-        extra = {}
+        extra: dict[str, Any] = {}
         if only == "failed":
             extra["failures"] = selectors.repeated_failures()
         if only == "incompatible":
@@ -963,21 +963,21 @@ def attention(request: HttpRequest) -> HttpResponse:
 # what was clicked: never Django's bare pages swapped into the middle of the dashboard.
 
 
-def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+def permission_denied(request: HtmxRequest, exception: Exception) -> HttpResponse:
     text = str(exception) or "you are not allowed to do this"
     return _error(request, f"Refused: {text}", 403)
 
 
-def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+def page_not_found(request: HtmxRequest, exception: Exception) -> HttpResponse:
     text = str(exception) if isinstance(exception, Http404) and exception.args else ""
     return _error(request, f"Not found: {text or 'nothing lives at this address'}", 404)
 
 
-def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+def bad_request(request: HtmxRequest, exception: Exception) -> HttpResponse:
     return _error(request, "Bad request: the server could not read what was sent", 400)
 
 
-def server_error(request: HttpRequest) -> HttpResponse:
+def server_error(request: HtmxRequest) -> HttpResponse:
     # No database, no session, no user: whatever failed may fail again here. Called while
     # the exception is being handled: a database outage met outside a view (a middleware)
     # is a 503, as the middleware makes it in views.
@@ -988,7 +988,7 @@ def server_error(request: HttpRequest) -> HttpResponse:
     return render(request, "500.html", status=500, context={})
 
 
-def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+def csrf_failure(request: HtmxRequest, reason: str = "") -> HttpResponse:
     return _error(
         request,
         "Refused: this form's security token is missing or expired. Reload the page and "
@@ -1002,7 +1002,7 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
 
 @never_cache
 @require_GET
-def metrics(request: HttpRequest) -> HttpResponse:
+def metrics(request: HtmxRequest) -> HttpResponse:
     """The deployment's metrics for Prometheus (sessions_app.telemetry). Scraped with
     `Authorization: Bearer <RESPAWN_METRICS_TOKEN>` or an API token of a user who may view
     sessions; a logged-in viewer may read it in a browser."""
@@ -1023,7 +1023,7 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(deployment_metrics(), content_type=CONTENT_TYPE_LATEST)
 
 
-def _may_scrape(request: HttpRequest) -> bool:
+def _may_scrape(request: HtmxRequest) -> bool:
     from hmac import compare_digest
 
     if request.user.is_authenticated and can_view(request.user):
