@@ -483,11 +483,19 @@ def _detail(session: AgentSession) -> dict[str, Any]:
     return out
 
 
-def _act(request: ApiRequest, action: Callable[..., AgentSession], status: int, **given: Any):
+def _act(
+    request: ApiRequest,
+    action: Callable[..., AgentSession],
+    status: int,
+    session_id: UUID,
+    **given: Any,
+):
     """An operator's action on a session (a service, which checks and audits it), answered
     with the session as it is now."""
     _require_operate(request)
-    session = action(**given, actor=request.auth, request_meta=_meta(request))
+    session = action(
+        session_id=session_id, **given, actor=request.auth, request_meta=_meta(request)
+    )
     return Reply(status, _detail(session))
 
 
@@ -700,48 +708,36 @@ def list_steps(
     summary="Send a message",
 )
 def send_message(request: ApiRequest, session_id: UUID, body: MessageIn):
-    return _act(
-        request, services.session_send_message, 202, session_id=session_id, content=body.content
-    )
+    return _act(request, services.session_send_message, 202, session_id, content=body.content)
 
 
 @api.post("/sessions/{session_id}/resume", response={202: SessionOut, **ERRORS}, summary="Resume")
 def resume(request: ApiRequest, session_id: UUID):
-    return _act(request, services.session_resume, 202, session_id=session_id)
+    return _act(request, services.session_resume, 202, session_id)
 
 
 @api.post("/sessions/{session_id}/cancel", response={200: SessionOut, **ERRORS}, summary="Cancel")
 def cancel(request: ApiRequest, session_id: UUID):
-    return _act(request, services.session_cancel, 200, session_id=session_id)
+    return _act(request, services.session_cancel, 200, session_id)
 
 
 @api.post(
     "/sessions/{session_id}/rollback", response={200: SessionOut, **ERRORS}, summary="Roll back"
 )
 def rollback(request: ApiRequest, session_id: UUID, body: CheckpointIn):
-    return _act(
-        request,
-        services.checkpoint_rollback,
-        200,
-        session_id=session_id,
-        checkpoint_seq=body.checkpoint_seq,
-    )
+    seq = body.checkpoint_seq
+    return _act(request, services.checkpoint_rollback, 200, session_id, checkpoint_seq=seq)
 
 
 @api.post("/sessions/{session_id}/fork", response={201: SessionOut, **ERRORS}, summary="Fork")
 def fork(request: ApiRequest, session_id: UUID, body: CheckpointIn):
-    return _act(
-        request,
-        services.session_fork,
-        201,
-        session_id=session_id,
-        checkpoint_seq=body.checkpoint_seq,
-    )
+    seq = body.checkpoint_seq
+    return _act(request, services.session_fork, 201, session_id, checkpoint_seq=seq)
 
 
 @api.post("/sessions/{session_id}/approve", response={202: SessionOut, **ERRORS}, summary="Approve")
 def approve(request: ApiRequest, session_id: UUID, body: DecisionIn = NO_REASON):
-    return _act(request, services.session_approve, 202, session_id=session_id, reason=body.reason)
+    return _act(request, services.session_approve, 202, session_id, reason=body.reason)
 
 
 @api.post(
@@ -753,12 +749,12 @@ def answer(request: ApiRequest, session_id: UUID, body: AnswerIn):
     """Resume a LangGraph session waiting in `interrupt()` with `value`."""
     from .graph_services import session_answer_interrupt
 
-    return _act(request, session_answer_interrupt, 202, session_id=session_id, value=body.value)
+    return _act(request, session_answer_interrupt, 202, session_id, value=body.value)
 
 
 @api.post("/sessions/{session_id}/reject", response={202: SessionOut, **ERRORS}, summary="Reject")
 def reject(request: ApiRequest, session_id: UUID, body: DecisionIn = NO_REASON):
-    return _act(request, services.session_reject, 202, session_id=session_id, reason=body.reason)
+    return _act(request, services.session_reject, 202, session_id, reason=body.reason)
 
 
 @api.post(
@@ -773,7 +769,7 @@ def resolve_uncertain(request: ApiRequest, session_id: UUID, body: UncertainIn):
         request,
         services.session_resolve_uncertain,
         202,
-        session_id=session_id,
+        session_id,
         resolution=body.resolution,
         output=body.output,
         note=body.note,
@@ -787,7 +783,7 @@ def legal_hold(request: ApiRequest, session_id: UUID, body: HoldIn):
         request,
         services.session_set_legal_hold,
         200,
-        session_id=session_id,
+        session_id,
         hold=body.hold,
         note=body.note,
     )
