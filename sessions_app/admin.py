@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
@@ -39,26 +38,27 @@ from django_rq.models import Dashboard as RqDashboard
 
 from agent_runtime.state import SCHEMA_VERSION
 
-from . import admin_services, queues_admin, services
+from . import admin_services, queues_admin, selectors, services
 from .admin_forms import ApiTokenAddForm, CheckpointAdminForm, SessionAdminForm, StepAdminForm
 from .admin_site import RoleRules
+from .http import ADMIN, parse_uuid, request_meta
 from .models import (
     AgentSession,
     ApiToken,
     AuditEvent,
     Checkpoint,
-    Status,
     Step,
 )
 from .permissions import can_administer, can_operate, can_view
 from .runtime import agent_registry
-from .validation import MAX_DATE, MIN_DATE, InvalidInput, parse_int, request_meta
+from .validation import MAX_DATE, MIN_DATE, InvalidInput, parse_int
 from .views import BULK_LIMIT
 
 admin.site.site_header = "Respawn admin"
 admin.site.site_title = "Respawn admin"
 admin.site.index_title = "Records"
-admin.site.site_url = reverse_lazy("sessions:list")  # "View site" opens the dashboard
+# "View site" opens the dashboard (lazy: the URLconf is not loaded yet).
+admin.site.site_url = reverse_lazy("sessions:list")  # type: ignore[assignment]
 
 PREVIEW_CHARS = 120
 MESSAGES_PER_ACTION = 50  # per-session lines in an action's report; a summary for the rest
@@ -204,12 +204,12 @@ class LargeTableAdmin(admin.ModelAdmin):
     def preview(self, obj: Any) -> str:
         text = getattr(obj, "preview_text", None)
         if text is None:
-            text = json.dumps(getattr(obj, self.preview_column), ensure_ascii=False)
+            text = json.dumps(getattr(obj, str(self.preview_column)), ensure_ascii=False)
         return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "…"
 
 
 def _meta(request: HttpRequest) -> dict[str, Any]:
-    return request_meta(request, "admin")
+    return request_meta(request, ADMIN)
 
 
 def _pretty_json(value: Any):
@@ -226,19 +226,12 @@ def _changelist_url(model_name: str, **params: Any) -> str:
     return f"{url}?{query}" if query else url
 
 
-def _parse_uuid(value: str) -> uuid.UUID | None:
-    try:
-        return uuid.UUID(value.strip())
-    except (ValueError, AttributeError):
-        return None
-
-
 def _search_by_session_id(queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:
     """The search box of step, checkpoint and audit lists: an exact session id."""
     term = search_term.strip()
     if not term:
         return queryset, False
-    session_id = _parse_uuid(term)
+    session_id = parse_uuid(term)
     if session_id is None:
         return queryset.none(), False
     return queryset.filter(session_id=session_id), False
@@ -269,8 +262,9 @@ class AgentFilter(admin.SimpleListFilter):
 
     def lookups(self, request, model_admin):
         names = list(agent_registry().names())
-        if self.value() and self.value() not in names:
-            names.append(self.value())  # an agent no longer registered, picked by URL
+        value = self.value()
+        if value and value not in names:
+            names.append(value)  # an agent no longer registered, picked by URL
         return [(name, name) for name in names]
 
     def queryset(self, request, queryset):
@@ -299,7 +293,8 @@ class SchemaVersionFilter(admin.SimpleListFilter):
         return VERSION_CHOICES
 
     def queryset(self, request, queryset):
-        return queryset.filter(_version_q(self.value())) if self.value() else queryset
+        value = self.value()
+        return queryset.filter(_version_q(value)) if value else queryset
 
 
 class HeadSchemaVersionFilter(SchemaVersionFilter):
@@ -310,10 +305,11 @@ class HeadSchemaVersionFilter(SchemaVersionFilter):
     parameter_name = "head_version"
 
     def queryset(self, request, queryset):
-        if not self.value():
+        value = self.value()
+        if not value:
             return queryset
         at_head = Checkpoint.objects.filter(session=OuterRef("pk"), seq=OuterRef("head")).filter(
-            _version_q(self.value())
+            _version_q(value)
         )
         return queryset.filter(Exists(at_head))
 
@@ -329,16 +325,16 @@ class SessionFilter(admin.SimpleListFilter):
         value = self.value()
         if not value:
             return []
-        session_id = _parse_uuid(value)
+        session_id = parse_uuid(value)
         if session_id is None:
             raise IncorrectLookupParameters(f"not a session id: {value!r}")
-        session = AgentSession.objects.filter(id=session_id).only("id", "title", "agent").first()
+        session = selectors.session_by_id(session_id)
         return [(value, str(session) if session else value)]
 
     def queryset(self, request, queryset):
         if not self.value():
             return queryset
-        session_id = _parse_uuid(self.value())
+        session_id = parse_uuid(self.value())
         if session_id is None:
             raise IncorrectLookupParameters(f"not a session id: {self.value()!r}")
         return queryset.filter(session_id=session_id)
@@ -352,10 +348,10 @@ class RecentActionFilter(admin.SimpleListFilter):
     recent = 10_000
 
     def lookups(self, request, model_admin):
-        latest = AuditEvent.objects.order_by("-created_at").values_list("action", flat=True)
-        actions = set(latest[: self.recent])
-        if self.value():
-            actions.add(self.value())
+        actions = selectors.recent_audit_actions(self.recent)
+        value = self.value()
+        if value:
+            actions.add(value)
         return [(action, action) for action in sorted(actions)]
 
     def queryset(self, request, queryset):
@@ -502,7 +498,7 @@ class AgentSessionAdmin(LargeTableAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        session_id = _parse_uuid(term)
+        session_id = parse_uuid(term)
         if session_id is not None:
             return queryset.filter(id=session_id), False
         # UPPER(title) LIKE '%term%': served by the trigram index session_title_trgm.
@@ -589,10 +585,10 @@ class AgentSessionAdmin(LargeTableAdmin):
     @admin.action(description="Cancel the selected sessions", permissions=["operate"])
     def cancel_sessions(self, request, queryset):
         def run(session_id, index):
-            session = services.session_cancel(
+            services.session_cancel(
                 session_id=session_id, actor=request.user, request_meta=_meta(request)
             )
-            return "cancel requested" if session.status == Status.RUNNING else "cancelled"
+            return "cancelled"
 
         self._each_session(request, queryset, run)
 
@@ -626,15 +622,21 @@ class AgentSessionAdmin(LargeTableAdmin):
 # --- Steps and checkpoints -----------------------------------------------------------------
 
 
+def _with_editable(readonly: tuple[str, ...], editable: str, *, after: str) -> tuple[str, ...]:
+    """A history row's form: its read-only fields, and its one editable field after `after`."""
+    at = readonly.index(after) + 1
+    return (*readonly[:at], editable, *readonly[at:])
+
+
 class SessionRowsAdmin(LargeTableAdmin):
     """Rows that belong to a session: in trace order within one session, newest first
     across sessions (each order served by an index)."""
 
     list_select_related = ("session",)
-    list_filter: tuple = (SessionFilter,)
+    list_filter: ClassVar[tuple[Any, ...]] = (SessionFilter,)
     search_fields = ("session__id",)  # an exact session id: see get_search_results
     search_help_text = "A session id (exact)."
-    sortable_by: tuple = ()
+    sortable_by = ()
 
     def has_add_permission(self, request):
         return False  # history is appended by the engine
@@ -646,7 +648,7 @@ class SessionRowsAdmin(LargeTableAdmin):
     session_ordering: tuple[str, ...] = ("session", "seq")
 
     def get_ordering(self, request):
-        one_session = request.GET.get(SessionFilter.parameter_name) or _parse_uuid(
+        one_session = request.GET.get(SessionFilter.parameter_name) or parse_uuid(
             request.GET.get("q", "")
         )
         if one_session:
@@ -676,6 +678,28 @@ class SessionRowsAdmin(LargeTableAdmin):
             str(obj.session),
             obj.session_id,
         )
+
+    def _dashboard_url(self, obj: Any) -> str:
+        """The row's place in the dashboard's trace (superseded steps shown)."""
+        base = reverse("sessions:detail", args=[obj.session_id])
+        return f"{base}?from={obj.seq}&superseded=1#step-{obj.seq}"
+
+    def object_links(self, obj: Any) -> list[tuple[str, str]]:
+        rows = f"{str(self.opts.verbose_name_plural).capitalize()} of this session"
+        return [
+            ("Open in dashboard", self._dashboard_url(obj)),
+            ("Session", _session_admin_url(obj.session_id)),
+            (rows, _changelist_url(str(self.opts.model_name), session=obj.session_id)),
+        ]
+
+    def save_edit(self, obj: Any, value: Any, **who: Any) -> None:
+        """Save the row's one editable value through admin_services."""
+        raise NotImplementedError
+
+    def save_model(self, request, obj, form, change):
+        if form.has_changed():
+            value = form.cleaned_data[form.blob]
+            self.save_edit(obj, value, actor=request.user, request_meta=_meta(request))
 
     @admin.display(description="session now")
     def session_state(self, obj: Any):
@@ -714,49 +738,18 @@ class StepAdmin(SessionRowsAdmin):
         "superseded_at",
         "created_at",
     )
-    fields = (
-        "session_detail_link",
-        "session_state",
-        "seq",
-        "kind",
-        "schema_version",
-        "payload",
-        "started_at",
-        "finished_at",
-        "tokens_in",
-        "tokens_out",
-        "idempotency_key",
-        "superseded_at",
-        "created_at",
-    )
+    fields = _with_editable(readonly_fields, "payload", after="schema_version")
 
     @admin.display(description="superseded")
     def superseded(self, obj: Step) -> str:
         return "superseded" if obj.superseded_at is not None else ""
 
-    def _dashboard_url(self, obj: Step) -> str:
-        base = reverse("sessions:detail", args=[obj.session_id])
-        return f"{base}?from={obj.seq}&superseded=1#step-{obj.seq}"
-
     @admin.display(description="dashboard")
     def dashboard(self, obj: Step):
         return format_html('<a href="{}">open</a>', self._dashboard_url(obj))
 
-    def object_links(self, obj: Step) -> list[tuple[str, str]]:
-        return [
-            ("Open in dashboard", self._dashboard_url(obj)),
-            ("Session", _session_admin_url(obj.session_id)),
-            ("Steps of this session", _changelist_url("step", session=obj.session_id)),
-        ]
-
-    def save_model(self, request, obj, form, change):
-        if form.has_changed():
-            admin_services.step_edit_payload(
-                step_id=obj.pk,
-                payload=form.cleaned_data["payload"],
-                actor=request.user,
-                request_meta=_meta(request),
-            )
+    def save_edit(self, obj: Step, value: Any, **who: Any) -> None:
+        admin_services.step_edit_payload(step_id=obj.pk, payload=value, **who)
 
 
 @admin.register(Checkpoint)
@@ -784,37 +777,14 @@ class CheckpointAdmin(SessionRowsAdmin):
         "is_head",
         "created_at",
     )
-    fields = (
-        "session_detail_link",
-        "session_state",
-        "seq",
-        "reason",
-        "schema_version",
-        "is_head",
-        "state",
-        "created_at",
-    )
+    fields = _with_editable(readonly_fields, "state", after="is_head")
 
     @admin.display(description="at the head")
     def is_head(self, obj: Checkpoint) -> str:
         return "head" if obj.seq == obj.session.head else ""
 
-    def object_links(self, obj: Checkpoint) -> list[tuple[str, str]]:
-        dashboard = reverse("sessions:detail", args=[obj.session_id])
-        return [
-            ("Open in dashboard", f"{dashboard}?from={obj.seq}&superseded=1#step-{obj.seq}"),
-            ("Session", _session_admin_url(obj.session_id)),
-            ("Checkpoints of this session", _changelist_url("checkpoint", session=obj.session_id)),
-        ]
-
-    def save_model(self, request, obj, form, change):
-        if form.has_changed():
-            admin_services.checkpoint_edit_state(
-                checkpoint_id=obj.pk,
-                state=form.cleaned_data["state"],
-                actor=request.user,
-                request_meta=_meta(request),
-            )
+    def save_edit(self, obj: Checkpoint, value: Any, **who: Any) -> None:
+        admin_services.checkpoint_edit_state(checkpoint_id=obj.pk, state=value, **who)
 
 
 # --- The audit log (read-only for everyone; the database refuses changes anyway) ----------

@@ -96,17 +96,29 @@ class SessionAdminForm(forms.ModelForm):
 
 
 class _SessionHistoryForm(forms.ModelForm):
-    """An edit of a session's history. Refused while a worker holds the session's lease
-    (checked here to keep what was typed; admin_services checks again under the lock)."""
+    """An edit of a session's history: its one JSON blob (`blob`, checked by `check`).
+    Refused while a worker holds the session's lease (checked here to keep what was
+    typed; admin_services checks again under the lock)."""
+
+    blob: str
+
+    def check(self, value: Any) -> None:
+        raise NotImplementedError
 
     def clean(self) -> dict[str, Any]:
-        cleaned = super().clean()
+        cleaned = super().clean() or {}
+        if self.blob in cleaned:
+            try:
+                self.check(cleaned[self.blob])
+            except ValidationError as exc:
+                self.add_error(self.blob, exc)
         if self.instance.session.lease_is_live():
             raise ValidationError(RUNNING, code="already_running")
         return cleaned
 
 
 class StepAdminForm(_SessionHistoryForm):
+    blob = "payload"
     payload = PrettyJSONField(
         help_text="Checked against the state schema for this kind of step before it is saved."
     )
@@ -115,14 +127,12 @@ class StepAdminForm(_SessionHistoryForm):
         model = Step
         fields = ["payload"]
 
-    def clean_payload(self) -> Any:
-        payload = self.cleaned_data["payload"]
-        step = self.instance
-        validate_step_payload_json(step.kind, payload, step.schema_version)
-        return payload
+    def check(self, value: Any) -> None:
+        validate_step_payload_json(self.instance.kind, value, self.instance.schema_version)
 
 
 class CheckpointAdminForm(_SessionHistoryForm):
+    blob = "state"
     state = PrettyJSONField(
         help_text="Checked against the state schema (and its upgraders) before it is saved."
     )
@@ -131,10 +141,8 @@ class CheckpointAdminForm(_SessionHistoryForm):
         model = Checkpoint
         fields = ["state"]
 
-    def clean_state(self) -> Any:
-        state = self.cleaned_data["state"]
-        validate_checkpoint_state_json(state, self.instance.schema_version)
-        return state
+    def check(self, value: Any) -> None:
+        validate_checkpoint_state_json(value, self.instance.schema_version)
 
 
 class ApiTokenAddForm(forms.ModelForm):

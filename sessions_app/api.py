@@ -7,31 +7,28 @@ the dashboard, because every action goes through `services`.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import functools
 import re
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any
 from uuid import UUID
 
 from django.db import InterfaceError, OperationalError
-from django.db.models import Q
 from django.http import HttpRequest
-from django.utils import timezone
 from ninja import Field, NinjaAPI, Query, Schema
 from ninja import Status as Reply
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
 from pydantic import AfterValidator, ConfigDict, WithJsonSchema, model_validator
 
-from agent_runtime.loop import BUDGET_REACHED
 from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
-from . import services
+from . import selectors, services
+from .http import API, ApiRequest, bearer_token, code_of, request_meta
 from .middleware import unavailable_response
-from .models import AgentSession, ApiToken, Status, Step
+from .models import AgentSession, Status, Step
 from .permissions import can_operate, can_view
 from .runtime import agent_registry
 from .validation import (
@@ -43,10 +40,8 @@ from .validation import (
     RequiredText,
     SingleLineText,
     StrictJSONParser,
-    check_datetime,
     one_line,
     parse_date,
-    request_meta,
 )
 
 MAX_PAGE = 200
@@ -55,21 +50,14 @@ MAX_PAGE = 200
 class BearerToken(HttpBearer):
     def __call__(self, request: HttpRequest) -> Any:
         # Not HttpBearer's own __call__: that one logs the header it rejects under DEBUG.
-        value = request.headers.get("Authorization") or ""
-        scheme, _, token = value.partition(" ")
-        if scheme.lower() != "bearer" or not token.strip():
-            return None
-        return self.authenticate(request, token.strip())
+        token = bearer_token(request)
+        return None if token is None else self.authenticate(request, token)
 
     def authenticate(self, request: HttpRequest, token: str) -> Any:
-        found = (
-            ApiToken.objects.select_related("user")
-            .filter(key_hash=ApiToken.hash(token), revoked_at__isnull=True)
-            .first()
-        )
+        found = selectors.active_api_token(token)
         if found is None or not found.user.is_active:
             return None
-        ApiToken.objects.filter(pk=found.pk).update(last_used_at=timezone.now())
+        services.api_token_used(token=found)
         request.user = found.user
         return found.user
 
@@ -282,8 +270,11 @@ class BudgetsIn(Schema):
     """Limits for one session; a field left out keeps its value (the agent's limit at
     start), null lifts a token, cost or time limit. Reaching one pauses the session."""
 
-    # Required when given: a step limit cannot be lifted (null is refused).
-    max_steps: int = Field(None, ge=1, le=10**9, description="steps of the trace")
+    # Required when given: a step limit cannot be lifted (null is refused); left out, it
+    # keeps its value, so it has a default all the same.
+    max_steps: int = Field(  # type: ignore[assignment]
+        None, ge=1, le=10**9, description="steps of the trace"
+    )
     max_tokens: int | None = Field(
         None, ge=1, le=10**12, description="input + output tokens of every model call"
     )
@@ -401,7 +392,7 @@ class DecisionIn(Schema):
 
 
 # The body may be left out (no reason given); when sent it is an object, never null.
-NO_REASON = DecisionIn()
+NO_REASON = DecisionIn(reason="")
 
 
 class AnswerIn(Schema):
@@ -412,15 +403,15 @@ class AnswerIn(Schema):
 
 
 def _meta(request: HttpRequest) -> dict[str, Any]:
-    return request_meta(request, "api")
+    return request_meta(request, API)
 
 
-def _require_view(request: HttpRequest) -> None:
+def _require_view(request: ApiRequest) -> None:
     if not can_view(request.auth):
         raise HttpError(403, "your account may not read sessions (needs the viewer role)")
 
 
-def _require_operate(request: HttpRequest) -> None:
+def _require_operate(request: ApiRequest) -> None:
     if not can_operate(request.auth):
         raise HttpError(403, "your account may not change sessions (needs the operator role)")
 
@@ -471,27 +462,41 @@ def _pending(state: dict[str, Any]) -> dict | None:
 
 
 def _get(session_id: UUID) -> AgentSession:
-    session = AgentSession.objects.filter(id=session_id).first()
+    session = selectors.session_by_id(session_id)
     if session is None:
         raise services.ActionError(f"no session with id {session_id}", code="not_found")
     return session
 
 
 def _detail(session: AgentSession) -> dict[str, Any]:
-    if session.status != Status.WAITING_INPUT:
+    if not session.can_decide():
         return _session_out(session)
-    from .selectors import head_state, uncertain_call
-
     # One read of the head checkpoint serves both: what waits for approval, what is uncertain.
-    state = head_state(session)
+    state = selectors.head_state(session)
     out = _session_out(session, _pending(state))
-    call = uncertain_call(session, state)
+    call = selectors.uncertain_call(session, state)
     if call is not None:
         out["uncertain_call"] = {
             k: call.get(k)
             for k in ("call_id", "tool", "arguments", "tool_call_seq", "idempotency_key")
         }
     return out
+
+
+def _act(
+    request: ApiRequest,
+    action: Callable[..., AgentSession],
+    status: int,
+    session_id: UUID,
+    **given: Any,
+):
+    """An operator's action on a session (a service, which checks and audits it), answered
+    with the session as it is now."""
+    _require_operate(request)
+    session = action(
+        session_id=session_id, **given, actor=request.auth, request_meta=_meta(request)
+    )
+    return Reply(status, _detail(session))
 
 
 def _loaded_payload(step: Step) -> dict[str, Any]:
@@ -506,21 +511,6 @@ def _loaded_payload(step: Step) -> dict[str, Any]:
             "load_error": str(exc),
         }
     return {"payload": loaded.value, "schema_version": SCHEMA_VERSION, "load_error": None}
-
-
-def _encode_cursor(session: AgentSession) -> str:
-    raw = f"{session.updated_at.isoformat()}|{session.id}"
-    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, UUID]:
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        stamp, _, raw_id = base64.urlsafe_b64decode(padded.encode()).decode().partition("|")
-        updated = check_datetime(datetime.fromisoformat(stamp), "cursor")
-        return updated, UUID(raw_id)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise HttpError(400, "cursor is not one this API returned") from None
 
 
 # --- Errors: always JSON, always naming the problem --------------------------------------
@@ -550,10 +540,9 @@ def http_error(request: HttpRequest, exc: HttpError):
         return api.create_response(
             request, {"error": "invalid", "detail": str(exc.__cause__)}, status=400
         )
-    codes = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}
     return api.create_response(
         request,
-        {"error": codes.get(exc.status_code, "error"), "detail": str(exc)},
+        {"error": code_of(exc.status_code), "detail": str(exc)},
         status=exc.status_code,
     )
 
@@ -589,7 +578,7 @@ ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: Error
 
 
 @api.post("/sessions", response={201: SessionOut, **ERRORS}, summary="Start a session")
-def start(request: HttpRequest, body: StartIn):
+def start(request: ApiRequest, body: StartIn):
     _require_operate(request)
     session = services.session_start(
         agent=body.agent,
@@ -604,7 +593,7 @@ def start(request: HttpRequest, body: StartIn):
 
 @api.get("/sessions", response={200: SessionPage, **ERRORS}, summary="List sessions")
 def list_sessions(
-    request: HttpRequest,
+    request: ApiRequest,
     # Checked below (400 naming the statuses); listed in the schema for clients.
     status: Annotated[str, WithJsonSchema({"type": "string", "enum": Status.values})]
     | None = Query(None, description="one of " + ", ".join(Status.values)),
@@ -622,31 +611,19 @@ def list_sessions(
     limit: int = Query(50, ge=1, le=MAX_PAGE),
 ):
     _require_view(request)
-    sessions = AgentSession.objects.order_by("-updated_at", "-id")
-    if status is not None:
-        if status not in Status.values:
-            raise HttpError(400, f"unknown status {status!r} (one of {', '.join(Status.values)})")
-        sessions = sessions.filter(status=status)
-    if agent:
-        sessions = sessions.filter(agent=agent)
-    if agent_version is not None:
-        sessions = sessions.filter(agent_version=agent_version)
-    if cursor:
-        updated, last_id = _decode_cursor(cursor)
-        sessions = sessions.filter(
-            Q(updated_at__lt=updated) | Q(updated_at=updated, id__lt=last_id)
+    if status is not None and status not in Status.values:
+        raise HttpError(400, f"unknown status {status!r} (one of {', '.join(Status.values)})")
+    try:
+        page, after = selectors.api_session_page(
+            status=status, agent=agent, agent_version=agent_version, cursor=cursor, size=limit
         )
-    page = list(sessions[: limit + 1])
-    more = len(page) > limit
-    page = page[:limit]
-    return {
-        "items": [_session_out(s, None) for s in page],
-        "next": _encode_cursor(page[-1]) if more and page else None,
-    }
+    except selectors.BadFilter:
+        raise HttpError(400, "cursor is not one this API returned") from None
+    return {"items": [_session_out(s, None) for s in page], "next": after}
 
 
 @api.get("/agents", response={200: list[AgentOut], **ERRORS}, summary="The agents")
-def list_agents(request: HttpRequest):
+def list_agents(request: ApiRequest):
     """The agents this deployment runs (RESPAWN_AGENTS and installed packages)."""
     from .selectors import agents_overview
 
@@ -689,27 +666,23 @@ def list_agents(request: HttpRequest):
 
 
 @api.get("/sessions/{session_id}", response={200: SessionOut, **ERRORS}, summary="A session")
-def get_session(request: HttpRequest, session_id: UUID):
+def get_session(request: ApiRequest, session_id: UUID):
     _require_view(request)
     return _detail(_get(session_id))
 
 
 @api.get("/sessions/{session_id}/steps", response={200: StepPage, **ERRORS}, summary="Its steps")
 def list_steps(
-    request: HttpRequest,
+    request: ApiRequest,
     session_id: UUID,
     after: int = Query(0, ge=0, le=2_147_483_647, description="return steps with seq > after"),
     limit: int = Query(100, ge=1, le=MAX_PAGE),
     include_superseded: bool = Query(True),
 ):
     _require_view(request)
-    session = _get(session_id)
-    steps = Step.objects.filter(session=session, seq__gt=after).order_by("seq")
-    if not include_superseded:
-        steps = steps.filter(superseded_at__isnull=True)
-    page = list(steps[: limit + 1])
-    more = len(page) > limit
-    page = page[:limit]
+    page, following = selectors.steps_page(
+        _get(session_id), after=after, size=limit, include_superseded=include_superseded
+    )
     return {
         "items": [
             {
@@ -725,7 +698,7 @@ def list_steps(
             }
             for s in page
         ],
-        "next": page[-1].seq if more and page else None,
+        "next": following,
     }
 
 
@@ -734,68 +707,37 @@ def list_steps(
     response={202: SessionOut, **ERRORS},
     summary="Send a message",
 )
-def send_message(request: HttpRequest, session_id: UUID, body: MessageIn):
-    _require_operate(request)
-    session = services.session_send_message(
-        session_id=session_id, content=body.content, actor=request.auth, request_meta=_meta(request)
-    )
-    return Reply(202, _detail(session))
+def send_message(request: ApiRequest, session_id: UUID, body: MessageIn):
+    return _act(request, services.session_send_message, 202, session_id, content=body.content)
 
 
 @api.post("/sessions/{session_id}/resume", response={202: SessionOut, **ERRORS}, summary="Resume")
-def resume(request: HttpRequest, session_id: UUID):
-    _require_operate(request)
-    session = services.session_resume(
-        session_id=session_id, actor=request.auth, request_meta=_meta(request)
-    )
-    return Reply(202, _detail(session))
+def resume(request: ApiRequest, session_id: UUID):
+    return _act(request, services.session_resume, 202, session_id)
 
 
 @api.post("/sessions/{session_id}/cancel", response={200: SessionOut, **ERRORS}, summary="Cancel")
-def cancel(request: HttpRequest, session_id: UUID):
-    _require_operate(request)
-    session = services.session_cancel(
-        session_id=session_id, actor=request.auth, request_meta=_meta(request)
-    )
-    return Reply(200, _detail(session))
+def cancel(request: ApiRequest, session_id: UUID):
+    return _act(request, services.session_cancel, 200, session_id)
 
 
 @api.post(
     "/sessions/{session_id}/rollback", response={200: SessionOut, **ERRORS}, summary="Roll back"
 )
-def rollback(request: HttpRequest, session_id: UUID, body: CheckpointIn):
-    _require_operate(request)
-    session = services.checkpoint_rollback(
-        session_id=session_id,
-        checkpoint_seq=body.checkpoint_seq,
-        actor=request.auth,
-        request_meta=_meta(request),
-    )
-    return Reply(200, _detail(session))
+def rollback(request: ApiRequest, session_id: UUID, body: CheckpointIn):
+    seq = body.checkpoint_seq
+    return _act(request, services.checkpoint_rollback, 200, session_id, checkpoint_seq=seq)
 
 
 @api.post("/sessions/{session_id}/fork", response={201: SessionOut, **ERRORS}, summary="Fork")
-def fork(request: HttpRequest, session_id: UUID, body: CheckpointIn):
-    _require_operate(request)
-    session = services.session_fork(
-        session_id=session_id,
-        checkpoint_seq=body.checkpoint_seq,
-        actor=request.auth,
-        request_meta=_meta(request),
-    )
-    return Reply(201, _detail(session))
+def fork(request: ApiRequest, session_id: UUID, body: CheckpointIn):
+    seq = body.checkpoint_seq
+    return _act(request, services.session_fork, 201, session_id, checkpoint_seq=seq)
 
 
 @api.post("/sessions/{session_id}/approve", response={202: SessionOut, **ERRORS}, summary="Approve")
-def approve(request: HttpRequest, session_id: UUID, body: DecisionIn = NO_REASON):
-    _require_operate(request)
-    session = services.session_approve(
-        session_id=session_id,
-        actor=request.auth,
-        reason=body.reason,
-        request_meta=_meta(request),
-    )
-    return Reply(202, _detail(session))
+def approve(request: ApiRequest, session_id: UUID, body: DecisionIn = NO_REASON):
+    return _act(request, services.session_approve, 202, session_id, reason=body.reason)
 
 
 @api.post(
@@ -803,27 +745,16 @@ def approve(request: HttpRequest, session_id: UUID, body: DecisionIn = NO_REASON
     response={202: SessionOut, **ERRORS},
     summary="Answer a LangGraph interrupt",
 )
-def answer(request: HttpRequest, session_id: UUID, body: AnswerIn):
+def answer(request: ApiRequest, session_id: UUID, body: AnswerIn):
     """Resume a LangGraph session waiting in `interrupt()` with `value`."""
     from .graph_services import session_answer_interrupt
 
-    _require_operate(request)
-    session = session_answer_interrupt(
-        session_id=session_id, value=body.value, actor=request.auth, request_meta=_meta(request)
-    )
-    return Reply(202, _detail(session))
+    return _act(request, session_answer_interrupt, 202, session_id, value=body.value)
 
 
 @api.post("/sessions/{session_id}/reject", response={202: SessionOut, **ERRORS}, summary="Reject")
-def reject(request: HttpRequest, session_id: UUID, body: DecisionIn = NO_REASON):
-    _require_operate(request)
-    session = services.session_reject(
-        session_id=session_id,
-        actor=request.auth,
-        reason=body.reason,
-        request_meta=_meta(request),
-    )
-    return Reply(202, _detail(session))
+def reject(request: ApiRequest, session_id: UUID, body: DecisionIn = NO_REASON):
+    return _act(request, services.session_reject, 202, session_id, reason=body.reason)
 
 
 @api.post(
@@ -831,33 +762,31 @@ def reject(request: HttpRequest, session_id: UUID, body: DecisionIn = NO_REASON)
     response={202: SessionOut, **ERRORS},
     summary="Decide an uncertain tool call",
 )
-def resolve_uncertain(request: HttpRequest, session_id: UUID, body: UncertainIn):
+def resolve_uncertain(request: ApiRequest, session_id: UUID, body: UncertainIn):
     """A non-idempotent tool call that a crash left without a result: run it again, record
     what it returned, or fail the session."""
-    _require_operate(request)
-    session = services.session_resolve_uncertain(
-        session_id=session_id,
+    return _act(
+        request,
+        services.session_resolve_uncertain,
+        202,
+        session_id,
         resolution=body.resolution,
         output=body.output,
         note=body.note,
-        actor=request.auth,
-        request_meta=_meta(request),
     )
-    return Reply(202, _detail(session))
 
 
 @api.post("/sessions/{session_id}/hold", response={200: SessionOut, **ERRORS}, summary="Legal hold")
-def legal_hold(request: HttpRequest, session_id: UUID, body: HoldIn):
+def legal_hold(request: ApiRequest, session_id: UUID, body: HoldIn):
     """Put the session on legal hold (retention never touches it) or release it."""
-    _require_operate(request)
-    session = services.session_set_legal_hold(
-        session_id=session_id,
+    return _act(
+        request,
+        services.session_set_legal_hold,
+        200,
+        session_id,
         hold=body.hold,
         note=body.note,
-        actor=request.auth,
-        request_meta=_meta(request),
     )
-    return _detail(session)
 
 
 # --- Budgets and costs ------------------------------------------------------------------
@@ -868,7 +797,7 @@ def _budgets_out(session: AgentSession) -> dict[str, Any]:
 
     budgets = session_budgets(session)
     paused_by = None
-    if session.status == Status.PAUSED and session.last_error.startswith(BUDGET_REACHED):
+    if session.paused_by_budget:
         paused_by = next((b.name for b in budgets if b.reached), None)
     return {
         "budgets": [
@@ -881,7 +810,7 @@ def _budgets_out(session: AgentSession) -> dict[str, Any]:
 
 
 @api.get("/sessions/{session_id}/budgets", response={200: BudgetsOut, **ERRORS}, summary="Budgets")
-def budgets(request: HttpRequest, session_id: UUID):
+def budgets(request: ApiRequest, session_id: UUID):
     """The session's limits as its next run sees them, beside what it has used."""
     _require_view(request)
     return _budgets_out(_get(session_id))
@@ -890,7 +819,7 @@ def budgets(request: HttpRequest, session_id: UUID):
 @api.post(
     "/sessions/{session_id}/budgets", response={200: BudgetsOut, **ERRORS}, summary="Set budgets"
 )
-def set_budgets(request: HttpRequest, session_id: UUID, body: SetBudgetsIn):
+def set_budgets(request: ApiRequest, session_id: UUID, body: SetBudgetsIn):
     """Raise (or lower) the session's budgets; with `resume` (the default) a session a
     budget paused is queued to continue. Audited; recorded in the trace."""
     _require_operate(request)
@@ -908,7 +837,7 @@ def set_budgets(request: HttpRequest, session_id: UUID, body: SetBudgetsIn):
 
 @api.get("/usage", response={200: UsageOut, **ERRORS}, summary="Costs and usage")
 def usage(
-    request: HttpRequest,
+    request: ApiRequest,
     group: Annotated[str, WithJsonSchema({"type": "string", "enum": ["day", "agent", "model"]})] = (
         Query("day", description="day | agent | model")
     ),
@@ -944,7 +873,7 @@ _GZIP_BODY = {"application/gzip": {"schema": {"type": "string", "format": "binar
     summary="Export a session",
     openapi_extra={"responses": {200: {"description": "the export file", "content": _GZIP_BODY}}},
 )
-def export(request: HttpRequest, session_id: UUID):
+def export(request: ApiRequest, session_id: UUID):
     """The session as a file: gzip-compressed JSON lines with every step (superseded ones
     included), checkpoint and audit record, and their schema versions."""
     from django.http import HttpResponse
@@ -975,7 +904,7 @@ def export(request: HttpRequest, session_id: UUID):
     },
 )
 def import_(
-    request: HttpRequest,
+    request: ApiRequest,
     new_ids: bool = Query(False, description="give it a new id (keep both if it exists)"),
 ):
     """Import an export (the request body is the file). Checked whole, then written in one

@@ -37,6 +37,8 @@ def is_graph_session(session: AgentSession) -> bool:
 
 def pending_interrupts(session: AgentSession) -> list[dict[str, Any]]:
     """What the graph asked (its `interrupt()` values) when its last run stopped."""
+    if not session.can_decide():
+        return []
     step = (
         session.steps.filter(
             kind="system", payload__event=SystemEvent.RUN_FINISHED, superseded_at=None
@@ -44,7 +46,7 @@ def pending_interrupts(session: AgentSession) -> list[dict[str, Any]]:
         .order_by("-seq")
         .first()
     )
-    if step is None or session.status != Status.WAITING_INPUT:
+    if step is None:
         return []
     return list(step.payload.get("interrupts") or [])
 
@@ -88,49 +90,21 @@ def copy_graph_rows(*, parent: AgentSession, fork: AgentSession, seq_map: dict[i
     steps the fork copied (renumbered by `seq_map`), and the values they need. K's own
     pending writes were made after K and stay behind: its tasks run again in the fork."""
     GraphThread.objects.create(session=fork, thread_id=str(fork.id))
-    GraphCheckpoint.objects.bulk_create(
-        [
-            GraphCheckpoint(
-                session=fork,
-                ns=row.ns,
-                checkpoint_id=row.checkpoint_id,
-                parent_id=row.parent_id,
-                seq=seq_map[row.seq],
-                body=row.body,
-                metadata=row.metadata,
-            )
-            for row in GraphCheckpoint.objects.filter(session=parent, seq__in=list(seq_map))
-        ]
-    )
-    GraphWrite.objects.bulk_create(
-        [
-            GraphWrite(
-                session=fork,
-                ns=row.ns,
-                checkpoint_id=row.checkpoint_id,
-                task_id=row.task_id,
-                task_path=row.task_path,
-                idx=row.idx,
-                channel=row.channel,
-                type=row.type,
-                blob=row.blob,
-                seq=seq_map[row.seq],
-            )
-            for row in GraphWrite.objects.filter(session=parent, seq__in=list(seq_map))
-        ]
-    )
-    GraphBlob.objects.bulk_create(
-        [
-            GraphBlob(
-                session=fork,
-                ns=row.ns,
-                channel=row.channel,
-                version=row.version,
-                type=row.type,
-                blob=row.blob,
-                base_version=row.base_version,
-            )
-            for row in GraphBlob.objects.filter(session=parent).iterator(chunk_size=1000)
-        ],
-        batch_size=1000,
-    )
+    for model in (GraphCheckpoint, GraphWrite):
+        rows = model.objects.filter(session=parent, seq__in=list(seq_map))
+        model.objects.bulk_create(
+            _copy(row, session=fork, seq=seq_map[row.seq]) for row in rows.iterator(chunk_size=1000)
+        )
+    blobs = GraphBlob.objects.filter(session=parent).iterator(chunk_size=1000)
+    GraphBlob.objects.bulk_create((_copy(row, session=fork) for row in blobs), batch_size=1000)
+
+
+def _copy(row: Any, **changes: Any) -> Any:
+    """A new row of the same model with `row`'s values but its id and `changes`."""
+    model = type(row)
+    values = {
+        f.attname: getattr(row, f.attname)
+        for f in model._meta.concrete_fields
+        if not f.primary_key and f.name not in changes
+    }
+    return model(**values, **changes)

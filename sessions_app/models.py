@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
+from agent_runtime.loop import BUDGET_REACHED
 from agent_runtime.state import SCHEMA_VERSION, CheckpointReason, SessionStatus, StepKind
 
 from .redaction import ScrubbedCharField, ScrubbedJSONField, ScrubbedTextField
@@ -28,6 +29,12 @@ class Status(models.TextChoices):
 
 RUNNABLE = (Status.QUEUED, Status.RUNNING)
 FINAL = (Status.COMPLETED, Status.FAILED, Status.CANCELLED)
+# Stopped on its own: a person's input (a message, an instruction, a corrected result)
+# continues it.
+TAKES_INPUT = (Status.COMPLETED, Status.PAUSED, Status.FAILED)
+# Not completed or cancelled: a worker may still load it (support staff resume a failed
+# session as a matter of course), so a deploy must be able to read it.
+LOADABLE = (Status.QUEUED, Status.RUNNING, Status.WAITING_INPUT, Status.PAUSED, Status.FAILED)
 
 
 def current_schema_version() -> int:
@@ -226,6 +233,30 @@ class AgentSession(models.Model):
     def head_checkpoint(self) -> Checkpoint | None:
         return self.head_checkpoints().first()
 
+    # --- What each status allows -----------------------------------------------------
+    # The one rule per action: the services refuse by it, the dashboard, the API and the
+    # admin offer the action by it (templates ask `session.can_x`, never the raw status).
+    # A refusal is (message, error code), the code one of services.ActionError's.
+
+    @property
+    def is_runnable(self) -> bool:
+        """Queued or running: a worker runs it, or will (the dashboard keeps polling it)."""
+        return self.status in RUNNABLE
+
+    def has_live_worker(self, now=None) -> bool:
+        """Running, and a worker holds its lease: a cancel stops that worker mid-run."""
+        return self.status == Status.RUNNING and self.lease_is_live(now)
+
+    @property
+    def paused_by_budget(self) -> bool:
+        """Paused because a budget (steps, tokens, cost, wall time) was used up."""
+        return self.status == Status.PAUSED and self.last_error.startswith(BUDGET_REACHED)
+
+    @staticmethod
+    def paused_by_budget_q() -> Q:
+        """paused_by_budget as a query ("needs attention")."""
+        return Q(status=Status.PAUSED, last_error__startswith=BUDGET_REACHED)
+
     def resume_refusal(self) -> tuple[str, str] | None:
         """Why a resume is refused now (message, error code), or None: the one rule the
         resume action enforces and the dashboard offers the button by."""
@@ -251,8 +282,90 @@ class AgentSession(models.Model):
     def can_resume(self) -> bool:
         return self.resume_refusal() is None
 
+    def cancel_refusal(self) -> tuple[str, str] | None:
+        """A session is cancelled at once, running or not, unless it has already ended."""
+        if self.status in FINAL:
+            return f"session is already {self.status}", "bad_status"
+        return None
+
     def can_cancel(self) -> bool:
-        return self.status not in FINAL
+        return self.cancel_refusal() is None
+
+    def message_refusal(self) -> tuple[str, str] | None:
+        """A new user message continues a session that has stopped on its own."""
+        if self.status == Status.WAITING_INPUT:
+            return (
+                "session is waiting for an approval: approve or reject the pending tool call first",
+                "bad_status",
+            )
+        if self.status not in TAKES_INPUT:
+            return (
+                f"cannot send a message to a {self.get_status_display().lower()} session "
+                "(only completed, paused or failed ones take new messages)",
+                "already_running" if self.status == Status.RUNNING else "bad_status",
+            )
+        return None
+
+    def can_message(self) -> bool:
+        return self.message_refusal() is None
+
+    def edit_refusal(self) -> tuple[str, str] | None:
+        """An operator's instruction or corrected tool result, then a resume."""
+        if self.status in RUNNABLE:
+            return (
+                "cannot edit a session that is queued or running; cancel it or wait",
+                "already_running",
+            )
+        if self.status not in TAKES_INPUT:
+            return f"a {self.get_status_display().lower()} session cannot be edited", "bad_status"
+        return None
+
+    def can_edit(self) -> bool:
+        return self.edit_refusal() is None
+
+    def budgets_refusal(self) -> tuple[str, str] | None:
+        """Budgets change between runs, never under a worker; a cancelled session has
+        none left to change."""
+        if self.status in RUNNABLE:
+            return (
+                "cannot change the budgets of a queued or running session; cancel it or "
+                "wait for it to pause",
+                "already_running",
+            )
+        if self.status == Status.CANCELLED:
+            return "a cancelled session has no budgets to change", "bad_status"
+        return None
+
+    def can_set_budgets(self) -> bool:
+        return self.budgets_refusal() is None
+
+    def budgets_resume(self) -> bool:
+        """Whether new budgets may queue the session to continue (a paused or failed one)."""
+        return self.status in (Status.PAUSED, Status.FAILED)
+
+    def rollback_refusal(self) -> tuple[str, str] | None:
+        """Any session may go back to a checkpoint, except under a live worker."""
+        if self.status in RUNNABLE and self.lease_is_live():
+            return "cannot roll back a running session; cancel it or wait", "already_running"
+        return None
+
+    def can_roll_back(self) -> bool:
+        return self.rollback_refusal() is None
+
+    def can_fork(self) -> bool:
+        """A fork copies the history up to a checkpoint, whatever the status (a running
+        session's checkpoints are as final as a finished one's)."""
+        return True
+
+    def decision_refusal(self) -> tuple[str, str] | None:
+        """A person's decision (approve or reject a call, decide an uncertain call, answer
+        a graph's question) is taken only while the session waits for one."""
+        if self.status != Status.WAITING_INPUT:
+            return "nothing is waiting for approval in this session", "bad_status"
+        return None
+
+    def can_decide(self) -> bool:
+        return self.decision_refusal() is None
 
     def graph_thread_or_none(self):
         """The LangGraph thread this session is (sessions_app.langgraph), or None."""

@@ -12,7 +12,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agent_runtime import loop
-from agent_runtime.loop import BUDGET_REACHED
 from agent_runtime.state import OperatorAction, SystemEvent, step_text, tool_ok
 from agent_runtime.tools import INFRASTRUCTURE_PREFIX
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
@@ -108,7 +107,7 @@ class StatusView:
     hint: str  # what it means, for a tooltip
 
 
-STATUS_TEXT = {
+STATUS_TEXT: dict[str, tuple[str, str]] = {
     Status.QUEUED: ("Queued", "waiting for a worker to take it"),
     Status.RUNNING: ("Running", "a worker is running it"),
     Status.WAITING_INPUT: ("Waiting for a person", "a person must approve or decide something"),
@@ -124,7 +123,7 @@ def status_view(session: AgentSession) -> StatusView:
         return StatusView(
             "Stuck", "should be running, but no worker holds its lease (the reconciler retries)"
         )
-    if session.status == "paused" and session.last_error.startswith(BUDGET_REACHED):
+    if session.paused_by_budget:
         return StatusView(
             "Paused by its budget", "a budget is used up: raise it to continue (below)"
         )
@@ -655,8 +654,18 @@ def run_reason(
     return RunStart("continue", "continued")
 
 
+class _AtStep:
+    """An item of the trace that stands at a step (its view)."""
+
+    view: StepView
+
+    @property
+    def seq(self) -> int:
+        return self.view.seq
+
+
 @dataclass
-class RunHeader:
+class RunHeader(_AtStep):
     """The boundary line of a run: its number, worker and why it started."""
 
     view: StepView
@@ -664,10 +673,6 @@ class RunHeader:
     worker: str
     start: RunStart
     item_type: str = "run"
-
-    @property
-    def seq(self) -> int:
-        return self.view.seq
 
 
 @dataclass
@@ -678,13 +683,9 @@ class TurnHeader:
 
 
 @dataclass
-class StepItem:
+class StepItem(_AtStep):
     view: StepView
     item_type: str = "step"
-
-    @property
-    def seq(self) -> int:
-        return self.view.seq
 
 
 @dataclass

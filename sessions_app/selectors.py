@@ -8,31 +8,28 @@ import hashlib
 import uuid
 from dataclasses import dataclass, field
 from datetime import date, datetime, time, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Exists, F, Max, OuterRef, Q, QuerySet, Sum, TextField
+from django.db.models import Count, Exists, F, Max, Model, OuterRef, Q, QuerySet, Sum, TextField
 from django.db.models.functions import Cast, TruncHour
 from django.utils import timezone
 
 from agent_runtime.agents import version_key
 from agent_runtime.compat import session_problems
-from agent_runtime.loop import BUDGET_REACHED
-from agent_runtime.state import (
-    SCHEMA_VERSION,
-    STATE_BUDGETS,
-    OperatorAction,
-    SystemEvent,
-    describe_step,
-)
-from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
+from agent_runtime.state import SCHEMA_VERSION, STATE_BUDGETS, OperatorAction, SystemEvent
+from agent_runtime.tools import ToolRegistry
+from agent_runtime.upgraders import IncompatibleSchemaError
 
 from .models import (
     FINAL,
+    LOADABLE,
     AgentSession,
+    ApiToken,
     AuditEvent,
     Checkpoint,
+    Kind,
     ModelUsage,
     Status,
     Step,
@@ -48,6 +45,9 @@ SORTS = {
     "-created": ("-created_at", "-id"),
     "created": ("created_at", "id"),
 }
+
+
+_Row = TypeVar("_Row", bound=Model)
 
 
 class BadFilter(ValueError):
@@ -136,6 +136,13 @@ class SessionFilters:
             or self.updated_from
             or self.updated_to
         )
+
+
+def first_rows(rows: QuerySet[_Row], size: int) -> tuple[list[_Row], bool]:
+    """The first `size` rows of an ordered query, and whether more follow (one row more
+    is read: no COUNT)."""
+    page = list(rows[: size + 1])
+    return page[:size], len(page) > size
 
 
 def _day_start(day: date) -> datetime:
@@ -244,9 +251,7 @@ def session_page(
     else:
         if cursor:
             sessions = sessions.filter(_beyond(f, cursor, forward=True))
-        rows = list(sessions.order_by(*order)[: size + 1])
-        more = len(rows) > size
-        rows = rows[:size]
+        rows, more = first_rows(sessions.order_by(*order), size)
         next_cursor = encode_cursor(rows[-1], f.sort) if more and rows else None
         prev_cursor = encode_cursor(rows[0], f.sort) if cursor and rows else None
     if not rows:
@@ -475,7 +480,7 @@ def repeated_failures(limit: int = 50, threshold: int = 2) -> list[RepeatedFailu
 def uncertain_call(session: AgentSession, state: dict[str, Any]) -> dict[str, Any] | None:
     """The tool call a crash left uncertain, as its `uncertain_call` step recorded it."""
     uncertain = state.get("uncertain_calls") or []
-    if session.status != Status.WAITING_INPUT or not uncertain:
+    if not session.can_decide() or not uncertain:
         return None
     step = (
         Step.objects.filter(
@@ -496,7 +501,7 @@ def old_schema_sessions(cap: int = 1000) -> tuple[int, bool]:
     (counted up to `cap`): `upgrade_state` rewrites them ahead of time."""
     rows = list(
         Checkpoint.objects.filter(
-            session__status__in=RESUMABLE_STATUSES,
+            session__status__in=LOADABLE,
             seq=F("session__head"),
             schema_version__lt=SCHEMA_VERSION,
         )
@@ -578,10 +583,8 @@ def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
         "approvals": AgentSession.objects.filter(
             status=Status.WAITING_INPUT, updated_at__lt=cutoff
         ).exclude(id__in=uncertain),
-        "incompatible": AgentSession.objects.filter(incompatible_at__isnull=False),
-        "budget": AgentSession.objects.filter(
-            status=Status.PAUSED, last_error__startswith=BUDGET_REACHED
-        ),
+        "incompatible": incompatible_sessions(),
+        "budget": AgentSession.objects.filter(AgentSession.paused_by_budget_q()),
         "failed": AgentSession.objects.filter(status=Status.FAILED, updated_at__gte=recent),
         "failed_calls": AgentSession.objects.filter(
             status=Status.COMPLETED, failed_calls__gt=0, updated_at__gte=recent
@@ -665,9 +668,7 @@ def attention_section(
     page = sessions
     if cursor:
         page = page.filter(_beyond(order, cursor, forward=True))
-    rows = list(page.order_by("updated_at", "id")[: ATTENTION_PAGE + 1])
-    more = len(rows) > ATTENTION_PAGE
-    rows = rows[:ATTENTION_PAGE]
+    rows, more = first_rows(page.order_by("updated_at", "id"), ATTENTION_PAGE)
     return AttentionSection(
         key=key,
         title=title,
@@ -717,9 +718,12 @@ class Preview:
 
 def _tool_flags(agent: str, name: str) -> tuple[bool | None, bool]:
     try:
-        tool = agent_registry().get(agent).tools.get(name)
+        tools = agent_registry().get(agent).tools
     except KeyError:
-        tool = None
+        return None, False
+    # Agent.__post_init__ makes its tools a registry.
+    assert isinstance(tools, ToolRegistry)
+    tool = tools.get(name)
     if tool is None:
         return None, False
     return tool.idempotent, tool.needs_approval
@@ -771,7 +775,7 @@ def preview_resume(session: AgentSession) -> Preview:
         preview.notes.append("The turn is answered already: the run only settles the status.")
     else:
         preview.notes.append("The model is called next, with the history as it stands.")
-    if session.status == Status.PAUSED and session.last_error.startswith(BUDGET_REACHED):
+    if session.paused_by_budget:
         reached = [b for b in session_budgets(session) if b.reached]
         if reached:
             names = ", ".join(b.name for b in reached)
@@ -823,15 +827,6 @@ def latest_checkpoints(session: AgentSession, limit: int = 20) -> tuple[list[Che
         .defer("state")[: limit + 1]
     )
     return rows[:limit][::-1], len(rows) > limit
-
-
-def first_error_seq(session: AgentSession) -> int | None:
-    return (
-        Step.objects.filter(session=session, kind="error", superseded_at__isnull=True)
-        .order_by("seq")
-        .values_list("seq", flat=True)
-        .first()
-    )
 
 
 def head_state(session: AgentSession) -> dict[str, Any]:
@@ -958,16 +953,6 @@ def upgraded_state(blob: Any) -> dict[str, Any]:
 
 # --- Schema versions: incompatible sessions and the deploy gate -----------------------
 
-# Sessions a worker may still load: everything but completed and cancelled ones (a failed
-# session is resumed by support staff as a matter of course).
-RESUMABLE_STATUSES = (
-    Status.QUEUED,
-    Status.RUNNING,
-    Status.WAITING_INPUT,
-    Status.PAUSED,
-    Status.FAILED,
-)
-
 
 def incompatible_sessions() -> QuerySet[AgentSession]:
     """Sessions no worker could load, newest first, each with `incompatible_reason`
@@ -976,47 +961,6 @@ def incompatible_sessions() -> QuerySet[AgentSession]:
     return AgentSession.objects.filter(incompatible_at__isnull=False).order_by(
         "-incompatible_at", "id"
     )
-
-
-@dataclass(frozen=True)
-class TraceStep:
-    """One step as a person reads it: a line of text, and the payload as stored."""
-
-    step: Step
-    text: str
-    error: str  # why the payload cannot be loaded by this code ("" when it can)
-
-    @property
-    def seq(self) -> int:
-        return self.step.seq
-
-    @property
-    def kind(self) -> str:
-        return self.step.kind
-
-    @property
-    def superseded(self) -> bool:
-        return self.step.superseded
-
-    @property
-    def payload(self) -> Any:
-        return self.step.payload
-
-    def get_kind_display(self) -> str:
-        return self.step.get_kind_display()
-
-
-def trace_step(step: Step) -> TraceStep:
-    try:
-        payload = load_step_payload(step.kind, step.payload, step.schema_version).value
-    except IncompatibleSchemaError as exc:
-        return TraceStep(step=step, text="", error=str(exc))
-    return TraceStep(step=step, text=describe_step(step.kind, payload), error="")
-
-
-def session_trace(session: AgentSession, *, limit: int = 500) -> list[TraceStep]:
-    """The session's steps in order (superseded ones included, marked by the template)."""
-    return [trace_step(step) for step in session.steps.order_by("seq")[:limit]]
 
 
 @dataclass(frozen=True)
@@ -1063,9 +1007,9 @@ def state_compat_report(*, every_session: bool = False) -> CompatReport:
     with the new code against the old schema."""
     sessions = AgentSession.objects.all()
     if not every_session:
-        sessions = sessions.filter(status__in=RESUMABLE_STATUSES)
+        sessions = sessions.filter(status__in=LOADABLE)
     rows = list(sessions.order_by("created_at", "id").values_list("id", "agent", "status"))
-    marked: dict[Any, datetime] = {}
+    marked: dict[Any, datetime | None] = {}
     if _has_column(AgentSession, "incompatible_at"):
         marked = dict(
             AgentSession.objects.filter(
@@ -1136,3 +1080,118 @@ def _sessions_per_version(sessions: QuerySet[AgentSession]) -> dict[int, int]:
     for version in newest.values():
         counts[version] = counts.get(version, 0) + 1
     return dict(sorted(counts.items()))
+
+
+# --- What the faces read (dashboard, API, admin) ---------------------------------------
+
+
+def session_by_id(session_id: Any) -> AgentSession | None:
+    """The session, with its parent (which a page names), or None."""
+    return AgentSession.objects.select_related("parent").filter(id=session_id).first()
+
+
+def sessions_by_ids(ids: list[uuid.UUID]) -> list[AgentSession]:
+    """The sessions of a bulk selection, latest activity first."""
+    return list(AgentSession.objects.filter(id__in=ids).order_by("-updated_at"))
+
+
+def api_session_page(
+    *,
+    status: str | None,
+    agent: str | None,
+    agent_version: str | None,
+    cursor: str | None,
+    size: int,
+) -> tuple[list[AgentSession], str | None]:
+    """The API's list: latest activity first, a keyset page after `cursor` (BadFilter if
+    it is not one this list gave), and the cursor of the next page. An agent version of
+    "" is a filter too: the sessions that started before versions were recorded."""
+    sessions = AgentSession.objects.all()
+    if status is not None:
+        sessions = sessions.filter(status=status)
+    if agent:
+        sessions = sessions.filter(agent=agent)
+    if agent_version is not None:
+        sessions = sessions.filter(agent_version=agent_version)
+    order = SessionFilters()
+    if cursor:
+        sessions = sessions.filter(_beyond(order, cursor, forward=True))
+    rows, more = first_rows(sessions.order_by(*SORTS[order.sort]), size)
+    return rows, encode_cursor(rows[-1], order.sort) if more and rows else None
+
+
+def steps_page(
+    session: AgentSession, *, after: int, size: int, include_superseded: bool = True
+) -> tuple[list[Step], int | None]:
+    """The session's steps after seq `after`, in order, and the `after` of the next page."""
+    steps = Step.objects.filter(session=session, seq__gt=after).order_by("seq")
+    if not include_superseded:
+        steps = steps.filter(superseded_at__isnull=True)
+    rows, more = first_rows(steps, size)
+    return rows, rows[-1].seq if more and rows else None
+
+
+def superseded_count(session: AgentSession) -> int:
+    """Steps a rollback superseded (the trace's toggle; a partial index keeps it cheap)."""
+    return Step.objects.filter(session=session, superseded_at__isnull=False).count()
+
+
+def live_tool_results(session: AgentSession, limit: int = 50) -> list[tuple[int, str]]:
+    """(seq, tool) of the latest live tool results: what an operator may correct."""
+    return list(
+        Step.objects.filter(session=session, kind=Kind.TOOL_RESULT, superseded_at__isnull=True)
+        .order_by("-seq")
+        .values_list("seq", "payload__name")[:limit]
+    )
+
+
+def steps_between(session: AgentSession, first: int, second: int) -> int:
+    """How many steps lie after the earlier seq, up to the later one (a diff's span)."""
+    low, high = min(first, second), max(first, second)
+    return Step.objects.filter(session=session, seq__gt=low, seq__lte=high).count()
+
+
+def checkpoint_by_id(session: AgentSession, checkpoint_id: int) -> Checkpoint | None:
+    return Checkpoint.objects.filter(session=session, pk=checkpoint_id).first()
+
+
+def recent_audit(session: AgentSession, limit: int = 20) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(session=session).order_by("-created_at")[:limit])
+
+
+def audit_page(
+    *,
+    actor: str = "",
+    action: str = "",
+    session_id: uuid.UUID | None = None,
+    before: int | None = None,
+    size: int,
+) -> tuple[list[AuditEvent], bool]:
+    """The audit log, newest first, filtered; a page before event id `before`, and
+    whether older events follow."""
+    events = AuditEvent.objects.select_related("session").order_by("-id")
+    if actor:
+        events = events.filter(actor_label__iexact=actor)
+    if action:
+        events = events.filter(action=action)
+    if session_id is not None:
+        events = events.filter(session_id=session_id)
+    if before is not None:
+        events = events.filter(id__lt=before)
+    return first_rows(events, size)
+
+
+def recent_audit_actions(limit: int) -> set[str]:
+    """The actions of the latest `limit` audit events (a bounded read, not DISTINCT over
+    the whole log)."""
+    latest = AuditEvent.objects.order_by("-created_at").values_list("action", flat=True)
+    return set(latest[:limit])
+
+
+def active_api_token(raw: str) -> ApiToken | None:
+    """The unrevoked token a bearer secret names, with its user, or None."""
+    return (
+        ApiToken.objects.select_related("user")
+        .filter(key_hash=ApiToken.hash(raw), revoked_at__isnull=True)
+        .first()
+    )

@@ -28,14 +28,15 @@ from agent_runtime.state import (
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state
 
 from . import dispatch
+from .http import status_of
 from .models import (
-    FINAL,
-    RUNNABLE,
     AgentSession,
+    ApiToken,
     AuditAction,
     AuditEvent,
     Checkpoint,
     Kind,
+    Reason,
     Status,
     Step,
 )
@@ -51,21 +52,13 @@ class ActionError(Exception):
     """An action that does not fit: bad input, or the session's status does not allow it.
     `status` is the HTTP status every face (dashboard, API) answers it with."""
 
-    STATUS = {
-        "not_found": 404,
-        "forbidden": 403,
-        "bad_status": 409,
-        "already_running": 409,
-        "exists": 409,
-    }
-
     def __init__(self, message: str, *, code: str = "invalid") -> None:
         super().__init__(message)
         self.code = code
 
     @property
     def status(self) -> int:
-        return self.STATUS.get(self.code, 400)
+        return status_of(self.code)
 
 
 @dataclass(frozen=True)
@@ -119,6 +112,13 @@ def _locked(session_id: Any) -> AgentSession:
         raise ActionError(f"not a session id: {session_id!r}", code="not_found") from None
 
 
+def _refuse(refusal: tuple[str, str] | None) -> None:
+    """Raise the model's refusal of an action (AgentSession.*_refusal), if it has one."""
+    if refusal is not None:
+        message, code = refusal
+        raise ActionError(message, code=code)
+
+
 def model_usage_cost(step: Step) -> Decimal:
     """What a stored model step cost (0 for any other step)."""
     if step.kind != Kind.MODEL:
@@ -141,6 +141,20 @@ def _head_state(session: AgentSession) -> SessionState | None:
     """The state of the checkpoint a resume would load; None if the session has none."""
     checkpoint = session.head_checkpoint()
     return _load_checkpoint_state(checkpoint) if checkpoint else None
+
+
+def _resume_point(session: AgentSession, checkpoint_seq: int) -> Checkpoint:
+    """The checkpoint a rollback or a fork goes back to: the latest one at that seq that
+    is not a before-rollback copy."""
+    target = (
+        Checkpoint.objects.filter(session=session, seq=checkpoint_seq)
+        .exclude(reason=Reason.BEFORE_ROLLBACK)
+        .order_by("-id")
+        .first()
+    )
+    if target is None:
+        raise ActionError(f"session has no checkpoint at seq {checkpoint_seq}", code="not_found")
+    return target
 
 
 def _clear_incompatible(session: AgentSession) -> None:
@@ -189,12 +203,11 @@ class _Edit:
 
 
 def _operator_edit(
-    *,
     session_id: Any,
     action: str,
+    prepare: Callable[[AgentSession, ActorInfo], _Edit],
     actor: Actor,
     request_meta: dict | None,
-    prepare: Callable[[AgentSession, ActorInfo], _Edit],
 ) -> AgentSession:
     """What every edit that appends a step outside a run does. Under the session's lock,
     `prepare` checks the session (raising ActionError) and says what to write; the step is
@@ -278,14 +291,7 @@ def session_set_budgets(
         raise ActionError("no budgets given (max_steps, max_tokens, max_cost, max_seconds)")
 
     def prepare(session: AgentSession, who: ActorInfo) -> _Edit:
-        if session.status in RUNNABLE:
-            raise ActionError(
-                "cannot change the budgets of a queued or running session; cancel it or "
-                "wait for it to pause",
-                code="already_running",
-            )
-        if session.status == Status.CANCELLED:
-            raise ActionError("a cancelled session has no budgets to change", code="bad_status")
+        _refuse(session.budgets_refusal())
         payload = budgets_payload(changes, who.label)
         before: dict[str, Any] = {}
         after: dict[str, Any] = {"budgets": changes}
@@ -302,7 +308,7 @@ def session_set_budgets(
             session.deadline_at = deadline
             payload["deadline"] = deadline.isoformat() if deadline else None
             after["deadline_at"] = payload["deadline"]
-        queue = resume and session.status in (Status.PAUSED, Status.FAILED)
+        queue = resume and session.budgets_resume()
         return _Edit(
             payload=payload,
             status=Status.QUEUED if queue else session.status,
@@ -311,13 +317,7 @@ def session_set_budgets(
             after=after,
         )
 
-    return _operator_edit(
-        session_id=session_id,
-        action="set_budgets",
-        actor=actor,
-        request_meta=request_meta,
-        prepare=prepare,
-    )
+    return _operator_edit(session_id, "set_budgets", prepare, actor, request_meta)
 
 
 def session_start(
@@ -407,10 +407,7 @@ def session_resume(
     who = _actor(actor)
     with transaction.atomic():
         session = _locked(session_id)
-        refusal = session.resume_refusal()
-        if refusal is not None:
-            message, code = refusal
-            raise ActionError(message, code=code)
+        _refuse(session.resume_refusal())
         before = _summary(session)
         session.status = Status.QUEUED
         session.last_error = ""
@@ -471,10 +468,9 @@ def session_cancel(
     who = _actor(actor)
     with transaction.atomic():
         session = _locked(session_id)
-        if session.status in FINAL:
-            raise ActionError(f"session is already {session.status}", code="bad_status")
+        _refuse(session.cancel_refusal())
         before = _summary(session)
-        was_running = session.status == Status.RUNNING and session.lease_is_live()
+        was_running = session.has_live_worker()
         _append_operator_step(
             session,
             {"action": OperatorAction.CANCEL, "actor": who.label, "while_running": was_running},
@@ -499,8 +495,7 @@ def _decide(
     who = _actor(actor)
     with transaction.atomic():
         session = _locked(session_id)
-        if session.status != Status.WAITING_INPUT:
-            raise ActionError("nothing is waiting for approval in this session", code="bad_status")
+        _refuse(session.decision_refusal())
         state = _head_state(session)
         pending = state.pending_approval if state else None
         if pending is None:
@@ -547,25 +542,11 @@ def checkpoint_rollback(
     """Make checkpoint `checkpoint_seq` the head again. Later steps are marked superseded
     (never deleted), the state before is kept as a `before-rollback` checkpoint, and the
     session waits, paused, until someone resumes it."""
-    from .models import Reason
-
     who = _actor(actor)
     with transaction.atomic():
         session = _locked(session_id)
-        if session.status in RUNNABLE and session.lease_is_live():
-            raise ActionError(
-                "cannot roll back a running session; cancel it or wait", code="already_running"
-            )
-        target = (
-            Checkpoint.objects.filter(session=session, seq=checkpoint_seq)
-            .exclude(reason=Reason.BEFORE_ROLLBACK)
-            .order_by("-id")
-            .first()
-        )
-        if target is None:
-            raise ActionError(
-                f"session has no checkpoint at seq {checkpoint_seq}", code="not_found"
-            )
+        _refuse(session.rollback_refusal())
+        target = _resume_point(session, checkpoint_seq)
         target_state = _load_checkpoint_state(target)
         before = _summary(session)
         current = session.head_checkpoint()
@@ -610,6 +591,11 @@ def checkpoint_rollback(
     return session
 
 
+def api_token_used(*, token: ApiToken) -> None:
+    """Note that a token authenticated a request now (the admin lists its last use)."""
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+
+
 def session_mark_incompatible(*, session_id: Any, reason: str) -> bool:
     """Record that this code cannot load the session (the run refused it and wrote nothing).
 
@@ -639,9 +625,6 @@ def session_clear_incompatible(*, session_id: Any) -> bool:
     )
 
 
-MESSAGE_STATUSES = (Status.COMPLETED, Status.PAUSED, Status.FAILED)
-
-
 def session_send_message(
     *, session_id: Any, content: str, actor: Actor = None, request_meta: dict | None = None
 ) -> AgentSession:
@@ -653,26 +636,10 @@ def session_send_message(
         raise ActionError(f"content is longer than {MAX_INPUT_CHARS} characters", code="too_long")
 
     def prepare(session: AgentSession, who: ActorInfo) -> _Edit:
-        if session.status == Status.WAITING_INPUT:
-            raise ActionError(
-                "session is waiting for an approval: approve or reject the pending tool call first",
-                code="bad_status",
-            )
-        if session.status not in MESSAGE_STATUSES:
-            raise ActionError(
-                f"cannot send a message to a {session.get_status_display().lower()} session "
-                "(only completed, paused or failed ones take new messages)",
-                code="bad_status" if session.status != Status.RUNNING else "already_running",
-            )
+        _refuse(session.message_refusal())
         return _Edit(payload=user_payload(text), kind=Kind.USER, clear_final_answer=True)
 
-    return _operator_edit(
-        session_id=session_id,
-        action="message",
-        actor=actor,
-        request_meta=request_meta,
-        prepare=prepare,
-    )
+    return _operator_edit(session_id, "message", prepare, actor, request_meta)
 
 
 def session_fork(
@@ -681,21 +648,10 @@ def session_fork(
     """A new session whose history is the parent's live history up to checkpoint K
     (copied, renumbered 1..N), with K's state as its head. It starts paused: resume it or
     send it a message."""
-    from .models import Checkpoint, Reason
-
     who = _actor(actor)
     with transaction.atomic():
         parent = _locked(session_id)
-        target = (
-            Checkpoint.objects.filter(session=parent, seq=checkpoint_seq)
-            .exclude(reason=Reason.BEFORE_ROLLBACK)
-            .order_by("-id")
-            .first()
-        )
-        if target is None:
-            raise ActionError(
-                f"session has no checkpoint at seq {checkpoint_seq}", code="not_found"
-            )
+        target = _resume_point(parent, checkpoint_seq)
         steps = list(
             Step.objects.filter(
                 session=parent, seq__lte=checkpoint_seq, superseded_at__isnull=True
@@ -777,21 +733,6 @@ def session_fork(
     return fork
 
 
-EDITABLE_STATUSES = (Status.PAUSED, Status.FAILED, Status.COMPLETED)
-
-
-def _editable(session: AgentSession) -> None:
-    if session.status in RUNNABLE:
-        raise ActionError(
-            "cannot edit a session that is queued or running; cancel it or wait",
-            code="already_running",
-        )
-    if session.status not in EDITABLE_STATUSES:
-        raise ActionError(
-            f"a {session.get_status_display().lower()} session cannot be edited", code="bad_status"
-        )
-
-
 def session_correct_result(
     *,
     session_id: Any,
@@ -812,7 +753,7 @@ def session_correct_result(
         raise ActionError("the corrected output must be JSON", code="invalid") from None
 
     def prepare(session: AgentSession, who: ActorInfo) -> _Edit:
-        _editable(session)
+        _refuse(session.edit_refusal())
         target = Step.objects.filter(
             session=session, seq=result_seq, superseded_at__isnull=True
         ).first()
@@ -836,13 +777,7 @@ def session_correct_result(
             after={"output": output},
         )
 
-    return _operator_edit(
-        session_id=session_id,
-        action="correct_result",
-        actor=actor,
-        request_meta=request_meta,
-        prepare=prepare,
-    )
+    return _operator_edit(session_id, "correct_result", prepare, actor, request_meta)
 
 
 def session_add_instruction(
@@ -859,16 +794,10 @@ def session_add_instruction(
         )
 
     def prepare(session: AgentSession, who: ActorInfo) -> _Edit:
-        _editable(session)
+        _refuse(session.edit_refusal())
         return _Edit(payload=instruction_payload(text, who.label), after={"text": text})
 
-    return _operator_edit(
-        session_id=session_id,
-        action="instruction",
-        actor=actor,
-        request_meta=request_meta,
-        prepare=prepare,
-    )
+    return _operator_edit(session_id, "instruction", prepare, actor, request_meta)
 
 
 UNCERTAIN_CHOICES = ("rerun", "record_result", "fail")
@@ -902,7 +831,7 @@ def session_resolve_uncertain(
     def prepare(session: AgentSession, who: ActorInfo) -> _Edit:
         state = _head_state(session)
         uncertain = list(state.uncertain_calls) if state else []
-        if session.status != Status.WAITING_INPUT or not uncertain:
+        if not session.can_decide() or not uncertain:
             raise ActionError("no tool call of this session is uncertain", code="bad_status")
         call_id = uncertain[0]
         payload: dict[str, Any] = {"action": resolution, "call_id": call_id, "actor": who.label}
@@ -916,13 +845,7 @@ def session_resolve_uncertain(
             return _Edit(payload=payload, status=Status.FAILED, last_error=failed, before=before)
         return _Edit(payload=payload, before=before)
 
-    return _operator_edit(
-        session_id=session_id,
-        action=f"uncertain_{resolution}",
-        actor=actor,
-        request_meta=request_meta,
-        prepare=prepare,
-    )
+    return _operator_edit(session_id, f"uncertain_{resolution}", prepare, actor, request_meta)
 
 
 MAX_HOLD_NOTE = 300

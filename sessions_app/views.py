@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.utils import timezone
@@ -26,22 +26,13 @@ from django_htmx.http import (
     trigger_client_event,
 )
 
-from agent_runtime.loop import BUDGET_REACHED
-
 from . import charts, search, selectors, services, trace
-from .models import (
-    FINAL,
-    RUNNABLE,
-    AgentSession,
-    AuditAction,
-    AuditEvent,
-    Checkpoint,
-    Status,
-    Step,
-)
+from .graph_services import pending_interrupts
+from .http import DASHBOARD, HtmxRequest, bearer_token, parse_uuid, positive_int, request_meta
+from .models import AgentSession, AuditAction, Checkpoint, Status
 from .permissions import can_operate, can_view
 from .presenters import TraceContext, diff_states, status_view
-from .validation import InvalidInput, load_json, parse_date, parse_int, request_meta
+from .validation import InvalidInput, load_json, parse_date, parse_int
 
 PAGE_SIZE = 50
 BULK_LIMIT = 1000
@@ -52,42 +43,30 @@ TRACE_REFRESH_MAX = 500  # steps a trace re-renders in place after an action
 # --- Access -----------------------------------------------------------------------------
 
 
-def _require_view(request: HttpRequest) -> None:
+def _require_view(request: HtmxRequest) -> None:
     if not can_view(request.user):
         raise PermissionDenied("your account has no role here (viewer or operator)")
 
 
-def _require_operate(request: HttpRequest) -> None:
+def _require_operate(request: HtmxRequest) -> None:
     if not can_operate(request.user):
         raise PermissionDenied("only operators can change sessions")
 
 
-def _get_session(request: HttpRequest, session_id: UUID) -> AgentSession:
+def _get_session(request: HtmxRequest, session_id: UUID) -> AgentSession:
     _require_view(request)
-    session = AgentSession.objects.select_related("parent").filter(id=session_id).first()
+    session = selectors.session_by_id(session_id)
     if session is None:
         raise Http404("no such session")
     return session
 
 
-def _meta(request: HttpRequest) -> dict[str, Any]:
-    return request_meta(request, "dashboard")
-
-
-def _is_live(session: AgentSession) -> bool:
-    return session.status in RUNNABLE
-
-
-def _positive_int(raw: str | None) -> int | None:
-    """A number of up to nine ASCII digits, or None (`"²".isdigit()` is true too)."""
-    try:
-        return parse_int(raw or "", "number", maximum=999_999_999)
-    except InvalidInput:
-        return None
+def _meta(request: HtmxRequest) -> dict[str, Any]:
+    return request_meta(request, DASHBOARD)
 
 
 def _fragment(
-    request: HttpRequest, template: str, context: dict[str, Any], *, title: str, target: str
+    request: HtmxRequest, template: str, context: dict[str, Any], *, title: str, target: str
 ) -> HttpResponse:
     """A fragment the page loads into `target`; opened by its own address (a link followed
     without JavaScript), the same inside a full page."""
@@ -102,7 +81,7 @@ def _fragment(
     return render(request, "sessions/fragment_page.html", page)
 
 
-def _error(request: HttpRequest, text: str, status: int) -> HttpResponse:
+def _error(request: HtmxRequest, text: str, status: int) -> HttpResponse:
     """An error an htmx request shows next to what the operator clicked (static/js reads
     the `data-error` text); a full page for anything else."""
     if request.htmx:
@@ -116,11 +95,11 @@ def _error(request: HttpRequest, text: str, status: int) -> HttpResponse:
 # --- Session list -----------------------------------------------------------------------
 
 
-def _list_context(request: HttpRequest) -> dict[str, Any]:
+def _list_context(request: HtmxRequest) -> dict[str, Any]:
     filters = selectors.SessionFilters.from_query(request.GET)
     cursor = request.GET.get("cursor") or None
     before = request.GET.get("before") or None
-    position = _positive_int(request.GET.get("pos"))
+    position = positive_int(request.GET.get("pos"))
     try:
         page = selectors.session_page(filters, cursor, PAGE_SIZE, before=before, position=position)
     except selectors.BadFilter as exc:
@@ -160,7 +139,6 @@ def _list_context(request: HttpRequest) -> dict[str, Any]:
         ],
         "can_operate": can_operate(request.user),
         "now": timezone.now(),
-        "live_statuses": [s.value for s in RUNNABLE],
         # Step ids the search index has not reached yet (steps are indexed off the append).
         "search_lag": search.lag() if filters.q else 0,
     }
@@ -198,7 +176,7 @@ def _counts_context(
 
 @login_required
 @require_GET
-def session_list(request: HttpRequest) -> HttpResponse:
+def session_list(request: HtmxRequest) -> HttpResponse:
     _require_view(request)
     context = _list_context(request)
     target = request.htmx.target if request.htmx else None
@@ -211,7 +189,7 @@ def session_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def status_counts(request: HttpRequest) -> HttpResponse:
+def status_counts(request: HtmxRequest) -> HttpResponse:
     """The count chips under the list's filters (polled, and redrawn when a row settles)."""
     _require_view(request)
     filters = selectors.SessionFilters.from_query(request.GET)
@@ -222,18 +200,17 @@ def status_counts(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_row(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_row(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     _require_view(request)
-    session = AgentSession.objects.filter(id=session_id).first()
+    session = selectors.session_by_id(session_id)
     context = {
         "s": session,
         "gone_id": session_id,
         "can_operate": can_operate(request.user),
-        "live_statuses": [s.value for s in RUNNABLE],
         "now": timezone.now(),
     }
     response = render(request, "sessions/list.html#row", context)
-    if session is None or not _is_live(session):
+    if session is None or not session.is_runnable:
         # Settled (or deleted): render it once more, stop polling, and let the counts know.
         response.status_code = HttpResponseStopPolling.status_code
         trigger_client_event(response, "sessions-settled", after="swap")
@@ -242,7 +219,7 @@ def session_row(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_POST
-def bulk_action(request: HttpRequest) -> HttpResponse:
+def bulk_action(request: HtmxRequest) -> HttpResponse:
     _require_operate(request)
     action = request.POST.get("action", "")
     if action not in ("resume", "cancel"):
@@ -250,13 +227,11 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
     raw_ids = request.POST.getlist("ids")[: BULK_LIMIT + 1]
     if len(raw_ids) > BULK_LIMIT:
         return _error(request, f"at most {BULK_LIMIT} sessions at once", 400)
-    ids = []
-    for raw in raw_ids:
-        try:
-            ids.append(UUID(raw))
-        except ValueError:
+    ids = [parse_uuid(raw) for raw in raw_ids]
+    for raw, session_id in zip(raw_ids, ids, strict=True):
+        if session_id is None:
             return _error(request, f"not a session id: {raw[:60]!r}", 400)
-    sessions = list(AgentSession.objects.filter(id__in=ids).order_by("-updated_at"))
+    sessions = selectors.sessions_by_ids([i for i in ids if i is not None])
     if not sessions:
         return _error(request, "select at least one session first", 400)
     if request.POST.get("confirm") != "yes":
@@ -295,7 +270,7 @@ def bulk_action(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def list_charts(request: HttpRequest) -> HttpResponse:
+def list_charts(request: HtmxRequest) -> HttpResponse:
     _require_view(request)
     span = request.GET.get("span", "24h")
     if span not in charts.SPANS:
@@ -320,7 +295,7 @@ def list_charts(request: HttpRequest) -> HttpResponse:
 
 
 def _trace_context(
-    request: HttpRequest,
+    request: HtmxRequest,
     session: AgentSession,
     params: Any,
     *,
@@ -329,11 +304,10 @@ def _trace_context(
 ) -> dict[str, Any]:
     """The trace as the page (or its #trace part) shows it: from `from`, with filters."""
     filters = trace.TraceFilters.from_query(params)
-    start = _positive_int(params.get("from"))
+    start = positive_int(params.get("from"))
     after = start - 1 if start else 0
     page = trace.trace_page(session, after=after, filters=filters, limit=limit or trace.TRACE_PAGE)
     failures = failures or trace.failures(session)
-    superseded_count = Step.objects.filter(session=session, superseded_at__isnull=False).count()
     return {
         "trace": page,
         "items": page.items,
@@ -343,7 +317,7 @@ def _trace_context(
         "tf": filters,
         "trace_errors": filters.errors,
         "show_superseded": filters.superseded,
-        "superseded_count": superseded_count,
+        "superseded_count": selectors.superseded_count(session),
         "from_seq": start,
         "earlier_from": max(start - trace.TRACE_PAGE, 1) if start and start > 1 else None,
         "failures": failures,
@@ -352,23 +326,15 @@ def _trace_context(
         "trace_query": filters.query(**{"from": start}),
         "filter_query": filters.query(),
         "kinds": list(trace.KIND_FILTERS),
-        "is_live": _is_live(session),
+        "is_live": session.is_runnable,
         "live_poll": LIVE_POLL,
         "can_operate": can_operate(request.user),
         "session": session,
     }
 
 
-def _graph_interrupts(session: AgentSession) -> list[dict[str, Any]]:
-    if session.status != Status.WAITING_INPUT:
-        return []
-    from .graph_services import pending_interrupts
-
-    return pending_interrupts(session)
-
-
 def _detail_context(
-    request: HttpRequest, session: AgentSession, part: str = "page"
+    request: HtmxRequest, session: AgentSession, part: str = "page"
 ) -> dict[str, Any]:
     """What the page (or one of its parts: panel, header, actions) needs, and no more:
     each part is polled or re-rendered on its own, and a 100,000-step trace must not make
@@ -381,30 +347,22 @@ def _detail_context(
         "status": status_view(session),
         "plan": trace.current_plan(session, state) if state or session.head else [],
         "can_operate": operate,
-        "is_live": _is_live(session),
+        "is_live": session.is_runnable,
         "live_poll": LIVE_POLL,
         "now": timezone.now(),
         "duration": (session.updated_at - session.created_at) if session.updated_at else None,
         "schema_version": state.get("schema_version"),
         "model": _model_name(session),
-        "pending": state.get("pending_approval")
-        if session.status == Status.WAITING_INPUT
-        else None,
+        "pending": state.get("pending_approval") if session.can_decide() else None,
         "uncertain": selectors.uncertain_call(session, state),
         # A LangGraph session stopped in interrupt(): what the graph asked.
-        "interrupts": _graph_interrupts(session),
+        "interrupts": pending_interrupts(session),
     }
     if part in ("page", "panel", "actions") and operate:
-        context["tool_results"] = list(
-            Step.objects.filter(session=session, kind="tool_result", superseded_at__isnull=True)
-            .order_by("-seq")
-            .values_list("seq", "payload__name")[:50]
-        )
+        context["tool_results"] = selectors.live_tool_results(session)
     if part in ("page", "panel", "header", "actions"):
         context["budgets"] = selectors.session_budgets(session, state)
-        context["paused_by_budget"] = session.status == Status.PAUSED and (
-            session.last_error.startswith(BUDGET_REACHED)
-        )
+        context["paused_by_budget"] = session.paused_by_budget
     if part in ("page", "panel", "header"):
         context["failures"] = trace.failures(session)
     if part != "page":
@@ -415,7 +373,7 @@ def _detail_context(
         {
             "checkpoints": checkpoints,
             "older_checkpoints": older_checkpoints,
-            "audit": list(AuditEvent.objects.filter(session=session).order_by("-created_at")[:20]),
+            "audit": selectors.recent_audit(session),
         }
     )
     return context
@@ -434,12 +392,12 @@ def _model_name(session: AgentSession) -> str:
 
 @login_required
 @require_GET
-def session_detail(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_detail(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     session = _get_session(request, session_id)
     if request.htmx and request.htmx.target == "trace":
         # The trace's own navigation (filters, jumps, the refresh after an action).
-        upto = _positive_int(request.GET.get("upto"))
-        start = _positive_int(request.GET.get("from")) or 1
+        upto = positive_int(request.GET.get("upto"))
+        start = positive_int(request.GET.get("from")) or 1
         limit = min(max(upto - start + 1, trace.TRACE_PAGE), TRACE_REFRESH_MAX) if upto else None
         return render(
             request,
@@ -451,7 +409,7 @@ def session_detail(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_header(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_header(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     """The header (polled while the session is live), the actions, or both."""
     session = _get_session(request, session_id)
     part = request.GET.get("part", "panel")
@@ -460,7 +418,7 @@ def session_header(request: HttpRequest, session_id: UUID) -> HttpResponse:
     response = render(
         request, f"sessions/detail.html#{part}", _detail_context(request, session, part)
     )
-    if part == "header" and not _is_live(session):
+    if part == "header" and not session.is_runnable:
         # Settled: stop polling, and tell the actions to redraw for the new status.
         response.status_code = HttpResponseStopPolling.status_code
         trigger_client_event(response, "session-settled", after="swap")
@@ -469,7 +427,7 @@ def session_header(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_steps(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_steps(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     """The next page of the trace after `after` (lazy load on scroll, and the live tail).
     The page before says how many turns and runs it showed, and the worker of its run."""
     session = _get_session(request, session_id)
@@ -479,11 +437,11 @@ def session_steps(request: HttpRequest, session_id: UUID) -> HttpResponse:
         return _error(request, f"{exc} (a step number)", 400)
     filters = trace.TraceFilters.from_query(request.GET)
     context = None
-    turns, runs = _positive_int(request.GET.get("turns")), _positive_int(request.GET.get("runs"))
+    turns, runs = positive_int(request.GET.get("turns")), positive_int(request.GET.get("runs"))
     if turns is not None and runs is not None:
         context = TraceContext(turns, runs, request.GET.get("worker", "")[:200])
     page = trace.trace_page(session, after=after, filters=filters, context=context)
-    if not page.views and not page.more and not _is_live(session):
+    if not page.views and not page.more and not session.is_runnable:
         # Caught up with a session that will not change: nothing to add, stop asking.
         return HttpResponseStopPolling()
     return render(
@@ -499,7 +457,7 @@ def session_steps(request: HttpRequest, session_id: UUID) -> HttpResponse:
             "filter_query": filters.query(),
             "show_superseded": filters.superseded,
             "can_operate": can_operate(request.user),
-            "is_live": _is_live(session),
+            "is_live": session.is_runnable,
             "live_poll": LIVE_POLL,
         },
     )
@@ -507,12 +465,12 @@ def session_steps(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_timeline(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_timeline(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     """The timeline: every step on an axis of active time; a long session as an overview,
     with a window of steps drawn one row each (`from`, `to`)."""
     session = _get_session(request, session_id)
     filters = trace.TraceFilters.from_query(request.GET)
-    start, end = _positive_int(request.GET.get("from")), _positive_int(request.GET.get("to"))
+    start, end = positive_int(request.GET.get("from")), positive_int(request.GET.get("to"))
     window = (start, end or start + trace.TIMELINE_WINDOW - 1) if start else None
     return _fragment(
         request,
@@ -522,7 +480,7 @@ def session_timeline(request: HttpRequest, session_id: UUID) -> HttpResponse:
             "t": trace.timeline(session, filters, window=window),
             "tf": filters,
             "filter_query": filters.query(),
-            "is_live": _is_live(session),
+            "is_live": session.is_runnable,
         },
         title="Timeline",
         target="timeline",
@@ -531,7 +489,7 @@ def session_timeline(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_usage(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_usage(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     """Tokens and cost per turn."""
     session = _get_session(request, session_id)
     filters = trace.TraceFilters.from_query(request.GET)
@@ -546,18 +504,18 @@ def session_usage(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def checkpoint_diff(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def checkpoint_diff(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     session = _get_session(request, session_id)
     checkpoints = selectors.checkpoints_of(session)
 
     def pick(raw: str | None, default: Checkpoint | None) -> Checkpoint | None:
-        if raw in (None, "", "head"):
+        if raw is None or raw in ("", "head"):
             return session.head_checkpoint() if raw == "head" else default
         try:
             pk = parse_int(raw, "checkpoint", maximum=2**63 - 1)
-            return Checkpoint.objects.get(session=session, pk=pk)
-        except (InvalidInput, Checkpoint.DoesNotExist):
+        except InvalidInput:
             return None
+        return selectors.checkpoint_by_id(session, pk)
 
     first = checkpoints[0] if checkpoints else None
     a = pick(request.GET.get("a"), first)
@@ -567,8 +525,6 @@ def checkpoint_diff(request: HttpRequest, session_id: UUID) -> HttpResponse:
     if a is None or b is None:
         error = "pick two checkpoints of this session"
     else:
-        a = Checkpoint.objects.get(pk=a.pk)
-        b = Checkpoint.objects.get(pk=b.pk)
         # Both sides at the current schema, so a diff across an upgrade shows real changes.
         lines = diff_states(selectors.upgraded_state(a.state), selectors.upgraded_state(b.state))
     if error and checkpoints and request.htmx:
@@ -580,13 +536,7 @@ def checkpoint_diff(request: HttpRequest, session_id: UUID) -> HttpResponse:
         "b": b,
         "lines": lines,
         "error": error,
-        "steps_between": (
-            Step.objects.filter(
-                session=session, seq__gt=min(a.seq, b.seq), seq__lte=max(a.seq, b.seq)
-            ).count()
-            if a and b
-            else 0
-        ),
+        "steps_between": selectors.steps_between(session, a.seq, b.seq) if a and b else 0,
     }
     template = "sessions/diff.html#diff" if request.htmx else "sessions/diff.html"
     return render(request, template, context, status=400 if error and checkpoints else 200)
@@ -597,13 +547,13 @@ def checkpoint_diff(request: HttpRequest, session_id: UUID) -> HttpResponse:
 
 @login_required
 @require_GET
-def action_preview(request: HttpRequest, session_id: UUID, action: str) -> HttpResponse:
+def action_preview(request: HtmxRequest, session_id: UUID, action: str) -> HttpResponse:
     session = _get_session(request, session_id)
     _require_operate(request)
     if action == "resume":
         preview = selectors.preview_resume(session)
     elif action == "rollback":
-        seq = _positive_int(request.GET.get("seq"))
+        seq = positive_int(request.GET.get("seq"))
         if seq is None:
             return _error(request, "choose a checkpoint (a step number) to roll back to", 400)
         preview = selectors.preview_rollback(session, seq)
@@ -613,7 +563,7 @@ def action_preview(request: HttpRequest, session_id: UUID, action: str) -> HttpR
 
 
 def _action_response(
-    request: HttpRequest, session: AgentSession, *, ok: bool, text: str, status: int = 200
+    request: HtmxRequest, session: AgentSession, *, ok: bool, text: str, status: int = 200
 ) -> HttpResponse:
     """After an action: the panel redrawn with the outcome, and the trace and timeline told
     to redraw in place. A refused action keeps the form as the operator filled it and says
@@ -638,7 +588,7 @@ def _action_response(
 
 @login_required
 @require_POST
-def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpResponse:
+def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpResponse:
     session = _get_session(request, session_id)
     _require_operate(request)
     who, meta = request.user, _meta(request)
@@ -648,15 +598,14 @@ def session_action(request: HttpRequest, session_id: UUID, action: str) -> HttpR
             services.session_resume(session_id=session.id, actor=who, request_meta=meta)
             text = "Resumed: queued for a worker from its head checkpoint."
         elif action == "cancel":
-            result = services.session_cancel(session_id=session.id, actor=who, request_meta=meta)
-            text = (
-                "Cancel requested: the worker stops at its next step."
-                if result.status == Status.RUNNING
-                else "Cancelled."
-            )
+            # Read before the cancel, which ends the lease: the worker learns of it at its
+            # next write.
+            stops_worker = session.has_live_worker()
+            services.session_cancel(session_id=session.id, actor=who, request_meta=meta)
+            text = "Cancelled: the worker stops at its next step." if stops_worker else "Cancelled."
         elif action == "rollback":
             seq = _int(post.get("checkpoint_seq"), "checkpoint")
-            result = services.checkpoint_rollback(
+            services.checkpoint_rollback(
                 session_id=session.id, checkpoint_seq=seq, actor=who, request_meta=meta
             )
             text = (
@@ -804,31 +753,24 @@ def _json(raw: str, what: str, *, text_allowed: bool = False) -> Any:
 
 @login_required
 @require_GET
-def audit_log(request: HttpRequest) -> HttpResponse:
+def audit_log(request: HtmxRequest) -> HttpResponse:
     _require_view(request)
-    events = AuditEvent.objects.select_related("session").order_by("-id")
     actor = (request.GET.get("actor") or "").strip()
     action = (request.GET.get("action") or "").strip()
     session_q = (request.GET.get("session") or "").strip()
     error = None
-    if actor:
-        events = events.filter(actor_label__iexact=actor)
-    if action:
-        events = events.filter(action=action)
-    if session_q:
+    session_id = parse_uuid(session_q)
+    if session_q and session_id is None:
+        error = f"not a session id: {session_q!r}"
+    before = None
+    if request.GET.get("before"):
         try:
-            events = events.filter(session_id=UUID(session_q))
-        except ValueError:
-            error = f"not a session id: {session_q!r}"
-    before = request.GET.get("before", "")
-    if before:
-        try:
-            events = events.filter(id__lt=parse_int(before, "before", maximum=2**63 - 1))
+            before = parse_int(request.GET["before"], "before", maximum=2**63 - 1)
         except InvalidInput as exc:
             error = str(exc)
-    page = list(events[: PAGE_SIZE + 1])
-    more = len(page) > PAGE_SIZE
-    page = page[:PAGE_SIZE]
+    page, more = selectors.audit_page(
+        actor=actor, action=action, session_id=session_id, before=before, size=PAGE_SIZE
+    )
     query = {k: v for k, v in {"actor": actor, "action": action, "session": session_q}.items() if v}
     return render(
         request,
@@ -848,7 +790,7 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def session_export(request: HttpRequest, session_id: UUID) -> HttpResponse:
+def session_export(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     """The session as a file (viewers may export: it is what they can read anyway)."""
     from .transfer import export_bytes
 
@@ -863,7 +805,7 @@ MAX_IMPORT_BYTES = 64 * 1024 * 1024  # through the browser; bigger files: manage
 
 
 @login_required
-def session_import(request: HttpRequest) -> HttpResponse:
+def session_import(request: HtmxRequest) -> HttpResponse:
     """Upload an export (operators): checked whole, then written at once, or not at all."""
     from .transfer import TransferError, import_session
 
@@ -874,7 +816,7 @@ def session_import(request: HttpRequest) -> HttpResponse:
         upload = request.FILES.get("file")
         if upload is None:
             error = "choose an exported session file (.jsonl.gz)"
-        elif upload.size > MAX_IMPORT_BYTES:
+        elif (upload.size or 0) > MAX_IMPORT_BYTES:
             error = (
                 f"the file is larger than {MAX_IMPORT_BYTES // 2**20} MB: "
                 "use python manage.py import_session"
@@ -908,7 +850,7 @@ def session_import(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def agents(request: HttpRequest) -> HttpResponse:
+def agents(request: HtmxRequest) -> HttpResponse:
     """The agents this deployment runs, their tools, and their live sessions per version."""
     _require_view(request)
     return render(
@@ -926,7 +868,7 @@ COST_WINDOW_DAYS = 30
 
 @login_required
 @require_GET
-def costs(request: HttpRequest) -> HttpResponse:
+def costs(request: HtmxRequest) -> HttpResponse:
     """What model calls cost: by day, agent or model, over a window of days (the last
     COST_WINDOW_DAYS by default), with the totals; kept when sessions are deleted."""
     _require_view(request)
@@ -967,7 +909,7 @@ def costs(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
-def attention(request: HttpRequest) -> HttpResponse:
+def attention(request: HtmxRequest) -> HttpResponse:
     """Sessions a person should look at, in sections, each paged on its own (`?<key>=cursor`);
     an htmx request for one section (`?section=key`) gets just that section."""
     _require_view(request)
@@ -986,11 +928,10 @@ def attention(request: HttpRequest) -> HttpResponse:
         "sections": list(sections.values()),
         "errors": errors,
         "can_operate": can_operate(request.user),
-        "final": [s.value for s in FINAL],
         "now": now,
     }
     if only in sections and request.htmx:
-        extra = {}
+        extra: dict[str, Any] = {}
         if only == "failed":
             extra["failures"] = selectors.repeated_failures()
         if only == "incompatible":
@@ -1022,21 +963,21 @@ def attention(request: HttpRequest) -> HttpResponse:
 # what was clicked: never Django's bare pages swapped into the middle of the dashboard.
 
 
-def permission_denied(request: HttpRequest, exception: Exception) -> HttpResponse:
+def permission_denied(request: HtmxRequest, exception: Exception) -> HttpResponse:
     text = str(exception) or "you are not allowed to do this"
     return _error(request, f"Refused: {text}", 403)
 
 
-def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+def page_not_found(request: HtmxRequest, exception: Exception) -> HttpResponse:
     text = str(exception) if isinstance(exception, Http404) and exception.args else ""
     return _error(request, f"Not found: {text or 'nothing lives at this address'}", 404)
 
 
-def bad_request(request: HttpRequest, exception: Exception) -> HttpResponse:
+def bad_request(request: HtmxRequest, exception: Exception) -> HttpResponse:
     return _error(request, "Bad request: the server could not read what was sent", 400)
 
 
-def server_error(request: HttpRequest) -> HttpResponse:
+def server_error(request: HtmxRequest) -> HttpResponse:
     # No database, no session, no user: whatever failed may fail again here. Called while
     # the exception is being handled: a database outage met outside a view (a middleware)
     # is a 503, as the middleware makes it in views.
@@ -1047,7 +988,7 @@ def server_error(request: HttpRequest) -> HttpResponse:
     return render(request, "500.html", status=500, context={})
 
 
-def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
+def csrf_failure(request: HtmxRequest, reason: str = "") -> HttpResponse:
     return _error(
         request,
         "Refused: this form's security token is missing or expired. Reload the page and "
@@ -1061,7 +1002,7 @@ def csrf_failure(request: HttpRequest, reason: str = "") -> HttpResponse:
 
 @never_cache
 @require_GET
-def metrics(request: HttpRequest) -> HttpResponse:
+def metrics(request: HtmxRequest) -> HttpResponse:
     """The deployment's metrics for Prometheus (sessions_app.telemetry). Scraped with
     `Authorization: Bearer <RESPAWN_METRICS_TOKEN>` or an API token of a user who may view
     sessions; a logged-in viewer may read it in a browser."""
@@ -1082,23 +1023,16 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return HttpResponse(deployment_metrics(), content_type=CONTENT_TYPE_LATEST)
 
 
-def _may_scrape(request: HttpRequest) -> bool:
+def _may_scrape(request: HtmxRequest) -> bool:
     from hmac import compare_digest
-
-    from .models import ApiToken
 
     if request.user.is_authenticated and can_view(request.user):
         return True
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    token = token.strip()
-    if scheme.lower() != "bearer" or not token:
+    token = bearer_token(request)
+    if token is None:
         return False
     configured = settings.RESPAWN_METRICS_TOKEN
     if configured and compare_digest(configured.encode(), token.encode()):
         return True
-    found = (
-        ApiToken.objects.select_related("user")
-        .filter(key_hash=ApiToken.hash(token), revoked_at__isnull=True)
-        .first()
-    )
+    found = selectors.active_api_token(token)
     return found is not None and found.user.is_active and can_view(found.user)

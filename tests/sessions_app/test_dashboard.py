@@ -537,6 +537,7 @@ def test_attention_lists_incompatible_and_old_schema_sessions(client, users):
 
     broken = run_inline(session_start(agent="approval", input="pay"))
     AgentSession.objects.filter(id=broken.id).update(
+        status=Status.PAUSED,
         incompatible_reason="checkpoint at seq 4: written by schema version 99",
         incompatible_at=timezone.now(),
         incompatible_code_schema=SCHEMA_VERSION,
@@ -550,6 +551,27 @@ def test_attention_lists_incompatible_and_old_schema_sessions(client, users):
     assert "written by schema version 99" in body and "Try again" in body
     assert response.context["old_schema"] == (1, False)
     assert "upgrade_state" in body
+
+
+def test_attention_offers_no_retry_the_resume_would_refuse(client, users):
+    """An incompatible session waiting for a decision is not resumed (the model's
+    resume_refusal): the page links to it, where the decision is taken."""
+    from django.utils import timezone
+
+    waiting = run_inline(session_start(agent="approval", input="pay"))
+    assert waiting.status == Status.WAITING_INPUT
+    AgentSession.objects.filter(id=waiting.id).update(
+        incompatible_reason="checkpoint at seq 4: written by schema version 99",
+        incompatible_at=timezone.now(),
+    )
+    client.force_login(users["operator"])
+    body = client.get(reverse("sessions:attention")).content.decode()
+    assert "written by schema version 99" in body and "Try again" not in body
+    assert reverse("sessions:detail", args=[waiting.id]) in body
+    refused = client.post(
+        reverse("sessions:action", args=[waiting.id, "resume"]), HTTP_HX_REQUEST="true"
+    )
+    assert refused.status_code == 409
 
 
 def _uncertain_notify_session():

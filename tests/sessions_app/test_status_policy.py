@@ -1,0 +1,122 @@
+"""Which status allows what: AgentSession's refusals are the one rule. The services refuse
+by them and the dashboard offers an action by them, so neither can offer what the other
+refuses."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+from django.contrib.messages import get_messages
+from django.urls import reverse
+from django.utils import timezone
+
+from sessions_app import services
+from sessions_app.models import AgentSession, Status
+from sessions_app.services import ActionError, session_start
+from tests.sessions_app.test_dashboard import run_inline
+
+pytestmark = pytest.mark.django_db
+
+# action -> (the service call, the policy that allows it)
+ACTIONS: dict[str, tuple[Callable[[AgentSession], object], str]] = {
+    "message": (
+        lambda s: services.session_send_message(session_id=s.id, content="and then?"),
+        "can_message",
+    ),
+    "instruct": (
+        lambda s: services.session_add_instruction(session_id=s.id, text="be brief"),
+        "can_edit",
+    ),
+    "budgets": (
+        lambda s: services.session_set_budgets(
+            session_id=s.id, budgets={"max_steps": 50}, resume=False
+        ),
+        "can_set_budgets",
+    ),
+    "cancel": (lambda s: services.session_cancel(session_id=s.id), "can_cancel"),
+    "resume": (lambda s: services.session_resume(session_id=s.id), "can_resume"),
+}
+
+
+def _session_in(status: str) -> AgentSession:
+    session = session_start(agent="demo", input="what is 2+2")
+    # Dispatched long ago: a queued session is stuck, as the reconciler would find it.
+    AgentSession.objects.filter(id=session.id).update(
+        status=status, dispatched_at=timezone.now() - timedelta(hours=1)
+    )
+    session.refresh_from_db()
+    return session
+
+
+@pytest.mark.parametrize("status", Status.values)
+@pytest.mark.parametrize("action", ACTIONS)
+def test_the_service_refuses_exactly_what_the_policy_refuses(status, action):
+    session = _session_in(status)
+    run, rule = ACTIONS[action]
+    allowed = getattr(session, rule)()
+    try:
+        run(session)
+    except ActionError as exc:
+        assert not allowed, f"{rule} allows {action} of a {status} session; refused: {exc}"
+    else:
+        assert allowed, f"{rule} refuses {action} of a {status} session; the service did it"
+
+
+@pytest.mark.parametrize("status", Status.values)
+def test_the_detail_page_offers_what_the_policy_allows(client, users, status):
+    session = _session_in(status)
+    client.force_login(users["operator"])
+    body = client.get(reverse("sessions:detail", args=[session.id])).content.decode()
+    offered = {
+        action: reverse("sessions:action", args=[session.id, action]) in body
+        for action in ("message", "instruct", "budgets", "cancel")
+    }
+    offered["resume"] = reverse("sessions:preview", args=[session.id, "resume"]) in body
+    assert offered == {action: getattr(session, rule)() for action, (_, rule) in ACTIONS.items()}
+
+
+def _under_a_live_worker(session: AgentSession) -> None:
+    AgentSession.objects.filter(id=session.id).update(
+        status=Status.RUNNING,
+        lease_owner="worker-1",
+        lease_expires_at=timezone.now() + timedelta(minutes=5),
+    )
+
+
+def test_the_trace_offers_no_rollback_under_a_live_worker(client, users):
+    session = run_inline(session_start(agent="approval", input="pay"))
+    detail = reverse("sessions:detail", args=[session.id])
+    rollback = reverse("sessions:preview", args=[session.id, "rollback"])
+    client.force_login(users["operator"])
+    assert rollback in client.get(detail).content.decode()
+
+    _under_a_live_worker(session)
+    body = client.get(detail).content.decode()
+    assert rollback not in body
+    assert "fork from here" in body  # a fork copies the history whatever the status
+    with pytest.raises(ActionError, match="cannot roll back a running session"):
+        services.checkpoint_rollback(session_id=session.id, checkpoint_seq=session.head)
+
+
+def test_cancelling_under_a_live_worker_says_the_worker_stops(client, users):
+    session = session_start(agent="demo", input="what is 2+2")
+    _under_a_live_worker(session)
+    client.force_login(users["operator"])
+    response = client.post(reverse("sessions:action", args=[session.id, "cancel"]))
+    notes = [str(m) for m in get_messages(response.wsgi_request)]
+    assert notes == ["Cancelled: the worker stops at its next step."]
+    assert AgentSession.objects.get(id=session.id).status == Status.CANCELLED
+
+
+def test_a_paused_by_budget_session_is_one_query_and_one_property():
+    session = _session_in(Status.PAUSED)
+    AgentSession.objects.filter(id=session.id).update(last_error="budget reached: 5 steps")
+    session.refresh_from_db()
+    assert session.paused_by_budget
+    assert list(AgentSession.objects.filter(AgentSession.paused_by_budget_q())) == [session]
+    AgentSession.objects.filter(id=session.id).update(status=Status.FAILED)
+    session.refresh_from_db()
+    assert not session.paused_by_budget
+    assert not AgentSession.objects.filter(AgentSession.paused_by_budget_q()).exists()
