@@ -12,6 +12,7 @@ import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SERVER = "postgres://postgres@127.0.0.1:5432/postgres"
+BENCH_PREFIX = "respawn_bench"
 
 
 def server_url() -> str:
@@ -23,8 +24,19 @@ def with_db(url: str, name: str) -> str:
     return urlunparse(parts._replace(path=f"/{name}"))
 
 
+def database_name(name: str) -> str:
+    """`name`, its respawn_bench prefix replaced by RESPAWN_BENCH_DB_PREFIX when set: two
+    checkouts benchmarking on one server each keep databases of their own."""
+    prefix = os.environ.get("RESPAWN_BENCH_DB_PREFIX")
+    if prefix and name.startswith(BENCH_PREFIX):
+        return prefix + name[len(BENCH_PREFIX) :]
+    return name
+
+
 def fresh_database(name: str, *, migrate: bool = True) -> str:
-    """Drop and create database `name` on the server, migrate it; returns its URL."""
+    """Drop and create database `name` (see database_name) on the server, migrate it;
+    returns its URL."""
+    name = database_name(name)
     admin = with_db(server_url(), "postgres")
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from ._db import fresh_database, server_url, setup_django, with_db
+from ._db import database_name, fresh_database, server_url, setup_django, with_db
 
 DB_NAME = "respawn_bench_admin"
 TABLES = [
@@ -399,7 +399,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("RESPAWN_PRODUCTION", "0")  # a benchmark: no SECRET_KEY needed
 
-    url = with_db(server_url(), DB_NAME)
+    url = with_db(server_url(), database_name(DB_NAME))
     if args.reuse:
         import subprocess
         import sys

@@ -8,8 +8,9 @@
    conversation, the scripted model, the tool call and its thread).
 2. statement: the exact statement the store sends for a tool result with its checkpoint
    and for a step without one, replayed (interleaved, 600 times each) on fresh databases
-   with the full schema, without the payload full-text index (step_payload_search),
-   without it and without the foreign keys, and the floor's INSERT: the server's share.
+   with the full schema, without the foreign keys, and the floor's INSERT: the server's
+   share. (The payload's full-text index left the append in migration 0018: the workers
+   index steps in batches, sessions_app.search.)
 3. with --profile: a pyinstrument profile of the same loop (needs the bench extra).
 """
 
@@ -117,7 +118,27 @@ def captured_statements() -> dict[str, tuple[str, list]]:
     return captured
 
 
-def statement_ab(rounds: int = 600) -> dict[str, float]:
+# The schema variants the statement is replayed on: DDL run after the migrations (None:
+# the floor's own table).
+VARIANTS: dict[str, list[str] | None] = {
+    "full schema": [],
+    "without the foreign keys": [
+        "ALTER TABLE sessions_app_step DROP CONSTRAINT sessions_app_step_session_id_7805be21_fk_sessions_",
+        "ALTER TABLE sessions_app_checkpoint DROP CONSTRAINT sessions_app_checkpo_session_id_dd84c42b_fk_sessions_",
+    ],
+    "floor (INSERT of the payload)": None,
+}
+
+
+def statement_ab(
+    rounds: int = 600,
+    variants: dict[str, list[str] | None] | None = None,
+    *,
+    flush: bool = True,
+) -> dict[str, float]:
+    """Median ms per execution on each variant. flush=False replays with
+    synchronous_commit off: the server's work without the WAL flush, which on a loaded
+    machine can take milliseconds and hide every difference between the variants."""
     import psycopg
 
     from ._peers import floor_payloads
@@ -125,22 +146,15 @@ def statement_ab(rounds: int = 600) -> dict[str, float]:
     statements = captured_statements()
     sql_ckpt, params_ckpt = statements["with checkpoint"]
     sql_plain, params_plain = statements["without"]
-    variants = {
-        "full schema": [],
-        "without the payload full-text index": ["DROP INDEX step_payload_search"],
-        "... and without the foreign keys": [
-            "DROP INDEX step_payload_search",
-            "ALTER TABLE sessions_app_step DROP CONSTRAINT sessions_app_step_session_id_7805be21_fk_sessions_",
-            "ALTER TABLE sessions_app_checkpoint DROP CONSTRAINT sessions_app_checkpo_session_id_dd84c42b_fk_sessions_",
-        ],
-        "floor (INSERT of the payload)": None,
-    }
+    variants = VARIANTS if variants is None else variants
     payload = floor_payloads(3, 256)[4]
     conns = {}
     sid = uuid.uuid4()
     for index, (name, ddl) in enumerate(variants.items()):
         url = fresh_database(f"{DB_NAME}_ab{index}", migrate=ddl is not None)
         conn = psycopg.connect(url, autocommit=True)
+        if not flush:
+            conn.execute("SET synchronous_commit = off")
         if ddl is None:
             conn.execute(
                 "CREATE TABLE floor_step (session_id uuid, seq integer, payload jsonb,"
@@ -219,6 +233,9 @@ def main() -> None:
     )
     print("\nthe append statement alone, replayed (p50 per execution, checkpoint every third):")
     for name, ms in statement_ab().items():
+        print(f"  {name:40} {ms:.3f} ms")
+    print("... and without the WAL flush (synchronous_commit off): the server's work")
+    for name, ms in statement_ab(flush=False).items():
         print(f"  {name:40} {ms:.3f} ms")
     if args.profile:
         print()

@@ -17,11 +17,12 @@ migrations (and the historical models of data migrations) see the plain ones.
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 from django.db import models
+
+from .fields import compact_json
 
 # What PostgreSQL refuses in text and jsonb: NUL, and surrogates (valid only in pairs in
 # UTF-16; a Python string can hold a lone one, which has no UTF-8 encoding).
@@ -50,14 +51,15 @@ def scrub(value: Any) -> Any:
 
 
 def scrubbed_json(value: Any) -> str:
-    """`scrub`, then JSON text for a jsonb parameter (the store's SQL path): the walk that
-    makes text storable runs only when the JSON shows a NUL or a surrogate escape."""
+    """`scrub`, then compact JSON text for a json or jsonb parameter (the store's SQL path):
+    the walk that makes text storable runs only when the JSON shows a NUL or a surrogate
+    escape."""
     from .runtime import redactor
 
     clean = redactor().redact(value)
-    text = json.dumps(clean)
+    text = compact_json(clean)
     if "\\u0000" in text or "\\ud" in text:
-        text = json.dumps(storable(clean))
+        text = compact_json(storable(clean))
     return text
 
 

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import connection
 from django.db.models import Count, Exists, F, Max, Model, OuterRef, Q, QuerySet, Sum, TextField
+from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, TruncHour
 from django.utils import timezone
 
@@ -570,11 +571,17 @@ class AttentionSection:
 
 
 def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
-    uncertain = Checkpoint.objects.filter(
-        session__status=Status.WAITING_INPUT,
-        seq=F("session__head"),
-        state__uncertain_calls__0__isnull=False,
-    ).values("session_id")
+    # The state is json (not jsonb) on PostgreSQL, which has no `?` operator:
+    # state__uncertain_calls__0__isnull would compile to it.
+    uncertain = (
+        Checkpoint.objects.alias(first_uncertain=KT("state__uncertain_calls__0"))
+        .filter(
+            session__status=Status.WAITING_INPUT,
+            seq=F("session__head"),
+            first_uncertain__isnull=False,
+        )
+        .values("session_id")
+    )
     cutoff = now - timedelta(seconds=settings.RESPAWN_APPROVAL_SLA)
     recent = now - timedelta(days=FAILED_RECENT_DAYS)
     return {

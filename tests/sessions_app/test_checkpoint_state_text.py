@@ -1,0 +1,121 @@
+"""Checkpoint states on a `json` column as well as a `jsonb` one (sessions_app.fields): the
+conversion to compact JSON text comes in a release of its own, and this one reads and
+writes the states either way. Committed data (transaction=True): the DDL and the workers'
+code see it."""
+
+from __future__ import annotations
+
+import uuid
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from agent_runtime.state import (
+    SCHEMA_VERSION,
+    NewCheckpoint,
+    NewStep,
+    SessionState,
+    StepKind,
+    user_payload,
+)
+from sessions_app.models import AgentSession, Checkpoint, Status
+from sessions_app.selectors import _attention_querysets
+from sessions_app.store import DjangoSessionStore
+from tests.fixtures.loader import V1_SESSIONS, dump_blobs, insert_fixture
+
+from .test_state_upgrade import run_inline
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def state_column() -> str:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT data_type FROM information_schema.columns"
+            " WHERE table_name = %s AND column_name = 'state'",
+            [Checkpoint._meta.db_table],
+        )
+        return cursor.fetchone()[0]
+
+
+def uncertain_state() -> dict:
+    """Today's shape, with what a text encoding could get wrong: a call in doubt (the one
+    key a query reads), text beyond ASCII, a line separator, an integer wider than 53 bits."""
+    state = SessionState("demo", "1", uncertain_calls=["call_1_0"], final_answer="naïve ☃\u2028")
+    state.counters.tokens_in = 2**60 + 1
+    return state.to_dict()
+
+
+@contextmanager
+def state_column_as_json():
+    """The checkpoint's state column as the json-text conversion leaves it (the DDL of
+    that migration), put back to jsonb afterwards."""
+    table = Checkpoint._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"ALTER TABLE {table} ALTER COLUMN state TYPE json USING state::json")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute(f"ALTER TABLE {table} ALTER COLUMN state TYPE jsonb USING state::jsonb")
+
+
+def test_this_release_reads_and_writes_states_on_a_json_column():
+    """The column's move from jsonb to json text comes in a release of its own; this one
+    must already work on either, so that between that migration and the restart nothing
+    of it fails (its loads, its appends, the ORM's reads, the attention queue)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("json and jsonb are PostgreSQL's")
+    ids = [
+        insert_fixture(name, version=version, session_id=str(uuid.uuid4()))
+        for version in (1, 2)
+        for name in V1_SESSIONS
+    ]
+    waiting = AgentSession.objects.create(
+        agent="demo", status=Status.WAITING_INPUT, head=1, last_seq=1, step_count=1
+    )
+    Checkpoint.objects.create(session=waiting, seq=1, state=uncertain_state())
+    before = dump_blobs()
+    with state_column_as_json():
+        assert state_column() == "json"
+        assert dump_blobs() == before
+        store = DjangoSessionStore()
+        for session_id in [*ids, str(waiting.id)]:
+            head = store.load_head(session_id)
+            assert head.checkpoint is None or head.checkpoint.state.agent_name
+        loaded = store.load_head(str(waiting.id)).checkpoint
+        assert loaded is not None and loaded.state.counters.tokens_in == 2**60 + 1
+        assert Checkpoint.objects.get(session=waiting).state == uncertain_state()
+        uncertain = _attention_querysets(timezone.now())["uncertain"]
+        assert list(uncertain.values_list("id", flat=True)) == [waiting.id]
+        # A resumed session writes its checkpoints through the store's append.
+        mid_run = ids[V1_SESSIONS.index("mid_run")]
+        assert run_inline(mid_run).outcome == "completed"
+        written = Checkpoint.objects.filter(session_id=mid_run).order_by("-id").first()
+        assert written is not None and written.state["schema_version"] == SCHEMA_VERSION
+    assert state_column() == "jsonb"
+
+
+def test_a_checkpoint_is_read_back_equal():
+    session = AgentSession.objects.create(agent="echo", last_seq=0)
+    store = DjangoSessionStore()
+    lease = store.claim(str(session.id), "test", 30)
+    assert lease is not None
+    state = SessionState.from_dict(uncertain_state())
+    store.append(
+        lease,
+        [NewStep(kind=StepKind.USER, payload=user_payload("hi"))],
+        checkpoint=NewCheckpoint(state=state),
+    )
+    Checkpoint.objects.create(session=session, seq=1, state=uncertain_state(), reason="manual")
+    for checkpoint in Checkpoint.objects.filter(session=session):
+        assert checkpoint.state == uncertain_state()
+        assert checkpoint.state["schema_version"] == SCHEMA_VERSION
+    head = store.load_head(str(session.id)).checkpoint
+    assert head is not None and head.state == state
+    uncertain = _attention_querysets(timezone.now())["uncertain"]
+    assert not uncertain.exists()  # not waiting for input
+    AgentSession.objects.filter(id=session.id).update(status=Status.WAITING_INPUT)
+    assert list(uncertain.values_list("id", flat=True)) == [session.id]
