@@ -186,12 +186,16 @@ def rq_queue():
     q.empty()
 
 
-def _database_url() -> str:
+def database_url() -> str:
+    """The URL of the database the tests use (what a worker process is given)."""
     db = connection.settings_dict
     user = db.get("USER") or "postgres"
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
     host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
     return f"postgres://{user}{password}@{host}:{port}/{db['NAME']}"
+
+
+_database_url = database_url  # the name some test modules import
 
 
 class WorkerProcess:
@@ -247,7 +251,7 @@ def worker_env(transactional_db) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings_test",
-        DATABASE_URL=_database_url(),
+        DATABASE_URL=database_url(),
         REDIS_URL=settings.REDIS_URL,
         RESPAWN_QUEUE=settings.RESPAWN_QUEUE,
         RESPAWN_LEASE_TTL=str(settings.RESPAWN_LEASE_TTL),
@@ -316,23 +320,36 @@ def _close_connection_pools(django_db_setup, django_db_blocker, request):
         bouncer.drop_server_connections(settings.DATABASES["default"]["NAME"])
 
 
-def run_inline(session):
-    """Run a stored session in the test process, as a worker's job would (the lease, the
-    engine, the Django store and this process's agents); returns the session refreshed."""
+def run_session_inline(session, **overrides):
+    """Run a stored session (the model or its id) in the test process, as a worker's job
+    would: the lease, the engine, the Django store and this process's agents. `overrides`
+    replace what the job passes run_session (config=, make_provider=, ...). Returns the
+    engine's RunResult."""
     from agent_runtime.loop import run_session
     from sessions_app.runtime import agent_registry, run_config
     from sessions_app.store import DjangoEffects, DjangoRecords, DjangoSessionStore
 
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-        records=DjangoRecords(),
-    )
-    session.refresh_from_db()
-    return session
+    session_id = str(getattr(session, "id", session))
+    job = {
+        "store": DjangoSessionStore(),
+        "agents": agent_registry(),
+        "effects": DjangoEffects(),
+        "config": run_config(),
+        "records": DjangoRecords(),
+    }
+    return run_session(session_id, **{**job, **overrides})
+
+
+def run_inline(session, **overrides):
+    """run_session_inline, then the session as stored now: the model passed in, refreshed,
+    or the one the id names."""
+    from sessions_app.models import AgentSession
+
+    result = run_session_inline(session, **overrides)
+    if isinstance(session, AgentSession):
+        session.refresh_from_db()
+        return session
+    return AgentSession.objects.get(id=result.session_id)
 
 
 def without_ids(value, session_id: str):

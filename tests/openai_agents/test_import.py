@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ..conftest import PACKAGES, ROOT, _database_url
+from ..conftest import PACKAGES, ROOT, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -83,7 +83,7 @@ def test_import_and_run_reach_only_loopback(sdk_model, tmp_path):
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")},
         "DJANGO_SETTINGS_MODULE": "config.settings_test",
-        "DATABASE_URL": _database_url(),
+        "DATABASE_URL": database_url(),
         "PYTHONPATH": os.pathsep.join([str(PACKAGES), str(ROOT)]),
         "ACME_SDK_BASE_URL": sdk_model.url + "/v1",
         # The SDK's default client would be OpenAI's: a key set, so nothing stops early.
