@@ -48,22 +48,13 @@ def _redis_through_sentinel(request):
     from tests.servers import RedisSentinelSet
 
     servers = RedisSentinelSet(master_name="respawn").start()
-    through = {
-        "SENTINELS": servers.sentinels,
-        "MASTER_NAME": servers.master_name,
-        "DB": 0,
-        "PASSWORD": None,
-        "SENTINEL_KWARGS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0},
-    }
     before = settings.RQ_QUEUES
-    settings.RQ_QUEUES = {name: {**through, "DEFAULT_TIMEOUT": 3600} for name in before}
-    os.environ.update(
-        REDIS_SENTINELS=servers.sentinels_setting, REDIS_SENTINEL_MASTER=servers.master_name
-    )
+    settings.RQ_QUEUES = servers.rq_queues(before)
+    os.environ.update(servers.environment)
     yield servers
     settings.RQ_QUEUES = before
-    os.environ.pop("REDIS_SENTINELS")
-    os.environ.pop("REDIS_SENTINEL_MASTER")
+    for name in servers.environment:
+        os.environ.pop(name)
     servers.stop()
 
 
@@ -112,6 +103,42 @@ def wait_for(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
+
+
+def wait_final(sessions, timeout: float = 60.0) -> None:
+    """Until none of the sessions is runnable any more: each completed, failed, cancelled,
+    waiting for a person or paused."""
+    from sessions_app.models import RUNNABLE, AgentSession
+
+    ids = [s.id for s in sessions]
+    wait_for(
+        lambda: not AgentSession.objects.filter(id__in=ids, status__in=RUNNABLE).exists(),
+        timeout=timeout,
+        interval=0.2,
+        what=f"{len(ids)} session(s) to reach a final status",
+    )
+
+
+def wait_stopped(session, timeout: float = 30.0):
+    """wait_final for one session; returns it refreshed."""
+    wait_final([session], timeout=timeout)
+    session.refresh_from_db()
+    return session
+
+
+def wait_for_status(session, status: str, timeout: float = 60.0):
+    """Until the session is in `status`; returns it refreshed. Fails at once when it stops
+    in another status (with its last error), instead of waiting out the timeout."""
+    from sessions_app.models import RUNNABLE
+
+    def reached() -> bool:
+        session.refresh_from_db()
+        if session.status != status and session.status not in RUNNABLE:
+            pytest.fail(f"session {session.id} is {session.status}: {session.last_error}")
+        return session.status == status
+
+    wait_for(reached, timeout=timeout, what=f"session {session.id} to be {status}")
+    return session
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,11 @@ workers, and the invariants every run must leave behind in PostgreSQL."""
 from __future__ import annotations
 
 import os
+import random
 import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import psutil
 import pytest
@@ -13,9 +17,12 @@ from django.db.models import Count
 from rq import Worker
 from rq.worker import WorkerStatus
 
-from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
+from agent_runtime.loop import RunConfig, run_session
+from agent_runtime.store import InMemoryEffects, InMemoryStore
+from demo_agents import demo_agents
+from sessions_app.models import RUNNABLE, AgentSession, Checkpoint, SideEffect, Status, Step
 
-from ..conftest import database_url, live_conversation, wait_for
+from ..conftest import database_url, live_conversation, wait_for, without_ids
 from ..servers import PostgresServer, RedisServer, ServerError
 
 
@@ -79,24 +86,88 @@ def kill_worker_process_only(worker) -> bool:
     return bool(children)
 
 
-def wait_final(sessions, timeout: float = 60.0) -> None:
-    ids = [s.id for s in sessions]
+@contextmanager
+def frozen(worker) -> Iterator[None]:
+    """The worker's supervisor and job process SIGSTOPped (a GC pause, a VM frozen) for the
+    block, and SIGCONTed after it, whatever happens in it."""
+    pids = worker.pids()
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
 
-    def done():
-        left = AgentSession.objects.filter(id__in=ids).exclude(
-            status__in=[
-                Status.COMPLETED,
-                Status.FAILED,
-                Status.CANCELLED,
-                Status.WAITING_INPUT,
-                Status.PAUSED,
-            ]
-        )
-        return not left.exists()
 
+def kill_busy_workers_at_random(
+    fleet,
+    sessions,
+    *,
+    rng: random.Random,
+    kills: int,
+    within: float,
+    pause: tuple[float, float],
+    **env: str,
+) -> int:
+    """SIGKILL a worker that is running a job, after a random pause (seconds, between the
+    two of `pause`), and start a new one with `env`, until `kills` kills landed, `within`
+    seconds passed or no session is left to run. Returns the kills that landed."""
+    landed, started = 0, time.monotonic()
+    while landed < kills and time.monotonic() - started < within:
+        time.sleep(rng.uniform(*pause))
+        busy = fleet.busy()
+        if not busy:
+            ids = [s.id for s in sessions]
+            if not AgentSession.objects.filter(id__in=ids, status__in=RUNNABLE).exists():
+                break
+            continue
+        rng.choice(busy).kill()
+        landed += 1
+        fleet.start(**env)
+    return landed
+
+
+def wait_for_tool_results(sessions, count: int, *, timeout: float = 20.0, **kwargs) -> None:
+    """Until the sessions have `count` tool results between them (the runs are going)."""
+    kwargs.setdefault("what", "the runs to get going")
     wait_for(
-        done, timeout=timeout, interval=0.2, what=f"{len(ids)} session(s) to reach a final status"
+        lambda: Step.objects.filter(session__in=sessions, kind="tool_result").count() >= count,
+        timeout=timeout,
+        **kwargs,
     )
+
+
+def reference(agent: str, text: str) -> list[tuple[str, dict]]:
+    """The trace of an uninterrupted run, computed by the engine on the in-memory store."""
+    store = InMemoryStore()
+    store.create_session("ref", agent, text)
+    run_session(
+        "ref",
+        store=store,
+        agents=demo_agents(slow_delay=0),
+        effects=InMemoryEffects(),
+        config=RunConfig(worker_id="ref"),
+    )
+    out = []
+    for step in store.session("ref").steps:
+        if step.kind != "system":
+            out.append((str(step.kind), step.payload))
+    return [(k, without_ids(p, "ref")) for k, p in out]
+
+
+def runs_of(session) -> int:
+    return Step.objects.filter(session=session, kind="system", payload__event="run_started").count()
+
+
+def assert_completed(session, trace: list[tuple[str, dict]] | None = None) -> None:
+    """The session completed (refreshed from PostgreSQL), with `trace` as its live
+    conversation when one is given, and the invariants hold."""
+    session.refresh_from_db()
+    assert session.status == Status.COMPLETED, (session.id, session.status, session.last_error)
+    if trace is not None:
+        assert live_conversation(session) == trace
+    assert_invariants(session)
 
 
 def assert_invariants(session) -> None:

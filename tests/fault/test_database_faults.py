@@ -21,16 +21,18 @@ from sessions_app.dispatch import queue
 from sessions_app.models import ApiToken, SideEffect, Status, Step
 from sessions_app.services import session_start
 
-from ..conftest import ROOT, wait_for
+from ..conftest import ROOT, wait_final, wait_for
 from ..servers import free_port
 from .conftest import (
+    assert_completed,
     assert_invariants,
     conversation,
     figures,
     first_step_after,
-    wait_final,
+    reference,
+    runs_of,
+    wait_for_tool_results,
 )
-from .test_faults import reference, runs_of
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -62,11 +64,7 @@ def test_connection_slots_exhausted_tool_calls_are_retried_and_nothing_is_lost(f
     sessions = [session_start(agent="slow", input=f"count to {ticks}") for _ in range(3)]
     for _ in range(2):
         fleet.start(DATABASE_URL=private_db.url(), RESPAWN_SLOW_DELAY="0.25")
-    wait_for(
-        lambda: Step.objects.filter(session__in=sessions, kind="tool_result").count() >= 3,
-        timeout=30,
-        what="the runs to get going",
-    )
+    wait_for_tool_results(sessions, 3, timeout=30)
     hogs: list[psycopg.Connection] = []
     try:
         while True:
@@ -114,11 +112,7 @@ def test_connection_slots_exhausted_tool_calls_are_retried_and_nothing_is_lost(f
 def test_postgres_restarts_running_sessions_finish_and_first_jobs_after_succeed(fleet, private_db):
     sessions = [session_start(agent="slow", input="count to 8") for _ in range(3)]
     workers = [fleet.start(DATABASE_URL=private_db.url()) for _ in range(2)]
-    wait_for(
-        lambda: Step.objects.filter(session__in=sessions, kind="tool_result").count() >= 2,
-        timeout=30,
-        what="the runs to get going",
-    )
+    wait_for_tool_results(sessions, 2, timeout=30)
     down = time.time()
     private_db.restart()  # under running sessions: every connection breaks mid-run
     back = time.time()
@@ -127,10 +121,7 @@ def test_postgres_restarts_running_sessions_finish_and_first_jobs_after_succeed(
     resumed = [first_step_after([s], back) for s in sessions]
     expected = reference("slow", "count to 8")
     for session in sessions:
-        session.refresh_from_db()
-        assert session.status == Status.COMPLETED, (session.id, session.status, session.last_error)
-        assert conversation(session) == expected
-        assert_invariants(session)
+        assert_completed(session, expected)
 
     # Idle workers, each holding a connection the next restart breaks.
     wait_for(lambda: not fleet.busy(), timeout=20, what="the workers to be idle")
