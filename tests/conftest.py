@@ -225,6 +225,27 @@ def database_url() -> str:
 _database_url = database_url  # the name some test modules import
 
 
+def program_env(**extra: str) -> dict[str, str]:
+    """The environment of a program of Respawn's on the test database (test settings), with
+    no OpenAI variable of the developer's (the SDK would read them on its own), and `extra`."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")},
+        "DJANGO_SETTINGS_MODULE": "config.settings_test",
+        "DATABASE_URL": database_url(),
+        **extra,
+    }
+
+
+def run_python(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> str:
+    """`python *args` in the checkout, as a person would run it; its standard output. The
+    test fails, with the program's standard error, when the program fails."""
+    done = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 class WorkerProcess:
     """A real `manage.py rqworker` process on the test database and queue."""
 

@@ -87,6 +87,13 @@ def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
+def _psql(port: int, database: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """psql as user postgres on a loopback port, without a psqlrc; a failure raises
+    ServerError."""
+    command = ["psql", "-X", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", database]
+    return _run([*command, *args], **kwargs)
+
+
 def _start_listening(args: list[str], log_path: Path, port: int, **kwargs) -> subprocess.Popen:
     """Start a server process that logs to `log_path`, and wait until it listens on `port`
     (its log is in the error when it does not)."""
@@ -196,29 +203,7 @@ class PgBouncer:
 
     def admin(self, command: str) -> str:
         """A command on PgBouncer's admin console (simple query protocol only: psql)."""
-        result = subprocess.run(
-            [
-                "psql",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
-                "-d",
-                "pgbouncer",
-                "-X",
-                "-A",
-                "-t",
-                "-c",
-                command,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if result.returncode != 0:
-            raise ServerError(f"pgbouncer admin {command!r}: {result.stderr}")
+        result = _psql(self.port, "pgbouncer", "-A", "-t", "-c", command, timeout=30)
         return result.stdout
 
     def drop_server_connections(self, database: str) -> None:
@@ -326,21 +311,7 @@ class PostgresServer:
         schema is there already. url() names it from then on."""
         self.sql(f'CREATE DATABASE "{name}"')
         dump = self._program("pg_dump", "--no-owner", "--no-privileges", source_url)
-        self._program(
-            "psql",
-            "-q",
-            "-v",
-            "ON_ERROR_STOP=1",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-U",
-            "postgres",
-            "-d",
-            name,
-            input=dump.stdout,
-        )
+        _psql(self.port, name, "-q", "-v", "ON_ERROR_STOP=1", input=dump.stdout)
         self.database = name
         return self
 

@@ -24,6 +24,7 @@ from sessions_app.models import RUNNABLE, AgentSession, Checkpoint, SideEffect, 
 
 from ..conftest import database_url, live_conversation, wait_for, without_ids
 from ..servers import PostgresServer, RedisServer, ServerError
+from ..stubs.llm_servers import openai_server  # noqa: F401 (the OpenAI-protocol stub, for workers too)
 
 
 @pytest.fixture
@@ -203,15 +204,6 @@ def assert_invariants(session) -> None:
 
 
 conversation = live_conversation
-
-
-@pytest.fixture
-def openai_stub():
-    """The OpenAI-protocol stub server, reachable from worker processes."""
-    from tests.stubs.llm_servers import OPENAI_PATH, StubServer
-
-    with StubServer(OPENAI_PATH) as server:
-        yield server
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import concurrent.futures
 import random
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.db import connection
@@ -28,6 +30,16 @@ from .conftest import (
 )
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
+
+
+@contextmanager
+def frozen_once(fleet, worker, condition, what: str) -> Iterator[None]:
+    """Once `condition()` holds (the worker is in the middle of something), freeze the
+    worker and start another: the block runs while it is frozen; it is thawed after."""
+    wait_for(condition, timeout=20, interval=0.01, what=what)
+    with frozen(worker):
+        fleet.start()
+        yield
 
 
 def test_random_sigkills_lose_and_duplicate_nothing(fleet):
@@ -55,14 +67,11 @@ def test_random_sigkills_lose_and_duplicate_nothing(fleet):
 def test_sigstop_past_the_lease_then_sigcont_late_writes_are_refused(fleet, settings):
     session = session_start(agent="slow", input="count to 5")
     stopped = fleet.start(RESPAWN_SLOW_DELAY="0.6")
-    wait_for(
-        lambda: Step.objects.filter(session=session, kind="tool_call").exists(),
-        timeout=20,
-        interval=0.01,
-        what="the first tool call",
-    )
-    with frozen(stopped):
-        fleet.start()
+
+    def called() -> bool:
+        return Step.objects.filter(session=session, kind="tool_call").exists()
+
+    with frozen_once(fleet, stopped, called, "the first tool call"):
         wait_for(
             lambda: AgentSession.objects.get(id=session.id).fencing_token >= 2,
             timeout=20,
@@ -150,13 +159,13 @@ def test_twenty_concurrent_resumes_start_exactly_one_run(live_server, fleet, use
     assert_invariants(session)
 
 
-def test_hanging_model_call_times_out_and_the_lease_is_not_stolen(fleet, openai_stub):
+def test_hanging_model_call_times_out_and_the_lease_is_not_stolen(fleet, openai_server):
     from tests.stubs.llm_servers import Reply, openai_reply
 
-    openai_stub.script(Reply(delay=4.0, body={}), openai_reply("Hello after the hang."))
+    openai_server.script(Reply(delay=4.0, body={}), openai_reply("Hello after the hang."))
     env = dict(
         RESPAWN_MODEL="openai:stub-model",
-        OPENAI_BASE_URL=openai_stub.url + "/v1",
+        OPENAI_BASE_URL=openai_server.url + "/v1",
         OPENAI_API_KEY="sk-test-hang-0123456789",
         RESPAWN_MODEL_TIMEOUT="3",
     )
@@ -168,7 +177,7 @@ def test_hanging_model_call_times_out_and_the_lease_is_not_stolen(fleet, openai_
     assert session.status == Status.COMPLETED and session.final_answer == "Hello after the hang."
     assert session.fencing_token == 1, "the lease was never taken over"
     assert runs_of(session) == 1
-    assert len(openai_stub.requests) == 2
+    assert len(openai_server.requests) == 2
     assert_invariants(session)
 
 
@@ -293,14 +302,11 @@ def test_a_frozen_worker_continued_after_a_person_reran_its_call_sends_nothing(f
 
     session = session_start(agent="notify", input="deploy finished")
     stopped = fleet.start(RESPAWN_SLOW_DELAY="1.5")
-    wait_for(
-        lambda: AgentSession.objects.get(id=session.id).progress_note.startswith("sending"),
-        timeout=20,
-        interval=0.01,
-        what="the notification to be on its way",
-    )
-    with frozen(stopped):
-        fleet.start()
+
+    def sending() -> bool:
+        return AgentSession.objects.get(id=session.id).progress_note.startswith("sending")
+
+    with frozen_once(fleet, stopped, sending, "the notification to be on its way"):
         wait_for(
             lambda: Step.objects.filter(
                 session=session, kind="system", payload__event="uncertain_call"

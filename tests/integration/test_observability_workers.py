@@ -16,9 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from sessions_app.models import Status, Step
 from sessions_app.services import session_start
 
-from ..conftest import wait_for
+from ..conftest import wait_for, wait_for_status
 from ..servers import free_port
-from .test_user_agents import wait_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -97,7 +96,7 @@ def test_a_session_killed_mid_run_is_one_trace_and_each_worker_serves_its_metric
     first.kill()
 
     start_worker(**env)
-    wait_status(session, Status.COMPLETED, timeout=90)
+    wait_for_status(session, Status.COMPLETED, timeout=90)
     wait_for(lambda: collector.named("invoke_agent"), timeout=20, what="the second run's span")
 
     trace_id = uuid.UUID(str(session.id)).bytes

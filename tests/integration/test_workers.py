@@ -8,24 +8,12 @@ import pytest
 from rq.job import Job
 
 from sessions_app.dispatch import enqueue, new_job_id
-from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
+from sessions_app.models import Checkpoint, SideEffect, Status, Step
 from sessions_app.services import session_start
 
-from ..conftest import live_conversation, wait_for
+from ..conftest import live_conversation, wait_for, wait_for_status, wait_stopped
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-STOPPED = {Status.COMPLETED, Status.FAILED, Status.WAITING_INPUT, Status.CANCELLED, Status.PAUSED}
-
-
-def wait_stopped(session, timeout=30.0) -> AgentSession:
-    def stopped():
-        session.refresh_from_db()
-        return session.status in STOPPED
-
-    wait_for(stopped, timeout=timeout, what=f"session {session.id} to stop")
-    return session
-
 
 trace = live_conversation
 
@@ -146,12 +134,6 @@ def test_approval_waits_for_a_person_then_finishes(start_worker):
     assert session.status == Status.WAITING_INPUT
     assert not SideEffect.objects.filter(session_id=session.id).exists()
     session_approve(session_id=session.id)
-    session.status = Status.QUEUED
-
-    def done():
-        session.refresh_from_db()
-        return session.status == Status.COMPLETED
-
-    wait_for(done, timeout=20, what="the approved session to complete")
+    wait_for_status(session, Status.COMPLETED, timeout=20)
     assert SideEffect.objects.filter(session_id=session.id, tool="send_payment").count() == 1
     assert_consistent(session)
