@@ -224,9 +224,7 @@ def test_crash_between_commit_and_enqueue_is_dispatched_by_the_reconciler(fleet,
     monkeypatch.undo()
     fleet.start()
     wait_final([session], timeout=30)
-    session.refresh_from_db()
-    assert session.status == Status.COMPLETED
-    assert_invariants(session)
+    assert_completed(session)
 
 
 def test_redis_down_reads_answer_and_actions_are_dispatched_once_it_is_back(
@@ -255,9 +253,7 @@ def test_redis_down_reads_answer_and_actions_are_dispatched_once_it_is_back(
         worker.kill()
     fleet.start()
     wait_final([session], timeout=40)
-    session.refresh_from_db()
-    assert session.status == Status.COMPLETED
-    assert_invariants(session)
+    assert_completed(session)
 
 
 @pytest.mark.parametrize("action", ["rollback", "cancel"])
