@@ -76,7 +76,7 @@ def django_db_modify_db_settings(request, django_db_modify_db_settings_parallel_
     db = settings.DATABASES["default"]
     if db["ENGINE"] != "django.db.backends.postgresql":
         pytest.exit("--through-pgbouncer needs DATABASE_URL to name a PostgreSQL server")
-    bouncer = PgBouncer(db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432)
+    bouncer = PgBouncer(db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432))
     bouncer.start()
     request.config._respawn_pgbouncer = bouncer
     request.addfinalizer(bouncer.stop)
@@ -398,6 +398,42 @@ def run_inline(session, **overrides):
         session.refresh_from_db()
         return session
     return AgentSession.objects.get(id=result.session_id)
+
+
+def assert_invariants(session) -> None:
+    """What PostgreSQL must hold after any run, whatever fault met it."""
+    from django.db.models import Count
+
+    from sessions_app.models import Checkpoint, SideEffect, Status, Step
+
+    session.refresh_from_db()
+    steps = list(Step.objects.filter(session=session).order_by("seq"))
+    seqs = [s.seq for s in steps]
+    assert seqs == list(range(1, len(seqs) + 1)), f"{session.id}: seqs contiguous"
+    assert session.last_seq == len(seqs) and session.step_count == len(seqs)
+    live = [s for s in steps if s.superseded_at is None]
+    results: dict[str, int] = {}
+    for s in live:
+        if s.kind == "tool_result":
+            results[s.payload["call_id"]] = results.get(s.payload["call_id"], 0) + 1
+    assert all(n == 1 for n in results.values()), f"{session.id}: one result per call"
+    for call in (s for s in live if s.kind == "tool_call"):
+        if call.payload["call_id"] not in results:
+            # Only a session a person must look at may hold a call without its result.
+            assert session.status in (Status.FAILED, Status.CANCELLED, Status.WAITING_INPUT), (
+                f"{session.id}: tool call {call.seq} has no result"
+            )
+            assert session.status != Status.FAILED or session.last_error
+    for checkpoint in Checkpoint.objects.filter(session=session):
+        assert checkpoint.seq in seqs, f"{session.id}: checkpoint {checkpoint.seq} has its step"
+    if session.head:
+        assert Checkpoint.objects.filter(session=session, seq=session.head).exists()
+    # A tool that honours its key: one effect row per key, whatever ran twice; and every
+    # effect belongs to a recorded call (a rolled-back one's effect stays: it happened).
+    keys = {s.idempotency_key for s in steps if s.kind == "tool_call"}
+    effects = SideEffect.objects.filter(session_id=session.id)
+    assert not effects.values("key").annotate(n=Count("id")).filter(n__gt=1).exists()
+    assert set(effects.values_list("key", flat=True)) <= keys
 
 
 def without_ids(value, session_id: str):

@@ -1,5 +1,5 @@
-"""Fault-injection helpers: a private Redis server the tests may kill, a fleet of real
-workers, and the invariants every run must leave behind in PostgreSQL."""
+"""Fault-injection helpers: a private Redis and a private PostgreSQL the tests may kill, a
+fleet of real workers, the faults (freeze, SIGKILL at random) and the checks after them."""
 
 from __future__ import annotations
 
@@ -13,16 +13,22 @@ from contextlib import contextmanager
 import psutil
 import pytest
 import redis
-from django.db.models import Count
 from rq import Worker
 from rq.worker import WorkerStatus
 
 from agent_runtime.loop import RunConfig, run_session
 from agent_runtime.store import InMemoryEffects, InMemoryStore
 from demo_agents import demo_agents
-from sessions_app.models import RUNNABLE, AgentSession, Checkpoint, SideEffect, Status, Step
+from sessions_app.models import RUNNABLE, AgentSession, Status, Step
 
-from ..conftest import database_url, live_conversation, wait_for, without_ids
+from ..conftest import (
+    WorkerProcess,
+    assert_invariants,
+    database_url,
+    live_conversation,
+    wait_for,
+    without_ids,
+)
 from ..servers import PostgresServer, RedisServer, ServerError
 from ..stubs.llm_servers import openai_server  # noqa: F401 (the OpenAI-protocol stub, for workers too)
 
@@ -43,7 +49,7 @@ def fleet(start_worker, private_redis):
 
     class Fleet:
         def __init__(self) -> None:
-            self.workers = []
+            self.workers: list[WorkerProcess] = []
 
         def start(self, **env: str):
             # The private Redis itself, even in a run through Sentinel (--through-sentinel).
@@ -169,38 +175,6 @@ def assert_completed(session, trace: list[tuple[str, dict]] | None = None) -> No
     if trace is not None:
         assert live_conversation(session) == trace
     assert_invariants(session)
-
-
-def assert_invariants(session) -> None:
-    """What PostgreSQL must hold after any fault."""
-    session.refresh_from_db()
-    steps = list(Step.objects.filter(session=session).order_by("seq"))
-    seqs = [s.seq for s in steps]
-    assert seqs == list(range(1, len(seqs) + 1)), f"{session.id}: seqs contiguous"
-    assert session.last_seq == len(seqs) and session.step_count == len(seqs)
-    live = [s for s in steps if s.superseded_at is None]
-    results: dict[str, int] = {}
-    for s in live:
-        if s.kind == "tool_result":
-            results[s.payload["call_id"]] = results.get(s.payload["call_id"], 0) + 1
-    assert all(n == 1 for n in results.values()), f"{session.id}: one result per call"
-    for call in (s for s in live if s.kind == "tool_call"):
-        if call.payload["call_id"] not in results:
-            # Only a session a person must look at may hold a call without its result.
-            assert session.status in (Status.FAILED, Status.CANCELLED, Status.WAITING_INPUT), (
-                f"{session.id}: tool call {call.seq} has no result"
-            )
-            assert session.status != Status.FAILED or session.last_error
-    for checkpoint in Checkpoint.objects.filter(session=session):
-        assert checkpoint.seq in seqs, f"{session.id}: checkpoint {checkpoint.seq} has its step"
-    if session.head:
-        assert Checkpoint.objects.filter(session=session, seq=session.head).exists()
-    # A tool that honours its key: one effect row per key, whatever ran twice; and every
-    # effect belongs to a recorded call (a rolled-back one's effect stays: it happened).
-    keys = {s.idempotency_key for s in steps if s.kind == "tool_call"}
-    effects = SideEffect.objects.filter(session_id=session.id)
-    assert not effects.values("key").annotate(n=Count("id")).filter(n__gt=1).exists()
-    assert set(effects.values_list("key", flat=True)) <= keys
 
 
 conversation = live_conversation
