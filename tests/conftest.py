@@ -48,22 +48,13 @@ def _redis_through_sentinel(request):
     from tests.servers import RedisSentinelSet
 
     servers = RedisSentinelSet(master_name="respawn").start()
-    through = {
-        "SENTINELS": servers.sentinels,
-        "MASTER_NAME": servers.master_name,
-        "DB": 0,
-        "PASSWORD": None,
-        "SENTINEL_KWARGS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0},
-    }
     before = settings.RQ_QUEUES
-    settings.RQ_QUEUES = {name: {**through, "DEFAULT_TIMEOUT": 3600} for name in before}
-    os.environ.update(
-        REDIS_SENTINELS=servers.sentinels_setting, REDIS_SENTINEL_MASTER=servers.master_name
-    )
+    settings.RQ_QUEUES = servers.rq_queues(before)
+    os.environ.update(servers.environment)
     yield servers
     settings.RQ_QUEUES = before
-    os.environ.pop("REDIS_SENTINELS")
-    os.environ.pop("REDIS_SENTINEL_MASTER")
+    for name in servers.environment:
+        os.environ.pop(name)
     servers.stop()
 
 
@@ -85,7 +76,7 @@ def django_db_modify_db_settings(request, django_db_modify_db_settings_parallel_
     db = settings.DATABASES["default"]
     if db["ENGINE"] != "django.db.backends.postgresql":
         pytest.exit("--through-pgbouncer needs DATABASE_URL to name a PostgreSQL server")
-    bouncer = PgBouncer(db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432)
+    bouncer = PgBouncer(db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432))
     bouncer.start()
     request.config._respawn_pgbouncer = bouncer
     request.addfinalizer(bouncer.stop)
@@ -112,6 +103,42 @@ def wait_for(
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
         time.sleep(interval)
+
+
+def wait_final(sessions, timeout: float = 60.0) -> None:
+    """Until none of the sessions is runnable any more: each completed, failed, cancelled,
+    waiting for a person or paused."""
+    from sessions_app.models import RUNNABLE, AgentSession
+
+    ids = [s.id for s in sessions]
+    wait_for(
+        lambda: not AgentSession.objects.filter(id__in=ids, status__in=RUNNABLE).exists(),
+        timeout=timeout,
+        interval=0.2,
+        what=f"{len(ids)} session(s) to reach a final status",
+    )
+
+
+def wait_stopped(session, timeout: float = 30.0):
+    """wait_final for one session; returns it refreshed."""
+    wait_final([session], timeout=timeout)
+    session.refresh_from_db()
+    return session
+
+
+def wait_for_status(session, status: str, timeout: float = 60.0):
+    """Until the session is in `status`; returns it refreshed. Fails at once when it stops
+    in another status (with its last error), instead of waiting out the timeout."""
+    from sessions_app.models import RUNNABLE
+
+    def reached() -> bool:
+        session.refresh_from_db()
+        if session.status != status and session.status not in RUNNABLE:
+            pytest.fail(f"session {session.id} is {session.status}: {session.last_error}")
+        return session.status == status
+
+    wait_for(reached, timeout=timeout, what=f"session {session.id} to be {status}")
+    return session
 
 
 @pytest.fixture(autouse=True)
@@ -186,12 +213,37 @@ def rq_queue():
     q.empty()
 
 
-def _database_url() -> str:
+def database_url() -> str:
+    """The URL of the database the tests use (what a worker process is given)."""
     db = connection.settings_dict
     user = db.get("USER") or "postgres"
     password = f":{db['PASSWORD']}" if db.get("PASSWORD") else ""
     host, port = db.get("HOST") or "127.0.0.1", db.get("PORT") or 5432
     return f"postgres://{user}{password}@{host}:{port}/{db['NAME']}"
+
+
+_database_url = database_url  # the name some test modules import
+
+
+def program_env(**extra: str) -> dict[str, str]:
+    """The environment of a program of Respawn's on the test database (test settings), with
+    no OpenAI variable of the developer's (the SDK would read them on its own), and `extra`."""
+    return {
+        **{k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")},
+        "DJANGO_SETTINGS_MODULE": "config.settings_test",
+        "DATABASE_URL": database_url(),
+        **extra,
+    }
+
+
+def run_python(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> str:
+    """`python *args` in the checkout, as a person would run it; its standard output. The
+    test fails, with the program's standard error, when the program fails."""
+    done = subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 class WorkerProcess:
@@ -247,7 +299,7 @@ def worker_env(transactional_db) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         DJANGO_SETTINGS_MODULE="config.settings_test",
-        DATABASE_URL=_database_url(),
+        DATABASE_URL=database_url(),
         REDIS_URL=settings.REDIS_URL,
         RESPAWN_QUEUE=settings.RESPAWN_QUEUE,
         RESPAWN_LEASE_TTL=str(settings.RESPAWN_LEASE_TTL),
@@ -316,23 +368,72 @@ def _close_connection_pools(django_db_setup, django_db_blocker, request):
         bouncer.drop_server_connections(settings.DATABASES["default"]["NAME"])
 
 
-def run_inline(session):
-    """Run a stored session in the test process, as a worker's job would (the lease, the
-    engine, the Django store and this process's agents); returns the session refreshed."""
+def run_session_inline(session, **overrides):
+    """Run a stored session (the model or its id) in the test process, as a worker's job
+    would: the lease, the engine, the Django store and this process's agents. `overrides`
+    replace what the job passes run_session (config=, make_provider=, ...). Returns the
+    engine's RunResult."""
     from agent_runtime.loop import run_session
     from sessions_app.runtime import agent_registry, run_config
     from sessions_app.store import DjangoEffects, DjangoRecords, DjangoSessionStore
 
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-        records=DjangoRecords(),
-    )
+    session_id = str(getattr(session, "id", session))
+    job = {
+        "store": DjangoSessionStore(),
+        "agents": agent_registry(),
+        "effects": DjangoEffects(),
+        "config": run_config(),
+        "records": DjangoRecords(),
+    }
+    return run_session(session_id, **{**job, **overrides})
+
+
+def run_inline(session, **overrides):
+    """run_session_inline, then the session as stored now: the model passed in, refreshed,
+    or the one the id names."""
+    from sessions_app.models import AgentSession
+
+    result = run_session_inline(session, **overrides)
+    if isinstance(session, AgentSession):
+        session.refresh_from_db()
+        return session
+    return AgentSession.objects.get(id=result.session_id)
+
+
+def assert_invariants(session) -> None:
+    """What PostgreSQL must hold after any run, whatever fault met it."""
+    from django.db.models import Count
+
+    from sessions_app.models import Checkpoint, SideEffect, Status, Step
+
     session.refresh_from_db()
-    return session
+    steps = list(Step.objects.filter(session=session).order_by("seq"))
+    seqs = [s.seq for s in steps]
+    assert seqs == list(range(1, len(seqs) + 1)), f"{session.id}: seqs contiguous"
+    assert session.last_seq == len(seqs) and session.step_count == len(seqs)
+    live = [s for s in steps if s.superseded_at is None]
+    results: dict[str, int] = {}
+    for s in live:
+        if s.kind == "tool_result":
+            results[s.payload["call_id"]] = results.get(s.payload["call_id"], 0) + 1
+    assert all(n == 1 for n in results.values()), f"{session.id}: one result per call"
+    for call in (s for s in live if s.kind == "tool_call"):
+        if call.payload["call_id"] not in results:
+            # Only a session a person must look at may hold a call without its result.
+            assert session.status in (Status.FAILED, Status.CANCELLED, Status.WAITING_INPUT), (
+                f"{session.id}: tool call {call.seq} has no result"
+            )
+            assert session.status != Status.FAILED or session.last_error
+    for checkpoint in Checkpoint.objects.filter(session=session):
+        assert checkpoint.seq in seqs, f"{session.id}: checkpoint {checkpoint.seq} has its step"
+    if session.head:
+        assert Checkpoint.objects.filter(session=session, seq=session.head).exists()
+    # A tool that honours its key: one effect row per key, whatever ran twice; and every
+    # effect belongs to a recorded call (a rolled-back one's effect stays: it happened).
+    keys = {s.idempotency_key for s in steps if s.kind == "tool_call"}
+    effects = SideEffect.objects.filter(session_id=session.id)
+    assert not effects.values("key").annotate(n=Count("id")).filter(n__gt=1).exists()
+    assert set(effects.values_list("key", flat=True)) <= keys
 
 
 def without_ids(value, session_id: str):

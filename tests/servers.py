@@ -87,6 +87,34 @@ def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
+def _psql(port: int, database: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+    """psql as user postgres on a loopback port, without a psqlrc; a failure raises
+    ServerError."""
+    command = ["psql", "-X", "-h", "127.0.0.1", "-p", str(port), "-U", "postgres", "-d", database]
+    return _run([*command, *args], **kwargs)
+
+
+def _start_listening(args: list[str], log_path: Path, port: int, **kwargs) -> subprocess.Popen:
+    """Start a server process that logs to `log_path`, and wait until it listens on `port`
+    (its log is in the error when it does not)."""
+    with open(log_path, "ab") as log:  # the process keeps its own descriptor
+        process = subprocess.Popen(
+            args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, **kwargs
+        )
+    try:
+        wait_port(port, process)
+    except ServerError as exc:
+        raise ServerError(f"{exc}\n{_read_log(log_path)}") from None
+    return process
+
+
+def _read_log(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
+
+
 def postgres_bin() -> Path:
     """The newest installed PostgreSQL's server binaries (initdb, pg_ctl, pg_basebackup)."""
     configured = os.environ.get("RESPAWN_PG_BIN")
@@ -141,6 +169,7 @@ class PgBouncer:
         self.max_clients = max_clients
         self.port = free_port()
         self.workdir = service_dir("pgbouncer")
+        self.log_path = self.workdir / "pgbouncer.log"
         self.process: subprocess.Popen | None = None
 
     def url(self, database: str) -> str:
@@ -165,45 +194,16 @@ class PgBouncer:
             "ignore_startup_parameters = extra_float_digits\n"
             "server_check_delay = 0\n"
         )
-        self.log_path = self.workdir / "pgbouncer.log"
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
+        self.process = _start_listening(
             [pgbouncer_binary(), str(self.workdir / "pgbouncer.ini")],
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
+            self.log_path,
+            self.port,
             **_as_service_user(),
         )
-        try:
-            wait_port(self.port, self.process)
-        except ServerError as exc:
-            raise ServerError(f"{exc}\n{self.log()}") from None
 
     def admin(self, command: str) -> str:
         """A command on PgBouncer's admin console (simple query protocol only: psql)."""
-        result = subprocess.run(
-            [
-                "psql",
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
-                "-d",
-                "pgbouncer",
-                "-X",
-                "-A",
-                "-t",
-                "-c",
-                command,
-            ],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if result.returncode != 0:
-            raise ServerError(f"pgbouncer admin {command!r}: {result.stderr}")
+        result = _psql(self.port, "pgbouncer", "-A", "-t", "-c", command, timeout=30)
         return result.stdout
 
     def drop_server_connections(self, database: str) -> None:
@@ -213,10 +213,7 @@ class PgBouncer:
         self.admin(f"RESUME {database}")
 
     def log(self) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
+        return _read_log(self.log_path)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
@@ -226,25 +223,32 @@ class PgBouncer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(timeout=10)
-        if getattr(self, "_log", None):
-            self._log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 class PostgresServer:
     """A PostgreSQL cluster of the tests' own (initdb), or a streaming replica of one
-    (pg_basebackup), on a loopback port; trust authentication for user postgres."""
+    (pg_basebackup), on a loopback port; trust authentication for user postgres. A test may
+    restart, stop and starve it without touching the server everyone else uses."""
 
-    def __init__(self, name: str = "primary", *, durable: bool = False) -> None:
+    def __init__(
+        self, name: str = "primary", *, durable: bool = False, max_connections: int = 200
+    ) -> None:
+        self.bin = postgres_bin()
         self.name = name
         self.durable = durable
+        self.max_connections = max_connections
+        self.database = "postgres"  # the one url() names unless told (see copy_database)
         self.port = free_port()
         self.workdir = service_dir(f"pg-{name}")
         self.data = self.workdir / "data"
-        self.bin = postgres_bin()
 
-    def url(self, database: str = "postgres") -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+    def url(self, database: str | None = None) -> str:
+        return f"postgres://postgres@127.0.0.1:{self.port}/{database or self.database}"
+
+    def _program(self, program: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        """One of PostgreSQL's programs, as the service user; a failure raises ServerError."""
+        return _run([str(self.bin / program), *args], **kwargs)
 
     def _settings(self) -> str:
         # Durability is not what the tests' servers are for: no fsync keeps them quick
@@ -255,24 +259,26 @@ class PostgresServer:
             "listen_addresses = '127.0.0.1'\n"
             f"unix_socket_directories = '{self.workdir}'\n"
             f"{'' if self.durable else quick}"
-            "shared_buffers = 128MB\nmax_connections = 200\n"
+            f"shared_buffers = 128MB\nmax_connections = {self.max_connections}\n"
+            # Every connection the tests open is a superuser's: none is held back, so a
+            # test that takes max_connections of them meets "too many clients".
+            "superuser_reserved_connections = 0\n"
             "wal_level = replica\nmax_wal_senders = 5\nhot_standby = on\n"
             "hot_standby_feedback = on\n"
         )
 
     def init(self) -> PostgresServer:
-        _run(
-            [
-                str(self.bin / "initdb"),
-                "-D",
-                str(self.data),
-                "-U",
-                "postgres",
-                "--auth=trust",
-                "-E",
-                "UTF8",
-                "--locale=C.UTF-8",
-            ]
+        self._program(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+            "--locale=C.UTF-8",
+            *([] if self.durable else ["--no-sync"]),
         )
         with open(self.data / "postgresql.conf", "a") as conf:
             conf.write(self._settings())
@@ -280,53 +286,83 @@ class PostgresServer:
 
     def init_replica_of(self, primary: PostgresServer) -> PostgresServer:
         """A streaming replica: a base backup of the primary that replays its WAL."""
-        _run(
-            [
-                str(self.bin / "pg_basebackup"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(primary.port),
-                "-U",
-                "postgres",
-                "-D",
-                str(self.data),
-                "-R",
-                "-X",
-                "stream",
-                "-c",
-                "fast",
-            ]
+        self._program(
+            "pg_basebackup",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(primary.port),
+            "-U",
+            "postgres",
+            "-D",
+            str(self.data),
+            "-R",
+            "-X",
+            "stream",
+            "-c",
+            "fast",
         )
         with open(self.data / "postgresql.auto.conf", "a") as conf:
             conf.write(f"port = {self.port}\nunix_socket_directories = '{self.workdir}'\n")
         return self
 
+    def copy_database(self, source_url: str, name: str) -> PostgresServer:
+        """A database `name` holding a copy of the one at `source_url` (pg_dump): Respawn's
+        schema is there already. url() names it from then on."""
+        self.sql(f'CREATE DATABASE "{name}"')
+        dump = self._program("pg_dump", "--no-owner", "--no-privileges", source_url)
+        _psql(self.port, name, "-q", "-v", "ON_ERROR_STOP=1", input=dump.stdout)
+        self.database = name
+        return self
+
     def start(self) -> PostgresServer:
-        _run(
-            [
-                str(self.bin / "pg_ctl"),
-                "-D",
-                str(self.data),
-                "-l",
-                str(self.workdir / "log"),
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ]
+        self._program(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.workdir / "log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
         )
         return self
 
-    def stop(self, *, remove: bool = True) -> None:
+    def stop(self, *, mode: str = "immediate", remove: bool = True) -> None:
+        """Shut it down (pg_ctl's `mode`: fast, or immediate as a crash would) and, unless
+        told to keep it, delete its data."""
         if (self.data / "postmaster.pid").exists():
             subprocess.run(
-                [str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"],
+                [
+                    str(self.bin / "pg_ctl"),
+                    "-D",
+                    str(self.data),
+                    "-m",
+                    mode,
+                    "-w",
+                    "-t",
+                    "60",
+                    "stop",
+                ],
                 capture_output=True,
                 **_as_service_user(),
             )
         if remove:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def restart(self) -> None:
+        """Down and up again: every connection to it is broken."""
+        self.stop(mode="fast", remove=False)
+        self.start()
+
+    def is_ready(self) -> bool:
+        """Whether it accepts connections now (pg_isready)."""
+        ready = subprocess.run(
+            [str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+            capture_output=True,
+        )
+        return ready.returncode == 0
 
     def sql(self, statement: str, database: str = "postgres"):
         """One statement in autocommit; its rows."""
@@ -337,10 +373,64 @@ class PostgresServer:
             return cursor.fetchall() if cursor.description else []
 
     def log(self) -> str:
-        try:
-            return (self.workdir / "log").read_text(errors="replace")
-        except OSError:
-            return ""
+        return _read_log(self.workdir / "log")
+
+
+class RedisServer:
+    """A redis-server of the tests' own on a loopback port, keeping nothing on disk: a test
+    may stop, restart and flush it without touching anyone else's Redis. `extra` are more
+    of redis-server's options (--replicaof ...)."""
+
+    def __init__(self, workdir: Path, *extra: str, port: int | None = None) -> None:
+        self.binary = redis_binary()
+        self.port = port or free_port()
+        self.workdir = workdir
+        self.extra = extra
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        self.process = _start_listening(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                # A replica writes the master's snapshot here while it syncs: one file each.
+                "--dbfilename",
+                f"dump-{self.port}.rdb",
+                *self.extra,
+            ],
+            self.workdir / f"redis-{self.port}.log",
+            self.port,
+        )
+        return self
+
+    def stop(self) -> None:
+        """SIGKILL: whatever it held is gone."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def restart(self) -> None:
+        """Down and up again: everything it held is gone (no persistence)."""
+        self.stop()
+        self.start()
+
+    def flushall(self) -> None:
+        import redis
+
+        redis.Redis.from_url(self.url).flushall()
 
 
 class RedisSentinelSet:
@@ -371,34 +461,32 @@ class RedisSentinelSet:
         """The value of REDIS_SENTINELS."""
         return ",".join(f"{host}:{port}" for host, port in self.sentinels)
 
-    def _redis(self, port: int, *extra: str) -> None:
-        process = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-                "--dbfilename",
-                f"dump-{port}.rdb",
-                *extra,
-            ],
-            stdout=open(self.workdir / f"redis-{port}.log", "wb"),
-            stderr=subprocess.STDOUT,
-        )
-        self.processes[port] = process
-        wait_port(port, process)
+    @property
+    def environment(self) -> dict[str, str]:
+        """The variables that point a process of Respawn's at this set."""
+        return {
+            "REDIS_SENTINELS": self.sentinels_setting,
+            "REDIS_SENTINEL_MASTER": self.master_name,
+        }
+
+    def rq_queues(self, names) -> dict[str, dict]:
+        """RQ_QUEUES for these queue names through this set, as config.settings builds them
+        from the environment above."""
+        connection = {
+            "SENTINELS": self.sentinels,
+            "MASTER_NAME": self.master_name,
+            "DB": 0,
+            "PASSWORD": None,
+            "SENTINEL_KWARGS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0},
+        }
+        return {name: {**connection, "DEFAULT_TIMEOUT": 3600} for name in names}
 
     def start(self) -> RedisSentinelSet:
         master, replica = self.redis_ports
-        self._redis(master)
-        self._redis(replica, "--replicaof", "127.0.0.1", str(master))
+        for port, extra in ((master, ()), (replica, ("--replicaof", "127.0.0.1", str(master)))):
+            server = RedisServer(self.workdir, *extra, port=port).start()
+            assert server.process is not None
+            self.processes[port] = server.process
         quorum = len(self.sentinel_ports) // 2 + 1
         for port in self.sentinel_ports:
             conf = self.workdir / f"sentinel-{port}.conf"
@@ -409,13 +497,9 @@ class RedisSentinelSet:
                 f"sentinel failover-timeout {self.master_name} 10000\n"
                 f"sentinel parallel-syncs {self.master_name} 1\n"
             )
-            process = subprocess.Popen(
-                [self.binary, str(conf), "--sentinel"],
-                stdout=open(self.workdir / f"sentinel-{port}.log", "wb"),
-                stderr=subprocess.STDOUT,
+            self.processes[port] = _start_listening(
+                [self.binary, str(conf), "--sentinel"], self.workdir / f"sentinel-{port}.log", port
             )
-            self.processes[port] = process
-            wait_port(port, process)
         self.wait_replicated()
         return self
 

@@ -4,39 +4,20 @@ that waits for approval, approved, and finished by a worker's run of the same ag
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from sessions_app.models import AgentSession, Status
 from sessions_app.openai_agents import session_id_for
 from sessions_app.services import session_approve
 
-from ..conftest import ROOT, _database_url, run_inline
+from ..conftest import ROOT, program_env, run_inline, run_python
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def chat(sdk_model, *args: str) -> str:
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")},
-        "DJANGO_SETTINGS_MODULE": "config.settings_test",
-        "DATABASE_URL": _database_url(),
-        "OPENAI_BASE_URL": sdk_model.url + "/v1",
-        "OPENAI_API_KEY": "stub-key",
-    }
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "openai_agents_chat.py"), *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    env = program_env(OPENAI_BASE_URL=sdk_model.url + "/v1", OPENAI_API_KEY="stub-key")
+    return run_python(str(ROOT / "examples" / "openai_agents_chat.py"), *args, env=env)
 
 
 def test_the_example_keeps_a_conversation_and_waits_for_approval(

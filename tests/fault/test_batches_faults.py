@@ -13,8 +13,8 @@ from django.db.models import Count
 from sessions_app.models import AgentSession, DemoBatch, DemoRecord, Status, Step
 from sessions_app.services import session_start
 
-from ..conftest import wait_for
-from .conftest import assert_invariants, kill_worker_process_only, wait_final
+from ..conftest import wait_final
+from .conftest import assert_invariants, kill_worker_process_only, wait_for_tool_results
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -48,11 +48,7 @@ def test_sigkill_mid_batch_migrates_every_record_once(fleet):
     env = {"RESPAWN_BATCH_DELAY": "0.03"}
     for _ in range(2):
         fleet.start(**env)
-    wait_for(
-        lambda: Step.objects.filter(session=session, kind="tool_result").exists(),
-        timeout=30,
-        what="the first batch",
-    )
+    wait_for_tool_results([session], 1, timeout=30, what="the first batch")
     kills, started = 0, time.monotonic()
     while kills < 6 and time.monotonic() - started < 90:
         time.sleep(rng.uniform(0.4, 1.0))

@@ -21,16 +21,18 @@ from sessions_app.dispatch import queue
 from sessions_app.models import ApiToken, SideEffect, Status, Step
 from sessions_app.services import session_start
 
-from ..conftest import ROOT, wait_for
+from ..conftest import ROOT, wait_final, wait_for
+from ..servers import free_port
 from .conftest import (
+    assert_completed,
     assert_invariants,
     conversation,
     figures,
     first_step_after,
-    free_port,
-    wait_final,
+    reference,
+    runs_of,
+    wait_for_tool_results,
 )
-from .test_faults import reference, runs_of
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -61,17 +63,13 @@ def test_connection_slots_exhausted_tool_calls_are_retried_and_nothing_is_lost(f
     ticks = 16
     sessions = [session_start(agent="slow", input=f"count to {ticks}") for _ in range(3)]
     for _ in range(2):
-        fleet.start(DATABASE_URL=private_db.url, RESPAWN_SLOW_DELAY="0.25")
-    wait_for(
-        lambda: Step.objects.filter(session__in=sessions, kind="tool_result").count() >= 3,
-        timeout=30,
-        what="the runs to get going",
-    )
+        fleet.start(DATABASE_URL=private_db.url(), RESPAWN_SLOW_DELAY="0.25")
+    wait_for_tool_results(sessions, 3, timeout=30)
     hogs: list[psycopg.Connection] = []
     try:
         while True:
             try:
-                hogs.append(psycopg.connect(private_db.url, connect_timeout=5))
+                hogs.append(psycopg.connect(private_db.url(), connect_timeout=5))
             except psycopg.OperationalError as exc:
                 assert "too many clients" in str(exc), exc
                 break
@@ -113,12 +111,8 @@ def test_connection_slots_exhausted_tool_calls_are_retried_and_nothing_is_lost(f
 
 def test_postgres_restarts_running_sessions_finish_and_first_jobs_after_succeed(fleet, private_db):
     sessions = [session_start(agent="slow", input="count to 8") for _ in range(3)]
-    workers = [fleet.start(DATABASE_URL=private_db.url) for _ in range(2)]
-    wait_for(
-        lambda: Step.objects.filter(session__in=sessions, kind="tool_result").count() >= 2,
-        timeout=30,
-        what="the runs to get going",
-    )
+    workers = [fleet.start(DATABASE_URL=private_db.url()) for _ in range(2)]
+    wait_for_tool_results(sessions, 2, timeout=30)
     down = time.time()
     private_db.restart()  # under running sessions: every connection breaks mid-run
     back = time.time()
@@ -127,10 +121,7 @@ def test_postgres_restarts_running_sessions_finish_and_first_jobs_after_succeed(
     resumed = [first_step_after([s], back) for s in sessions]
     expected = reference("slow", "count to 8")
     for session in sessions:
-        session.refresh_from_db()
-        assert session.status == Status.COMPLETED, (session.id, session.status, session.last_error)
-        assert conversation(session) == expected
-        assert_invariants(session)
+        assert_completed(session, expected)
 
     # Idle workers, each holding a connection the next restart breaks.
     wait_for(lambda: not fleet.busy(), timeout=20, what="the workers to be idle")
@@ -180,11 +171,11 @@ def test_web_process_answers_503_in_an_outage_and_recovers_on_the_first_request_
     _, token = ApiToken.issue(users["viewer"])
     client.force_login(users["viewer"])
     cookie = client.cookies["sessionid"].value
-    worker = fleet.start(DATABASE_URL=private_db.url)
+    worker = fleet.start(DATABASE_URL=private_db.url())
     port = free_port()
     env = {
         **worker_env,
-        "DATABASE_URL": private_db.url,
+        "DATABASE_URL": private_db.url(),
         "RESPAWN_DB_POOL": "1",
         "DJANGO_SETTINGS_MODULE": "config.settings_test",
     }
@@ -224,7 +215,7 @@ def test_web_process_answers_503_in_an_outage_and_recovers_on_the_first_request_
             codes = list(pool.map(lambda _: both(), range(16)))
         assert {c for pair in codes for c in pair} == {200}
 
-        private_db.stop()
+        private_db.stop(mode="fast", remove=False)
         outage = time.monotonic()
         status, headers, body, took = _get(api, **auth)
         api_503 = took

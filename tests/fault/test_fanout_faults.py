@@ -10,8 +10,8 @@ import pytest
 from sessions_app.models import SideEffect, Status, Step
 from sessions_app.services import session_start
 
-from ..conftest import wait_for
-from .conftest import assert_invariants, wait_final
+from ..conftest import wait_final, wait_for
+from .conftest import assert_invariants, kill_busy_workers_at_random
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -82,20 +82,9 @@ def test_random_sigkills_over_fan_out_sessions(fleet):
     env = {**ENV, "RESPAWN_RESEARCH_DELAY": "0.4"}
     for _ in range(4):
         fleet.start(**env)
-    kills, started = 0, time.monotonic()
-    while kills < 6 and time.monotonic() - started < 60:
-        time.sleep(rng.uniform(0.2, 0.6))
-        busy = fleet.busy()
-        if not busy:
-            if all(
-                s.status in (Status.COMPLETED, Status.FAILED)
-                for s in [type(s).objects.get(id=s.id) for s in sessions]
-            ):
-                break
-            continue
-        rng.choice(busy).kill()
-        kills += 1
-        fleet.start(**env)
+    kills = kill_busy_workers_at_random(
+        fleet, sessions, rng=rng, kills=6, within=60, pause=(0.2, 0.6), **env
+    )
     wait_final(sessions, timeout=120)
     for session in sessions:
         session.refresh_from_db()

@@ -5,52 +5,41 @@ operators. Each test checks PostgreSQL afterwards (see conftest.assert_invariant
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import random
-import signal
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from django.db import connection
 
-from agent_runtime.loop import RunConfig, run_session
-from agent_runtime.store import InMemoryEffects, InMemoryStore
-from demo_agents import demo_agents
 from sessions_app.models import AgentSession, ApiToken, SideEffect, Status, Step
 from sessions_app.services import checkpoint_rollback, session_cancel, session_start
 
-from ..conftest import wait_for, without_ids
+from ..conftest import wait_final, wait_for
 from .conftest import (
+    assert_completed,
     assert_invariants,
-    conversation,
     figures,
+    frozen,
+    kill_busy_workers_at_random,
     kill_worker_process_only,
-    wait_final,
+    reference,
+    runs_of,
+    wait_for_tool_results,
 )
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 
-def reference(agent: str, text: str) -> list[tuple[str, dict]]:
-    """The trace of an uninterrupted run, computed by the engine on the in-memory store."""
-    store = InMemoryStore()
-    store.create_session("ref", agent, text)
-    run_session(
-        "ref",
-        store=store,
-        agents=demo_agents(slow_delay=0),
-        effects=InMemoryEffects(),
-        config=RunConfig(worker_id="ref"),
-    )
-    out = []
-    for step in store.session("ref").steps:
-        if step.kind != "system":
-            out.append((str(step.kind), step.payload))
-    return [(k, without_ids(p, "ref")) for k, p in out]
-
-
-def runs_of(session) -> int:
-    return Step.objects.filter(session=session, kind="system", payload__event="run_started").count()
+@contextmanager
+def frozen_once(fleet, worker, condition, what: str) -> Iterator[None]:
+    """Once `condition()` holds (the worker is in the middle of something), freeze the
+    worker and start another: the block runs while it is frozen; it is thawed after."""
+    wait_for(condition, timeout=20, interval=0.01, what=what)
+    with frozen(worker):
+        fleet.start()
+        yield
 
 
 def test_random_sigkills_lose_and_duplicate_nothing(fleet):
@@ -64,72 +53,41 @@ def test_random_sigkills_lose_and_duplicate_nothing(fleet):
     no_poison = {"RESPAWN_MAX_CRASHES": "1000"}
     for _ in range(2):
         fleet.start(**no_poison)
-    kills, started = 0, time.monotonic()
-    while kills < 20 and time.monotonic() - started < 90:
-        time.sleep(rng.uniform(0.3, 1.2))
-        live = fleet.busy()
-        if not live:
-            if (
-                AgentSession.objects.filter(id__in=[s.id for s in sessions])
-                .exclude(status=Status.COMPLETED)
-                .exists()
-            ):
-                continue
-            break
-        rng.choice(live).kill()
-        kills += 1
-        fleet.start(**no_poison)
+    kills = kill_busy_workers_at_random(
+        fleet, sessions, rng=rng, kills=20, within=90, pause=(0.3, 1.2), **no_poison
+    )
     wait_final(sessions, timeout=90)
     expected = reference("slow", f"count to {ticks}")
     for session in sessions:
-        session.refresh_from_db()
-        assert session.status == Status.COMPLETED, (session.id, session.status, session.last_error)
-        assert conversation(session) == expected
-        assert_invariants(session)
+        assert_completed(session, expected)
         assert SideEffect.objects.filter(session_id=session.id).count() == ticks
     assert kills >= 10, f"only {kills} kills landed"
 
 
 def test_sigstop_past_the_lease_then_sigcont_late_writes_are_refused(fleet, settings):
     session = session_start(agent="slow", input="count to 5")
-    frozen = fleet.start(RESPAWN_SLOW_DELAY="0.6")
-    wait_for(
-        lambda: Step.objects.filter(session=session, kind="tool_call").exists(),
-        timeout=20,
-        interval=0.01,
-        what="the first tool call",
-    )
-    pids = frozen.pids()
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        fleet.start()
+    stopped = fleet.start(RESPAWN_SLOW_DELAY="0.6")
+
+    def called() -> bool:
+        return Step.objects.filter(session=session, kind="tool_call").exists()
+
+    with frozen_once(fleet, stopped, called, "the first tool call"):
         wait_for(
             lambda: AgentSession.objects.get(id=session.id).fencing_token >= 2,
             timeout=20,
             what="another worker to take the session over",
         )
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
     wait_final([session], timeout=40)
     time.sleep(1.5)  # let the thawed worker try its late write
-    session.refresh_from_db()
-    assert session.status == Status.COMPLETED
-    assert conversation(session) == reference("slow", "count to 5")
-    assert_invariants(session)
-    assert "fenced off" in frozen.log() or "lease" in frozen.log()
+    assert_completed(session, reference("slow", "count to 5"))
+    assert "fenced off" in stopped.log() or "lease" in stopped.log()
 
 
 @pytest.mark.parametrize("fault", ["restart", "flushall"])
 def test_redis_restarted_or_flushed_mid_run_every_session_finishes(fleet, private_redis, fault):
     sessions = [session_start(agent="slow", input="count to 4") for _ in range(4)]
     fleet.start()
-    wait_for(
-        lambda: Step.objects.filter(session__in=sessions, kind="tool_result").count() >= 2,
-        timeout=20,
-        what="the runs to get going",
-    )
+    wait_for_tool_results(sessions, 2)
     if fault == "restart":
         private_redis.restart()
         for worker in fleet.alive():
@@ -139,20 +97,13 @@ def test_redis_restarted_or_flushed_mid_run_every_session_finishes(fleet, privat
         private_redis.flushall()
     wait_final(sessions, timeout=60)
     for session in sessions:
-        session.refresh_from_db()
-        assert session.status == Status.COMPLETED, (session.id, session.status)
-        assert conversation(session) == reference("slow", "count to 4")
-        assert_invariants(session)
+        assert_completed(session, reference("slow", "count to 4"))
 
 
 def test_postgres_connections_killed_mid_run(fleet):
     sessions = [session_start(agent="slow", input="count to 5") for _ in range(3)]
     fleet.start()
-    wait_for(
-        lambda: Step.objects.filter(session__in=sessions, kind="tool_result").count() >= 2,
-        timeout=20,
-        what="the runs to get going",
-    )
+    wait_for_tool_results(sessions, 2)
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -162,10 +113,7 @@ def test_postgres_connections_killed_mid_run(fleet):
     assert killed >= 1
     wait_final(sessions, timeout=60)
     for session in sessions:
-        session.refresh_from_db()
-        assert session.status == Status.COMPLETED, (session.id, session.status, session.last_error)
-        assert conversation(session) == reference("slow", "count to 5")
-        assert_invariants(session)
+        assert_completed(session, reference("slow", "count to 5"))
 
 
 def test_twenty_concurrent_resumes_start_exactly_one_run(live_server, fleet, users):
@@ -211,13 +159,13 @@ def test_twenty_concurrent_resumes_start_exactly_one_run(live_server, fleet, use
     assert_invariants(session)
 
 
-def test_hanging_model_call_times_out_and_the_lease_is_not_stolen(fleet, openai_stub):
+def test_hanging_model_call_times_out_and_the_lease_is_not_stolen(fleet, openai_server):
     from tests.stubs.llm_servers import Reply, openai_reply
 
-    openai_stub.script(Reply(delay=4.0, body={}), openai_reply("Hello after the hang."))
+    openai_server.script(Reply(delay=4.0, body={}), openai_reply("Hello after the hang."))
     env = dict(
         RESPAWN_MODEL="openai:stub-model",
-        OPENAI_BASE_URL=openai_stub.url + "/v1",
+        OPENAI_BASE_URL=openai_server.url + "/v1",
         OPENAI_API_KEY="sk-test-hang-0123456789",
         RESPAWN_MODEL_TIMEOUT="3",
     )
@@ -229,7 +177,7 @@ def test_hanging_model_call_times_out_and_the_lease_is_not_stolen(fleet, openai_
     assert session.status == Status.COMPLETED and session.final_answer == "Hello after the hang."
     assert session.fencing_token == 1, "the lease was never taken over"
     assert runs_of(session) == 1
-    assert len(openai_stub.requests) == 2
+    assert len(openai_server.requests) == 2
     assert_invariants(session)
 
 
@@ -253,12 +201,7 @@ def test_only_the_worker_process_killed_comes_back_through_the_lease(fleet):
     supervisor starts a new one, which takes the session over when its lease runs out."""
     session = session_start(agent="slow", input="count to 5")
     worker = fleet.start()
-    wait_for(
-        lambda: Step.objects.filter(session=session, kind="tool_result").count() >= 1,
-        timeout=20,
-        interval=0.02,
-        what="the run to get going",
-    )
+    wait_for_tool_results([session], 1, interval=0.02, what="the run to get going")
     first = worker.pids()[1:]
     assert kill_worker_process_only(worker)
     wait_final([session], timeout=40)
@@ -268,8 +211,7 @@ def test_only_the_worker_process_killed_comes_back_through_the_lease(fleet):
     assert worker.pids()[1:] and set(worker.pids()[1:]).isdisjoint(first), "a new process"
     assert "died (killed by SIGKILL); starting a new one" in worker.log()
     assert runs_of(session) >= 2
-    assert conversation(session) == reference("slow", "count to 5")
-    assert_invariants(session)
+    assert_completed(session, reference("slow", "count to 5"))
 
 
 def test_crash_between_commit_and_enqueue_is_dispatched_by_the_reconciler(fleet, monkeypatch):
@@ -282,9 +224,7 @@ def test_crash_between_commit_and_enqueue_is_dispatched_by_the_reconciler(fleet,
     monkeypatch.undo()
     fleet.start()
     wait_final([session], timeout=30)
-    session.refresh_from_db()
-    assert session.status == Status.COMPLETED
-    assert_invariants(session)
+    assert_completed(session)
 
 
 def test_redis_down_reads_answer_and_actions_are_dispatched_once_it_is_back(
@@ -313,21 +253,14 @@ def test_redis_down_reads_answer_and_actions_are_dispatched_once_it_is_back(
         worker.kill()
     fleet.start()
     wait_final([session], timeout=40)
-    session.refresh_from_db()
-    assert session.status == Status.COMPLETED
-    assert_invariants(session)
+    assert_completed(session)
 
 
 @pytest.mark.parametrize("action", ["rollback", "cancel"])
 def test_rollback_or_cancel_while_a_step_is_in_flight_fences_the_old_run(fleet, action):
     session = session_start(agent="slow", input="count to 6")
     worker = fleet.start(RESPAWN_SLOW_DELAY="0.8")
-    wait_for(
-        lambda: Step.objects.filter(session=session, kind="tool_result").count() >= 2,
-        timeout=30,
-        interval=0.02,
-        what="two ticks",
-    )
+    wait_for_tool_results([session], 2, timeout=30, interval=0.02, what="two ticks")
     wait_for(
         lambda: Step.objects.filter(session=session).order_by("-seq").first().kind == "tool_call",
         timeout=10,
@@ -335,18 +268,14 @@ def test_rollback_or_cancel_while_a_step_is_in_flight_fences_the_old_run(fleet, 
         what="a tick in flight",
     )
     if action == "rollback":
-        pids = worker.pids()
-        for pid in pids:
-            os.kill(pid, signal.SIGSTOP)  # a GC pause long enough to lose the lease
-        wait_for(
-            lambda: not AgentSession.objects.get(id=session.id).lease_is_live(),
-            timeout=10,
-            what="the lease to expire",
-        )
-        first = Step.objects.filter(session=session, kind="tool_result").order_by("seq").first()
-        checkpoint_rollback(session_id=session.id, checkpoint_seq=first.seq)
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
+        with frozen(worker):  # a GC pause long enough to lose the lease
+            wait_for(
+                lambda: not AgentSession.objects.get(id=session.id).lease_is_live(),
+                timeout=10,
+                what="the lease to expire",
+            )
+            first = Step.objects.filter(session=session, kind="tool_result").order_by("seq").first()
+            checkpoint_rollback(session_id=session.id, checkpoint_seq=first.seq)
     else:
         session_cancel(session_id=session.id)  # the lease is live: fenced at once
     marker = Step.objects.filter(session=session, kind="operator").order_by("-seq").first()
@@ -368,18 +297,12 @@ def test_a_frozen_worker_continued_after_a_person_reran_its_call_sends_nothing(f
     from sessions_app.services import session_resolve_uncertain
 
     session = session_start(agent="notify", input="deploy finished")
-    frozen = fleet.start(RESPAWN_SLOW_DELAY="1.5")
-    wait_for(
-        lambda: AgentSession.objects.get(id=session.id).progress_note.startswith("sending"),
-        timeout=20,
-        interval=0.01,
-        what="the notification to be on its way",
-    )
-    pids = frozen.pids()
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        fleet.start()
+    stopped = fleet.start(RESPAWN_SLOW_DELAY="1.5")
+
+    def sending() -> bool:
+        return AgentSession.objects.get(id=session.id).progress_note.startswith("sending")
+
+    with frozen_once(fleet, stopped, sending, "the notification to be on its way"):
         wait_for(
             lambda: Step.objects.filter(
                 session=session, kind="system", payload__event="uncertain_call"
@@ -394,9 +317,6 @@ def test_a_frozen_worker_continued_after_a_person_reran_its_call_sends_nothing(f
             timeout=30,
             what="the rerun to complete the session",
         )
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
     late = wait_for(
         lambda: AuditEvent.objects.filter(session=session, action="late_tool_call").first(),
         timeout=15,
@@ -411,7 +331,7 @@ def test_a_frozen_worker_continued_after_a_person_reran_its_call_sends_nothing(f
     assert [r.payload["status"] for r in results] == ["ok"]
     assert late.after["effect"] == "refused" and late.after["tool"] == "send_notification"
     assert late.after["idempotency_key"] == effects.get().key
-    assert "was refused by the fence" in frozen.log()
+    assert "was refused by the fence" in stopped.log()
     assert_invariants(session)
     figures("frozen worker continued", notifications=effects.count(), late_calls_reported=1)
 
@@ -425,16 +345,10 @@ def test_jobs_lost_before_a_worker_took_them_run_within_the_reconcile_interval(
     worker = fleet.start(RESPAWN_DISPATCH_GRACE="30", RESPAWN_RECONCILE_INTERVAL="0.5")
     warm = session_start(agent="echo", input="warm up")
     wait_final([warm], timeout=30)
-    pids = worker.pids()
-    for pid in pids:
-        os.kill(pid, signal.SIGSTOP)
-    try:
+    with frozen(worker):
         sessions = [session_start(agent="echo", input=f"hello {n}") for n in range(4)]
         time.sleep(1.2)  # older than the moment a dispatch takes to reach Redis
         private_redis.flushall()
-    finally:
-        for pid in pids:
-            os.kill(pid, signal.SIGCONT)
     going_on = time.monotonic()
     wait_final(sessions, timeout=30)
     took = time.monotonic() - going_on

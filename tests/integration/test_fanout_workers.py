@@ -7,7 +7,8 @@ import pytest
 from sessions_app.models import Status, Step
 from sessions_app.services import session_start
 
-from .test_workers import assert_consistent, wait_stopped
+from ..conftest import wait_stopped
+from .test_workers import assert_consistent
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 

@@ -11,28 +11,17 @@ from sessions_app.graph_services import session_answer_interrupt
 from sessions_app.models import AgentSession, AuditEvent, GraphCheckpoint, Status, Step
 from sessions_app.services import (
     checkpoint_rollback,
-    session_cancel,
     session_fork,
     session_resume,
     session_start,
 )
 
-from ..conftest import wait_for
+from ..conftest import wait_for, wait_for_status
+from .conftest import assert_resumed_from_a_checkpoint, cancel_and_assert_nothing_lands
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 AGENTS = "acme_graphs:agents"
-
-
-def wait_status(session: AgentSession, status: str, timeout: float = 60.0) -> AgentSession:
-    def reached():
-        session.refresh_from_db()
-        if session.status in (Status.FAILED,) and status != Status.FAILED:
-            pytest.fail(f"session {session.id} failed: {session.last_error}")
-        return session.status == status
-
-    wait_for(reached, timeout=timeout, what=f"session {session.id} to be {status}")
-    return session
 
 
 def answer_of(session: AgentSession) -> str:
@@ -73,7 +62,7 @@ def test_a_graph_killed_mid_node_resumes_from_its_last_checkpoint(settings, star
     )
     first.kill()
     start_worker(**env)
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     assert answer_of(session) == "Worked 3 steps."
     # Each work step ran once: the second run started from the last checkpoint.
     assert [w.rsplit(": ", 1)[1] for w in tool_writes(session)] == [
@@ -81,20 +70,19 @@ def test_a_graph_killed_mid_node_resumes_from_its_last_checkpoint(settings, star
         "step 2 done",
         "step 3 done",
     ]
-    runs = Step.objects.filter(session=session, payload__event="run_started").order_by("seq")
-    assert runs.count() == 2 and runs[1].payload["checkpoint_seq"] > 0
+    assert_resumed_from_a_checkpoint(session)
 
 
 def test_an_interrupt_waits_for_a_persons_answer(settings, start_worker, users):
     settings.RESPAWN_AGENTS = [AGENTS]
     start_worker(RESPAWN_AGENTS=AGENTS)
     session = session_start(agent="acme-graph", input="approve the refund")
-    wait_status(session, Status.WAITING_INPUT)
+    wait_for_status(session, Status.WAITING_INPUT)
     finished = Step.objects.filter(session=session, payload__event="run_finished").latest("seq")
     assert finished.payload["reason"] == "interrupt"
     assert "may I the refund?" in finished.payload["interrupts"][0]["value"]
     session_answer_interrupt(session_id=session.id, value="yes", actor=users["operator"])
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     assert answer_of(session) == "the refund: yes"
     event = AuditEvent.objects.get(session=session, action="answer_interrupt")
     assert event.actor_label == "olivia"
@@ -104,7 +92,7 @@ def test_rollback_fork_and_resume_a_graph_session(settings, start_worker, users)
     settings.RESPAWN_AGENTS = [AGENTS]
     start_worker(RESPAWN_AGENTS=AGENTS)
     session = session_start(agent="acme-graph", input="loop 3")
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     # Roll back to the checkpoint after the first work step (LangGraph's time travel).
     target = GraphCheckpoint.objects.filter(session=session, metadata__step=3).get()
     checkpoint_rollback(session_id=session.id, checkpoint_seq=target.seq, actor=users["operator"])
@@ -112,14 +100,14 @@ def test_rollback_fork_and_resume_a_graph_session(settings, start_worker, users)
     assert session.status == Status.PAUSED and session.head == target.seq
     assert tool_writes(session) == tool_writes(session)[:1]
     session_resume(session_id=session.id, actor=users["operator"])
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     assert answer_of(session) == "Worked 3 steps."
     assert len(tool_writes(session)) == 3 and len(tool_writes(session, live=False)) == 5
 
     fork = session_fork(session_id=session.id, checkpoint_seq=target.seq, actor=users["operator"])
     assert fork.status == Status.PAUSED and fork.parent_id == session.id
     session_resume(session_id=fork.id, actor=users["operator"])
-    wait_status(fork, Status.COMPLETED)
+    wait_for_status(fork, Status.COMPLETED)
     assert answer_of(fork) == "Worked 3 steps."
     assert len(tool_writes(fork)) == 3
     actions = set(
@@ -133,12 +121,5 @@ def test_cancel_stops_a_running_graph(settings, start_worker, users):
     start_worker(RESPAWN_AGENTS=AGENTS, ACME_GRAPH_DELAY="0.5")
     session = session_start(agent="acme-graph", input="loop 20")
     wait_for(lambda: len(tool_writes(session)) >= 1, timeout=30, interval=0.02, what="a work step")
-    session_cancel(session_id=session.id, actor=users["operator"])
-    session.refresh_from_db()
-    assert session.status == Status.CANCELLED
-    written = Step.objects.filter(session=session).count()
-    import time
-
-    time.sleep(2)  # the worker's next write is refused: nothing lands after the cancel
-    assert Step.objects.filter(session=session).count() == written
+    cancel_and_assert_nothing_lands(session, users["operator"])
     assert len(tool_writes(session)) < 20

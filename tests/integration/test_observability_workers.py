@@ -4,10 +4,8 @@ first worker is SIGKILLed mid-run, and each worker's own metrics port scraped.""
 
 from __future__ import annotations
 
-import threading
 import urllib.request
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
@@ -16,9 +14,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from sessions_app.models import Status, Step
 from sessions_app.services import session_start
 
-from ..conftest import wait_for
+from ..conftest import wait_for, wait_for_status
 from ..servers import free_port
-from .test_user_agents import wait_status
+from ..stubs.loopback import QuietHandler, loopback_server, serve_in_background
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -30,7 +28,7 @@ class Collector:
         self.spans: list = []
         collector = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self):  # noqa: N802 - the http.server interface
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 request = ExportTraceServiceRequest()
@@ -42,12 +40,8 @@ class Collector:
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.end_headers()
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_in_background(loopback_server(Handler))
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1/traces"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def named(self, prefix: str) -> list:
         return [s for s in self.spans if s.name.startswith(prefix)]
@@ -97,7 +91,7 @@ def test_a_session_killed_mid_run_is_one_trace_and_each_worker_serves_its_metric
     first.kill()
 
     start_worker(**env)
-    wait_status(session, Status.COMPLETED, timeout=90)
+    wait_for_status(session, Status.COMPLETED, timeout=90)
     wait_for(lambda: collector.named("invoke_agent"), timeout=20, what="the second run's span")
 
     trace_id = uuid.UUID(str(session.id)).bytes

@@ -5,29 +5,19 @@ JSON API and resumed by a worker, and cancel, fork and resume work as for any se
 
 from __future__ import annotations
 
-import time
+from pathlib import Path
 
 import pytest
 
 from sessions_app.models import AgentSession, ApiToken, Checkpoint, Status, Step
-from sessions_app.services import session_cancel, session_fork, session_resume, session_start
+from sessions_app.services import session_fork, session_resume, session_start
 
-from ..conftest import wait_for
+from ..conftest import wait_for, wait_for_status
+from .conftest import assert_resumed_from_a_checkpoint, cancel_and_assert_nothing_lands
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
 AGENTS = "acme_sdk:agents"
-
-
-def wait_status(session: AgentSession, status: str, timeout: float = 60.0) -> AgentSession:
-    def reached():
-        session.refresh_from_db()
-        if session.status == Status.FAILED and status != Status.FAILED:
-            pytest.fail(f"session {session.id} failed: {session.last_error}")
-        return session.status == status
-
-    wait_for(reached, timeout=timeout, what=f"session {session.id} to be {status}")
-    return session
 
 
 def tool_results(session: AgentSession, live: bool = True) -> list[str]:
@@ -35,6 +25,12 @@ def tool_results(session: AgentSession, live: bool = True) -> list[str]:
     if live:
         steps = steps.filter(superseded_at__isnull=True)
     return [s.payload["output"] for s in steps.order_by("seq")]
+
+
+def kill_once_logged(worker, log: Path, line: str, what: str) -> None:
+    """SIGKILL the worker as soon as the acme tools' log shows `line` (a call under way)."""
+    wait_for(lambda: log.exists() and line in log.read_text(), timeout=60, interval=0.02, what=what)
+    worker.kill()
 
 
 def env(sdk_model, log_path, **extra) -> dict[str, str]:
@@ -55,23 +51,16 @@ def test_an_sdk_run_killed_mid_tool_resumes_from_the_last_stored_turn(
     session = session_start(agent="acme-sdk", input="loop 3")
     # Dies while the second work call runs: the first turn (call and output) is stored.
     wait_for(lambda: len(tool_results(session)) == 1, timeout=60, interval=0.02, what="step 1")
-    wait_for(
-        lambda: log.exists() and "work 2 started" in log.read_text(),
-        timeout=30,
-        interval=0.02,
-        what="the second work call to start",
-    )
-    first.kill()
+    kill_once_logged(first, log, "work 2 started", "the second work call to start")
     start_worker(**env(sdk_model, log, ACME_SDK_DELAY="0.1"))
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     assert session.final_answer == "Worked 3 steps."
     assert tool_results(session) == ["step 1 done", "step 2 done", "step 3 done"]
     # The first step ran once; the second ran again (at least once: it died mid-call).
     lines = log.read_text().splitlines()
     assert lines.count("work 1 started") == 1
     assert lines.count("work 2 started") == 2 and lines.count("work 2 done") == 1
-    runs = Step.objects.filter(session=session, payload__event="run_started").order_by("seq")
-    assert runs.count() == 2 and runs[1].payload["checkpoint_seq"] > 0
+    assert_resumed_from_a_checkpoint(session)
 
 
 def test_an_approval_over_the_api_is_resumed_by_a_worker(
@@ -83,7 +72,7 @@ def test_an_approval_over_the_api_is_resumed_by_a_worker(
     log = tmp_path / "tools.log"
     start_worker(**env(sdk_model, log))
     session = session_start(agent="acme-sdk", input="refund O-7 1250")
-    wait_status(session, Status.WAITING_INPUT)
+    wait_for_status(session, Status.WAITING_INPUT)
     assert not log.exists()
     _, key = ApiToken.issue(users["operator"], "tests")
     headers = {"Authorization": f"Bearer {key}"}
@@ -100,7 +89,7 @@ def test_an_approval_over_the_api_is_resumed_by_a_worker(
         timeout=10,
     )
     assert decided.status_code == 202, decided.text
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     assert session.final_answer == "Refund result: refunded 1250 on O-7"
     assert log.read_text() == "refund O-7 1250\n"
 
@@ -111,12 +100,7 @@ def test_cancel_fork_and_resume_an_sdk_session(settings, start_worker, sdk_model
     start_worker(**env(sdk_model, log, ACME_SDK_DELAY="0.4"))
     session = session_start(agent="acme-sdk", input="loop 20")
     wait_for(lambda: len(tool_results(session)) >= 2, timeout=60, interval=0.02, what="two steps")
-    session_cancel(session_id=session.id, actor=users["operator"])
-    session.refresh_from_db()
-    assert session.status == Status.CANCELLED
-    written = Step.objects.filter(session=session).count()
-    time.sleep(2)  # the worker's next write is refused: nothing lands after the cancel
-    assert Step.objects.filter(session=session).count() == written
+    cancel_and_assert_nothing_lands(session, users["operator"])
     assert len(tool_results(session)) < 20
 
     # Fork at the checkpoint after the first work step: the fork runs the rest itself.
@@ -124,7 +108,7 @@ def test_cancel_fork_and_resume_an_sdk_session(settings, start_worker, sdk_model
     fork = session_fork(session_id=session.id, checkpoint_seq=target.seq, actor=users["operator"])
     assert fork.status == Status.PAUSED and tool_results(fork) == ["step 1 done"]
     session_resume(session_id=fork.id, actor=users["operator"])
-    wait_status(fork, Status.COMPLETED, timeout=90)
+    wait_for_status(fork, Status.COMPLETED, timeout=90)
     assert fork.final_answer == "Worked 20 steps."
     assert tool_results(fork) == [f"step {n} done" for n in range(1, 21)]
 
@@ -138,17 +122,11 @@ def test_a_worker_killed_while_the_approved_call_runs_resumes_from_the_stored_ru
     log = tmp_path / "tools.log"
     first = start_worker(**env(sdk_model, log, ACME_SDK_DELAY="2.0"))
     session = session_start(agent="acme-sdk", input="refund O-7 1250")
-    wait_status(session, Status.WAITING_INPUT)
+    wait_for_status(session, Status.WAITING_INPUT)
     session_approve(session_id=session.id, actor=users["operator"])
-    wait_for(
-        lambda: log.exists() and "refund O-7 1250" in log.read_text(),
-        timeout=60,
-        interval=0.02,
-        what="the approved refund to start",
-    )
-    first.kill()
+    kill_once_logged(first, log, "refund O-7 1250", "the approved refund to start")
     start_worker(**env(sdk_model, log, ACME_SDK_DELAY="0.1"))
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     assert session.final_answer == "Refund result: refunded 1250 on O-7"
     # The approval held across the crash: the call ran again (at least once), not asked again.
     assert log.read_text() == "refund O-7 1250\nrefund O-7 1250\n"

@@ -15,9 +15,9 @@ from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, St
 from sessions_app.services import session_approve, session_resume
 from tests.fixtures.loader import dump_blobs, insert_fixture, read_fixture
 
-from ..conftest import wait_for
+from ..conftest import wait_for, wait_for_status, wait_stopped
 from ..sessions_app.test_state_upgrade import make_v99
-from .test_workers import assert_consistent, wait_stopped
+from .test_workers import assert_consistent
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -38,13 +38,7 @@ def test_v1_sessions_upgraded_then_resumed_to_completed_by_a_real_worker(start_w
     assert_consistent(mid_run)
 
     session_approve(session_id=waiting.id)
-    waiting.status = Status.QUEUED
-
-    def approved_done():
-        waiting.refresh_from_db()
-        return waiting.status == Status.COMPLETED
-
-    wait_for(approved_done, timeout=30, what="the approved v1 session to complete")
+    wait_for_status(waiting, Status.COMPLETED, timeout=30)
     assert waiting.final_answer == f"Payment sent: reference pay-{waiting.id}-call_0_0."
     assert SideEffect.objects.filter(session_id=waiting.id, tool="send_payment").count() == 1
     assert_consistent(waiting)

@@ -12,22 +12,9 @@ import pytest
 from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
 from sessions_app.services import session_send_message, session_start
 
-from ..conftest import PACKAGES, wait_for
+from ..conftest import PACKAGES, wait_for, wait_for_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-STOPPED = {Status.COMPLETED, Status.FAILED, Status.WAITING_INPUT, Status.CANCELLED, Status.PAUSED}
-
-
-def wait_status(session: AgentSession, status: str, timeout: float = 30.0) -> AgentSession:
-    def reached():
-        session.refresh_from_db()
-        if session.status in STOPPED and session.status != status:
-            pytest.fail(f"session {session.id} is {session.status}: {session.last_error}")
-        return session.status == status
-
-    wait_for(reached, timeout=timeout, what=f"session {session.id} to be {status}")
-    return session
 
 
 def head_state(session: AgentSession) -> dict:
@@ -39,10 +26,10 @@ def test_a_teams_agent_runs_on_real_workers_found_through_respawn_agents(setting
     start_worker(RESPAWN_AGENTS="acme_agents:agents_v1")
     session = session_start(agent="acme", input="open ticket printer on fire")
     assert session.agent_version == "1"
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     assert session.final_answer == "Opened printer on fire; 1 open."
     session_send_message(session_id=session.id, content="open ticket coffee machine")
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     assert session.final_answer == "Opened coffee machine; 2 open."
     assert head_state(session)["agent_state"] == {
         "version": 1,
@@ -64,7 +51,7 @@ def test_a_sigkill_mid_tool_loses_nothing_and_runs_each_work_step_once(settings,
     )
     first.kill()
     start_worker(**env)
-    wait_status(session, Status.COMPLETED, timeout=60)
+    wait_for_status(session, Status.COMPLETED, timeout=60)
     assert session.final_answer == "Worked 3 steps."
     effects = SideEffect.objects.filter(session_id=session.id, tool="work")
     assert sorted(e.payload["step"] for e in effects) == [1, 2, 3]  # each key once
@@ -80,13 +67,13 @@ def test_the_agent_state_is_upgraded_by_the_next_version_and_an_old_worker_stand
     settings.RESPAWN_AGENTS = ["acme_agents:agents_v1"]
     old = start_worker(RESPAWN_AGENTS="acme_agents:agents_v1")
     session = session_start(agent="acme", input="open ticket printer on fire")
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     old.stop()
 
     # The deploy: workers of agent version 2 (agent state 1 -> 2 through its upgrader).
     new = start_worker(RESPAWN_AGENTS="acme_agents:agents_v2")
     session_send_message(session_id=session.id, content="open ticket coffee machine")
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     assert session.final_answer == "Opened coffee machine; 2 open."
     state = head_state(session)
     assert state["agent"]["version"] == "2" and session.agent_version == "1"
@@ -121,7 +108,7 @@ def test_the_agent_state_is_upgraded_by_the_next_version_and_an_old_worker_stand
     assert Step.objects.filter(session=session).count() == steps_before + 1  # the message only
     straggler.stop()
     start_worker(RESPAWN_AGENTS="acme_agents:agents_v2")
-    wait_status(session, Status.COMPLETED, timeout=40)
+    wait_for_status(session, Status.COMPLETED, timeout=40)
     assert session.final_answer == "Opened stapler; 3 open." and not session.is_incompatible
 
 
@@ -139,7 +126,7 @@ def test_an_installed_packages_entry_point_brings_its_agents(
     settings.RESPAWN_AGENT_ENTRY_POINTS = True
     start_worker(RESPAWN_AGENTS="", RESPAWN_AGENT_ENTRY_POINTS="1", PYTHONPATH=f"{site}:{PACKAGES}")
     session = session_start(agent="acme-ep", input="work 1")
-    wait_status(session, Status.COMPLETED)
+    wait_for_status(session, Status.COMPLETED)
     assert session.final_answer == "Worked 1 steps."
     with pytest.raises(Exception, match="unknown agent 'demo'"):
         session_start(agent="demo", input="what is 1+1")

@@ -8,43 +8,26 @@ import pytest
 from rq.job import Job
 
 from sessions_app.dispatch import enqueue, new_job_id
-from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
+from sessions_app.models import Checkpoint, SideEffect, Status, Step
 from sessions_app.services import session_start
 
-from ..conftest import live_conversation, wait_for
+from ..conftest import assert_invariants, live_conversation, wait_for, wait_for_status, wait_stopped
 
 pytestmark = [pytest.mark.integration, pytest.mark.django_db(transaction=True)]
-
-STOPPED = {Status.COMPLETED, Status.FAILED, Status.WAITING_INPUT, Status.CANCELLED, Status.PAUSED}
-
-
-def wait_stopped(session, timeout=30.0) -> AgentSession:
-    def stopped():
-        session.refresh_from_db()
-        return session.status in STOPPED
-
-    wait_for(stopped, timeout=timeout, what=f"session {session.id} to stop")
-    return session
-
 
 trace = live_conversation
 
 
 def assert_consistent(session):
-    """The invariants every run must leave behind."""
-    seqs = list(Step.objects.filter(session=session).order_by("seq").values_list("seq", flat=True))
-    assert seqs == list(range(1, len(seqs) + 1)), "seqs are contiguous from 1"
-    session.refresh_from_db()
-    assert session.last_seq == len(seqs)
-    calls = Step.objects.filter(session=session, kind="tool_call")
+    """assert_invariants, and what a run that no fault met adds: every tool call has its
+    result, and its key is the one the engine gives it (session:seq)."""
+    assert_invariants(session)
     results = {
         s.payload["call_id"] for s in Step.objects.filter(session=session, kind="tool_result")
     }
-    for call in calls:
+    for call in Step.objects.filter(session=session, kind="tool_call"):
         assert call.payload["call_id"] in results, f"tool call {call.seq} has a result"
         assert call.idempotency_key == f"{session.id}:{call.seq}"
-    for checkpoint in Checkpoint.objects.filter(session=session):
-        assert Step.objects.filter(session=session, seq=checkpoint.seq).exists()
 
 
 def test_demo_session_completes_in_a_real_worker(start_worker):
@@ -146,12 +129,6 @@ def test_approval_waits_for_a_person_then_finishes(start_worker):
     assert session.status == Status.WAITING_INPUT
     assert not SideEffect.objects.filter(session_id=session.id).exists()
     session_approve(session_id=session.id)
-    session.status = Status.QUEUED
-
-    def done():
-        session.refresh_from_db()
-        return session.status == Status.COMPLETED
-
-    wait_for(done, timeout=20, what="the approved session to complete")
+    wait_for_status(session, Status.COMPLETED, timeout=20)
     assert SideEffect.objects.filter(session_id=session.id, tool="send_payment").count() == 1
     assert_consistent(session)

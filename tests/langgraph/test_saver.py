@@ -25,7 +25,7 @@ from sessions_app.models import (
     Step,
 )
 
-from ..conftest import ROOT
+from ..conftest import ROOT, database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -237,11 +237,7 @@ def test_delete_thread_leaves_an_audit_record(make_saver):
 
 
 def test_from_conn_string_uses_the_projects_database():
-    from django.db import connection
-
-    db = connection.settings_dict
-    url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    with RespawnSaver.from_conn_string(url) as saver:
+    with RespawnSaver.from_conn_string(database_url()) as saver:
         saver.setup()
         assert saver._db == "default"
         _put(saver, "by-url")

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from ..conftest import PACKAGES, ROOT, _database_url
+from ..conftest import PACKAGES, ROOT, program_env, run_python
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -80,25 +80,14 @@ print(json.dumps({"answer": result.final_output,
 def test_import_and_run_reach_only_loopback(sdk_model, tmp_path):
     attempts = tmp_path / "attempts.jsonl"
     attempts.touch()
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith("OPENAI_")},
-        "DJANGO_SETTINGS_MODULE": "config.settings_test",
-        "DATABASE_URL": _database_url(),
-        "PYTHONPATH": os.pathsep.join([str(PACKAGES), str(ROOT)]),
-        "ACME_SDK_BASE_URL": sdk_model.url + "/v1",
+    env = program_env(
+        PYTHONPATH=os.pathsep.join([str(PACKAGES), str(ROOT)]),
+        ACME_SDK_BASE_URL=sdk_model.url + "/v1",
         # The SDK's default client would be OpenAI's: a key set, so nothing stops early.
-        "OPENAI_API_KEY": "sk-test-not-a-key",
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", PROGRAM, str(attempts)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        OPENAI_API_KEY="sk-test-not-a-key",
     )
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    stdout = run_python("-c", PROGRAM, str(attempts), env=env)
+    out = json.loads(stdout.strip().splitlines()[-1])
     assert out == {"answer": "Worked 2 steps.", "tracing_disabled": True}
     assert attempts.read_text() == ""
     assert len(sdk_model.requests) == 3  # the conversation did reach the local model

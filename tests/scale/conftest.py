@@ -2,10 +2,28 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.conf import settings
 
+from tests.conftest import ROOT
 from tests.servers import PgBouncer
+
+# Respawn's own code, where the scaled-out deployment's rules are checked line by line.
+RESPAWN_PACKAGES = ("agent_runtime", "sessions_app", "config", "demo_agents")
+
+
+def source_lines_matching(pattern: re.Pattern[str]) -> list[str]:
+    """`path:number: line` for each line of Respawn's own code that matches, comments left
+    out."""
+    return [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for package in RESPAWN_PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line) and not line.lstrip().startswith("#")
+    ]
 
 
 @pytest.fixture

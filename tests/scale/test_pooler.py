@@ -13,7 +13,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -21,14 +20,13 @@ from django.conf import settings
 from django.db import connection
 
 from agent_runtime.state import NewCheckpoint, NewStep, SessionState, StepKind, model_payload
-from sessions_app.models import AgentSession, Status, Step
+from sessions_app.models import AgentSession
 from sessions_app.services import session_start
 from sessions_app.store import DjangoSessionStore
 
-from ..conftest import wait_for
-from ..fault.conftest import assert_invariants, kill_worker_process_only, wait_final
-
-ROOT = Path(__file__).resolve().parents[2]
+from ..conftest import ROOT, wait_final
+from ..fault.conftest import assert_completed, kill_worker_process_only, wait_for_tool_results
+from .conftest import source_lines_matching
 
 
 def _test_database() -> str:
@@ -134,17 +132,11 @@ def test_workers_behind_pgbouncer_lose_and_double_nothing(own_pgbouncer, start_w
         for _ in range(3)
     ]
     workers = [start_worker(**through) for _ in range(3)]
-    wait_for(
-        lambda: Step.objects.filter(session__in=sessions, kind="tool_result").count() >= 3,
-        timeout=30,
-        what="the runs to get going",
-    )
+    wait_for_tool_results(sessions, 3, timeout=30)
     assert kill_worker_process_only(workers[0])
     wait_final(sessions, timeout=90)
     for session in sessions:
-        session.refresh_from_db()
-        assert session.status == Status.COMPLETED, (session.id, session.status, session.last_error)
-        assert_invariants(session)
+        assert_completed(session)
     # The workers' statements went through PgBouncer, over at most two server connections.
     stats = own_pgbouncer.admin("SHOW STATS")
     row = next(line for line in stats.splitlines() if line.startswith(_test_database() + "|"))
@@ -162,11 +154,5 @@ def test_nothing_outlives_a_transaction_on_a_server_connection():
         r"|prepare=True|\bDECLARE\b.*\bWITH HOLD\b",
         re.IGNORECASE,
     )
-    found = [
-        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-        for package in ("agent_runtime", "sessions_app", "config", "demo_agents")
-        for path in (ROOT / package).rglob("*.py")
-        for number, line in enumerate(path.read_text().splitlines(), 1)
-        if forbidden.search(line) and not line.lstrip().startswith("#")
-    ]
+    found = source_lines_matching(forbidden)
     assert found == []

@@ -206,11 +206,7 @@ def test_a_replica_that_does_not_answer_leaves_reads_on_the_primary(deployment):
     web = Web(base, token)
     started, _ = web.api("/api/sessions", {"agent": "echo", "input": "hi", "title": "third"})
     wait_for(lambda: _on_replica(replica, started["id"]) == "third", timeout=20, what="replication")
-    subprocess.run(
-        [str(replica.bin / "pg_ctl"), "-D", str(replica.data), "-m", "fast", "-w", "stop"],
-        capture_output=True,
-        **_service_user(),
-    )
+    replica.stop(mode="fast", remove=False)
     try:
         session, reads = wait_for(
             lambda: (lambda s, r: (s, r) if r == "primary" else None)(
@@ -224,9 +220,3 @@ def test_a_replica_that_does_not_answer_leaves_reads_on_the_primary(deployment):
         assert web.api("/api/sessions?limit=5")[1] == "primary"
     finally:
         replica.start()
-
-
-def _service_user() -> dict:
-    from tests.servers import _as_service_user
-
-    return _as_service_user()

