@@ -497,7 +497,7 @@ def _operator_summary(action: str, payload: dict[str, Any]) -> str:
             f"rolled back to checkpoint #{op.get('checkpoint_seq')} "
             f"({format_count(op.get('superseded_steps', 0))} steps superseded)"
         )
-    if action in ("approve", "reject"):
+    if action in (OperatorAction.APPROVE, OperatorAction.REJECT):
         verb = "approved" if action == OperatorAction.APPROVE else "rejected"
         reason = f": {op['reason']}" if op.get("reason") else ""
         return f"{verb} {op.get('tool') or op.get('call_id', '')}{reason}"
