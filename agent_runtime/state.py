@@ -340,12 +340,26 @@ class StepRecord:
     @property
     def action(self) -> str | None:
         """An operator step's OperatorAction (None for other kinds)."""
-        return self.payload.get("action") if self.kind == StepKind.OPERATOR else None
+        return step_action(self.kind, self.payload)
 
     @property
     def event(self) -> str | None:
         """A system step's SystemEvent (None for other kinds)."""
-        return self.payload.get("event") if self.kind == StepKind.SYSTEM else None
+        return step_event(self.kind, self.payload)
+
+
+def step_action(kind: str, payload: Any) -> str | None:
+    """An operator step's OperatorAction (None for other kinds, or a payload without one)."""
+    if kind != StepKind.OPERATOR or not isinstance(payload, dict):
+        return None
+    return as_operator(payload).get("action")
+
+
+def step_event(kind: str, payload: Any) -> str | None:
+    """A system step's SystemEvent (None for other kinds, or a payload without one)."""
+    if kind != StepKind.SYSTEM or not isinstance(payload, dict):
+        return None
+    return as_system(payload).get("event")
 
 
 @dataclass(frozen=True)
@@ -445,12 +459,19 @@ class OperatorPayload(TypedDict, total=False):
     action: str
     actor: str
     call_id: str  # the pending call a decision is about
+    tool: str  # approve, reject: the pending call's tool
     reason: str
     output: Any  # a recorded or corrected result
     note: str
     result_seq: int  # the tool_result step a correction replaces
+    name: str  # correct_result: the tool whose result it replaces
     content: list[dict[str, Any]]  # an instruction's text
     budgets: dict[str, Any]
+    deadline: str | None  # set_budgets: the session's new wall-time deadline
+    while_running: bool  # cancel: a worker was running the session
+    checkpoint_seq: int  # rollback: the checkpoint rolled back to
+    superseded_steps: int  # rollback: how many steps it superseded
+    value: Any  # answer_interrupt: the answer a LangGraph interrupt() resumes with
 
 
 class SystemPayload(TypedDict, total=False):
@@ -492,6 +513,52 @@ class SystemPayload(TypedDict, total=False):
     # run_finished
     outcome: str
     final_answer: str
+    interrupts: list[dict[str, Any]]  # a LangGraph runner waits for these answers
+
+
+class PayloadField(enum.StrEnum):
+    """Payload fields named as data rather than through a typed view: the fields queries
+    filter and select on in the database (sessions_app's `payload__...` lookups), and
+    those a page lists. Each is a field of a TypedDict above (checked when this module
+    loads), so a renamed field fails loudly instead of matching nothing."""
+
+    ACTION = "action"
+    ACTOR = "actor"
+    ATTEMPTS = "attempts"
+    BRANCH = "branch"
+    CALL_ID = "call_id"
+    CONTENT = "content"
+    COST = "cost"
+    ERROR = "error"
+    EVENT = "event"
+    FAILURE = "failure"
+    INDEX = "index"
+    MODEL = "model"
+    NAME = "name"
+    OF = "of"
+    PLAN_UPDATE = "plan_update"
+    RESULT_SEQ = "result_seq"
+    STATUS = "status"
+    USAGE = "usage"
+    WHERE = "where"
+    WORKER = "worker"
+
+
+PAYLOADS: tuple[Any, ...] = (
+    ModelPayload,
+    UsagePayload,
+    ToolCallFields,
+    ToolCallPayload,
+    BranchLabel,
+    ToolResultPayload,
+    ErrorPayload,
+    OperatorPayload,
+    SystemPayload,
+)
+if undeclared := {
+    f for f in PayloadField if not any(f in typed.__annotations__ for typed in PAYLOADS)
+}:
+    raise AssertionError(f"payload fields no TypedDict declares: {sorted(undeclared)}")
 
 
 def stored(fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -504,8 +571,17 @@ def error_payload(where: str, error: str, **details: Any) -> dict[str, Any]:
     return {**stored(ErrorPayload(where=where, error=error)), **details}
 
 
+def as_error(payload: dict[str, Any]) -> ErrorPayload:
+    return cast(ErrorPayload, payload)
+
+
 def as_model(payload: dict[str, Any]) -> ModelPayload:
     return cast(ModelPayload, payload)
+
+
+def usage_cost(payload: dict[str, Any]) -> float:
+    """What a model step's usage says it cost (0 where it reported none)."""
+    return float((as_model(payload).get("usage") or {}).get("cost") or 0)
 
 
 def as_tool_call(payload: dict[str, Any]) -> ToolCallPayload:

@@ -10,11 +10,18 @@ from typing import Any
 
 from django.db import transaction
 
-from agent_runtime.state import OperatorAction, SystemEvent
+from agent_runtime.state import (
+    OperatorAction,
+    OperatorPayload,
+    PayloadField,
+    SystemEvent,
+    as_system,
+    stored,
+)
 
 from . import dispatch
 from .graph_models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
-from .models import AgentSession, Status
+from .models import AgentSession, Status, payload_q
 from .services import (
     ActionError,
     Actor,
@@ -41,14 +48,16 @@ def pending_interrupts(session: AgentSession) -> list[dict[str, Any]]:
         return []
     step = (
         session.steps.filter(
-            kind="system", payload__event=SystemEvent.RUN_FINISHED, superseded_at=None
+            payload_q(PayloadField.EVENT, value=SystemEvent.RUN_FINISHED),
+            kind="system",
+            superseded_at=None,
         )
         .order_by("-seq")
         .first()
     )
     if step is None:
         return []
-    return list(step.payload.get("interrupts") or [])
+    return list(as_system(step.payload).get("interrupts") or [])
 
 
 def session_answer_interrupt(
@@ -69,7 +78,11 @@ def session_answer_interrupt(
         before = _summary(session)
         step = _append_operator_step(
             session,
-            {"action": OperatorAction.ANSWER_INTERRUPT, "actor": who.label, "value": value},
+            stored(
+                OperatorPayload(
+                    action=OperatorAction.ANSWER_INTERRUPT, actor=who.label, value=value
+                )
+            ),
         )
         session.status = Status.QUEUED
         session.save()

@@ -63,7 +63,14 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from agent_runtime.agents import Agent
 from agent_runtime.runners import RunContext, RunnerCancelled, RunnerResult
-from agent_runtime.state import SCHEMA_VERSION, SessionState, StepKind, step_text
+from agent_runtime.state import (
+    SCHEMA_VERSION,
+    OperatorAction,
+    SessionState,
+    StepKind,
+    as_operator,
+    step_text,
+)
 from agent_runtime.store import Lease, LeaseLost
 
 from .sdk_glue import DatabaseThread, ensure_django, session_id_in
@@ -1242,15 +1249,11 @@ class GraphRunner:
         resume_seq = int(metadata.get("respawn_resume_seq") or 0)
         history = [s for s in context.head.history if not s.superseded]
         resumes = [
-            s
-            for s in history
-            if s.kind == StepKind.OPERATOR
-            and s.payload.get("action") == "answer_interrupt"
-            and s.seq > resume_seq
+            s for s in history if s.action == OperatorAction.ANSWER_INTERRUPT and s.seq > resume_seq
         ]
         inputs = [s for s in history if s.kind == StepKind.USER and s.seq > input_seq]
         if resumes:
-            graph_input: Any = Command(resume=resumes[-1].payload.get("value"))
+            graph_input: Any = Command(resume=as_operator(resumes[-1].payload).get("value"))
             resume_seq = resumes[-1].seq
         elif inputs:
             graph_input = self.make_input("\n".join(step_text(s.payload) or "" for s in inputs))

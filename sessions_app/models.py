@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.contrib.postgres.search import SearchVectorField
@@ -12,7 +13,16 @@ from django.db.models import Q
 from django.utils import timezone
 
 from agent_runtime.loop import BUDGET_REACHED
-from agent_runtime.state import SCHEMA_VERSION, CheckpointReason, SessionStatus, StepKind
+from agent_runtime.state import (
+    SCHEMA_VERSION,
+    CheckpointReason,
+    PayloadField,
+    SessionStatus,
+    StepKind,
+    SystemEvent,
+    step_action,
+    step_event,
+)
 
 from .redaction import ScrubbedCharField, ScrubbedJSONField, ScrubbedTextField
 
@@ -375,6 +385,29 @@ class AgentSession(models.Model):
             return None
 
 
+def payload_key(*path: str) -> str:
+    """The ORM lookup of a step payload's field, by its PayloadField names (and a lookup
+    such as "in"): payload_key(PayloadField.USAGE, PayloadField.COST) is
+    "payload__usage__cost"."""
+    return "__".join(("payload", *path))
+
+
+def payload_q(*path: str, value: Any, **fields: Any) -> Q:
+    """Steps whose payload field at `path` (as payload_key spells it) matches `value`
+    (and whose other `fields` match, as in Q(...))."""
+    return Q(**{payload_key(*path): value}, **fields)
+
+
+# A step that failed: an error step, or a tool result with an error (the trace's "first
+# error" and "failed" filter). The step_failed partial index's condition, so the queries
+# that use this same expression are served by it.
+STEP_FAILED = Q(kind=StepKind.ERROR) | payload_q(
+    PayloadField.STATUS, value="error", kind=StepKind.TOOL_RESULT
+)
+# A run's first step: the step_run_started partial index's condition.
+RUN_STARTED = payload_q(PayloadField.EVENT, value=SystemEvent.RUN_STARTED, kind=StepKind.SYSTEM)
+
+
 class Step(models.Model):
     # No index of its own: step_session_seq_unique starts with session_id and serves every
     # lookup by session (one index fewer to update on every step).
@@ -432,7 +465,7 @@ class Step(models.Model):
             models.Index(
                 fields=["session", "seq"],
                 name="step_failed",
-                condition=Q(kind="error") | Q(kind="tool_result", payload__status="error"),
+                condition=STEP_FAILED,
             ),
             # The runs of a session (their run_started steps): the trace's run numbers and
             # the worker of the run a page starts in, the timeline's run marks. One entry
@@ -440,13 +473,23 @@ class Step(models.Model):
             models.Index(
                 fields=["session", "seq"],
                 name="step_run_started",
-                condition=Q(kind="system", payload__event="run_started"),
+                condition=RUN_STARTED,
             ),
         ]
         ordering = ["session", "seq"]
 
     def __str__(self) -> str:
         return f"{self.session_id} #{self.seq} {self.kind}"
+
+    @property
+    def event(self) -> str:
+        """A system step's SystemEvent ("" for other kinds)."""
+        return step_event(self.kind, self.payload) or ""
+
+    @property
+    def action(self) -> str:
+        """An operator step's OperatorAction ("" for other kinds)."""
+        return step_action(self.kind, self.payload) or ""
 
     @property
     def superseded(self) -> bool:

@@ -57,9 +57,14 @@ from agent_runtime.agents import Agent
 from agent_runtime.runners import RunContext, RunnerResult
 from agent_runtime.state import (
     SCHEMA_VERSION,
+    OperatorAction,
+    PayloadField,
     PendingApproval,
     SessionState,
     StepKind,
+    as_operator,
+    as_tool_call,
+    step_action,
     step_text,
     text_parts,
     validate_step_payload,
@@ -80,6 +85,9 @@ __all__ = [
     "openai_agent",
     "session_id_for",
 ]
+
+# The field of a step's payload that holds the SDK item it records, whole.
+ITEM = "item"
 
 # Session ids that are not UUIDs map to Respawn session ids in this namespace (uuid5).
 SESSION_NAMESPACE = uuid.UUID("0b7f3c1e-8a4d-4c52-b1f6-5e9a2d7c4f31")
@@ -174,14 +182,14 @@ def step_for(item: dict[str, Any], names: dict[str, str]) -> tuple[str, dict[str
     kind = item.get("type")
     role = item.get("role")
     if role == "user" and kind in (None, "message"):
-        return StepKind.USER, {"content": text_parts(_text_of(item.get("content"))), "item": item}
+        return StepKind.USER, {"content": text_parts(_text_of(item.get("content"))), ITEM: item}
     if role == "assistant" and kind in (None, "message"):
         return StepKind.MODEL, {
             "content": text_parts(_text_of(item.get("content"))),
             "tool_calls": [],
             "usage": {},
             "model": str((item.get("provider_data") or {}).get("model") or ""),
-            "item": item,
+            ITEM: item,
         }
     if kind == "function_call":
         call_id = str(item.get("call_id") or "")
@@ -190,7 +198,7 @@ def step_for(item: dict[str, Any], names: dict[str, str]) -> tuple[str, dict[str
             "call_id": call_id,
             "name": str(item.get("name") or ""),
             "arguments": _arguments(item.get("arguments")),
-            "item": item,
+            ITEM: item,
         }
     if kind == "function_call_output":
         call_id = str(item.get("call_id") or "")
@@ -200,20 +208,19 @@ def step_for(item: dict[str, Any], names: dict[str, str]) -> tuple[str, dict[str
             "name": names.get(call_id) or "tool",
             "status": "ok",
             "output": output if isinstance(output, str) else _text_of(output),
-            "item": item,
+            ITEM: item,
         }
-    return StepKind.SYSTEM, {"event": "sdk_item", "type": str(kind or role or "item"), "item": item}
+    return StepKind.SYSTEM, {"event": "sdk_item", "type": str(kind or role or "item"), ITEM: item}
 
 
-OPERATOR_INPUT = ("instruction", "correct_result")  # operator steps the model is shown
+# A person's word on a call that needs approval.
+APPROVAL_DECISIONS = (OperatorAction.APPROVE, OperatorAction.REJECT)
+# Operator steps the model is shown.
+OPERATOR_INPUT = (OperatorAction.INSTRUCTION, OperatorAction.CORRECT_RESULT)
 
 
 def _is_item(payload: dict[str, Any], kind: str) -> bool:
-    return (
-        "item" in payload
-        or kind == StepKind.USER
-        or (kind == StepKind.OPERATOR and payload.get("action") in OPERATOR_INPUT)
-    )
+    return ITEM in payload or kind == StepKind.USER or step_action(kind, payload) in OPERATOR_INPUT
 
 
 def item_of(
@@ -224,19 +231,21 @@ def item_of(
     operator's instruction or correction is a user message marked as the operator's, as
     Respawn's own loop shows them; a corrected tool output carries the corrected value,
     labelled as the operator's (`correction`: the payload of the step that corrected it)."""
-    if kind == StepKind.OPERATOR and payload.get("action") == "instruction":
+    action = step_action(kind, payload)
+    if action == OperatorAction.INSTRUCTION:
         return {"role": "user", "content": f"[Operator instruction] {step_text(payload) or ''}"}
-    if kind == StepKind.OPERATOR and payload.get("action") == "correct_result":
+    if action == OperatorAction.CORRECT_RESULT:
+        call_id = as_operator(payload).get("call_id")
         return {
             "role": "user",
             "content": (
-                f"[Operator correction] The result of tool call {payload.get('call_id')} was "
+                f"[Operator correction] The result of tool call {call_id} was "
                 "corrected by an operator; continue from the corrected result."
             ),
         }
-    if "item" not in payload:
+    if ITEM not in payload:
         return {"role": "user", "content": step_text(payload) or ""}
-    item = payload["item"]
+    item = payload[ITEM]
     if correction is not None and item.get("type") == "function_call_output":
         corrected = {
             "output": correction.get("output"),
@@ -547,42 +556,43 @@ class RespawnSession(SessionABC):
     def _item_steps(self) -> Any:
         from django.db.models import Q
 
-        from .models import Step
+        from .models import Step, payload_q
 
         return Step.objects.using(self._db).filter(
-            Q(payload__has_key="item")
+            payload_q("has_key", value=ITEM)
             | Q(kind=StepKind.USER)
-            | Q(kind=StepKind.OPERATOR, payload__action__in=OPERATOR_INPUT),
+            | payload_q(PayloadField.ACTION, "in", value=OPERATOR_INPUT, kind=StepKind.OPERATOR),
             session_id=self.respawn_id,
             superseded_at__isnull=True,
         )
 
     def _corrections(self) -> dict[int, dict[str, Any]]:
         """The live operator corrections of tool outputs: result seq -> the latest one."""
-        from .models import Step
+        from .models import Step, payload_q
 
         rows = (
             Step.objects.using(self._db)
             .filter(
+                payload_q(PayloadField.ACTION, value=OperatorAction.CORRECT_RESULT),
                 session_id=self.respawn_id,
                 kind=StepKind.OPERATOR,
-                payload__action="correct_result",
                 superseded_at__isnull=True,
             )
             .order_by("seq")
             .values_list("payload", flat=True)
         )
-        return {p.get("result_seq"): p for p in rows}
+        return {as_operator(p)["result_seq"]: p for p in rows}
 
     def _tool_names(self, call_ids: set[str | None]) -> dict[str, str]:
-        from .models import Step
+        from .models import Step, payload_q
 
         rows = Step.objects.using(self._db).filter(
+            payload_q(PayloadField.CALL_ID, "in", value=sorted(c for c in call_ids if c)),
             session_id=self.respawn_id,
             kind=StepKind.TOOL_CALL,
-            payload__call_id__in=sorted(c for c in call_ids if c),
         )
-        return {r.payload.get("call_id"): r.payload.get("name") for r in rows}
+        calls = [as_tool_call(r.payload) for r in rows]
+        return {call.get("call_id"): call.get("name") for call in calls}
 
     def _system_step(
         self, session: Any, payload: dict[str, Any], *, tokens_in: int = 0, tokens_out: int = 0
@@ -793,16 +803,12 @@ class OpenAIAgentRunner:
         pending = list(data.get("pending") or [])
         calls = {p["call_id"] for p in pending}
         for step in after:
-            payload = step.payload
-            if (
-                step.kind == StepKind.OPERATOR
-                and payload.get("action") in ("approve", "reject")
-                and payload.get("call_id") in calls
-            ):
-                decided[payload["call_id"]] = {
-                    "action": payload["action"],
-                    "actor": payload.get("actor"),
-                    "reason": payload.get("reason"),
+            word = as_operator(step.payload)
+            if step.action in APPROVAL_DECISIONS and word.get("call_id") in calls:
+                decided[word["call_id"]] = {
+                    "action": word["action"],
+                    "actor": word.get("actor"),
+                    "reason": word.get("reason"),
                 }
         run_state = data["run_state"]
         if any(p["call_id"] not in decided for p in pending):
@@ -819,7 +825,7 @@ class OpenAIAgentRunner:
             decision = decided.get(_approval(item)["call_id"])
             if decision is None:
                 continue
-            if decision["action"] == "approve":
+            if decision["action"] == OperatorAction.APPROVE:
                 state.approve(item)
             else:
                 reason = decision.get("reason")

@@ -12,7 +12,22 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from agent_runtime import loop
-from agent_runtime.state import OperatorAction, SystemEvent, step_text, tool_ok
+from agent_runtime.state import (
+    ErrorPayload,
+    OperatorAction,
+    PayloadField,
+    SystemEvent,
+    as_error,
+    as_model,
+    as_operator,
+    as_system,
+    as_tool_call,
+    as_tool_result,
+    step_event,
+    step_text,
+    tool_ok,
+    usage_cost,
+)
 from agent_runtime.tools import INFRASTRUCTURE_PREFIX
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
@@ -256,15 +271,15 @@ class StepView:
 
     @property
     def event(self) -> str:
-        return str(self.payload.get("event") or "") if self.kind == "system" else ""
+        return step_event(self.kind, self.payload) or ""
 
 
 def branch_label(kind: str, payload: Any) -> str:
     """The fan-out branch label ("3/8") of a tool call or result; "" for anything else."""
-    branch = payload.get("branch") if isinstance(payload, dict) else None
-    if kind not in ("tool_call", "tool_result") or not isinstance(branch, dict):
+    if kind not in ("tool_call", "tool_result") or not isinstance(payload, dict):
         return ""
-    return f"{branch.get('index')}/{branch.get('of')}"
+    branch = as_tool_call(payload).get("branch")
+    return f"{branch.get('index')}/{branch.get('of')}" if isinstance(branch, dict) else ""
 
 
 def _text(payload: dict[str, Any]) -> str:
@@ -300,17 +315,18 @@ def load_payload(step: Step) -> tuple[dict[str, Any], str]:
 def attempts_of(payload: dict[str, Any]) -> list[Attempt]:
     """Each attempt of a tool call and how it ended; errors of attempts before the recorded
     ones (older results kept only the count) say so."""
-    attempts = int(payload.get("attempts") or 1)
+    result = as_tool_result(payload)
+    attempts = int(result.get("attempts") or 1)
     if attempts <= 1:
         return []
-    errors = [str(e) for e in payload.get("attempt_errors") or []]
+    errors = [str(e) for e in result.get("attempt_errors") or []]
     out = []
     for number in range(1, attempts):
         index = number - 1 - (attempts - 1 - len(errors))
         error = errors[index] if 0 <= index < len(errors) else "(this attempt's error was not kept)"
         out.append(Attempt(number, False, error))
     ok = tool_ok(payload)
-    out.append(Attempt(attempts, ok, "" if ok else str(payload.get("error") or "")))
+    out.append(Attempt(attempts, ok, "" if ok else str(result.get("error") or "")))
     return out
 
 
@@ -356,11 +372,12 @@ def _present_user(view: StepView, step: Step, payload: dict[str, Any]) -> None:
 
 
 def _present_model(view: StepView, step: Step, payload: dict[str, Any]) -> None:
-    calls = payload.get("tool_calls") or []
-    view.name = str(payload.get("model") or "")
+    model = as_model(payload)
+    calls = model.get("tool_calls") or []
+    view.name = str(model.get("model") or "")
     view.headline = f"Model · {view.name}".rstrip(" ·")
     view.tokens = (step.tokens_in or 0) + (step.tokens_out or 0)
-    view.cost = format_cost((payload.get("usage") or {}).get("cost"))
+    view.cost = format_cost(usage_cost(payload))
     text = _text(payload)
     names = ", ".join(str(c.get("name")) for c in calls)
     view.summary = one_line(f"{text} → calls {names}" if calls and text else text or names)
@@ -378,29 +395,31 @@ def _present_model(view: StepView, step: Step, payload: dict[str, Any]) -> None:
 
 
 def _present_tool_call(view: StepView, step: Step, payload: dict[str, Any]) -> None:
-    view.name = str(payload.get("name") or "")
+    call = as_tool_call(payload)
+    view.name = str(call.get("name") or "")
     view.headline = f"Tool call · {view.name}"
     view.in_turn = True
-    view.summary = one_line(f"{view.name}({_args_line(payload.get('arguments'))})")
-    view.blocks.append(Block("arguments", pretty(payload.get("arguments")), True))
+    view.summary = one_line(f"{view.name}({_args_line(call.get('arguments'))})")
+    view.blocks.append(Block("arguments", pretty(call.get("arguments")), True))
     if step.idempotency_key:
         view.blocks.append(Block("idempotency key", step.idempotency_key))
 
 
 def _present_tool_result(view: StepView, step: Step, payload: dict[str, Any]) -> None:
+    result = as_tool_result(payload)
     ok = tool_ok(payload)
-    attempts = int(payload.get("attempts") or 1)
-    view.name = str(payload.get("name") or "")
+    attempts = int(result.get("attempts") or 1)
+    view.name = str(result.get("name") or "")
     view.headline = f"Tool result · {view.name} · {'ok' if ok else 'error'}"
     view.in_turn = True
     view.attempts = attempts_of(payload)
     if ok:
         view.status, view.status_label = "ok", "ok"
-        view.summary = one_line(payload.get("output"))
+        view.summary = one_line(result.get("output"))
     else:
         view.tone = view.status = "error"
         view.status_label = "failed"
-        view.summary = one_line(payload.get("error") or "failed")
+        view.summary = one_line(result.get("error") or "failed")
     if attempts > 1:
         view.headline += f" · {attempts} attempts"
         retried = f"after {attempts} attempts"
@@ -412,9 +431,9 @@ def _present_tool_result(view: StepView, step: Step, payload: dict[str, Any]) ->
     if attempts == 0:
         view.status_label = "not run" if not ok else "recorded"
     infrastructure = sum(
-        1 for e in payload.get("attempt_errors") or [] if str(e).startswith(INFRASTRUCTURE_PREFIX)
+        1 for e in result.get("attempt_errors") or [] if str(e).startswith(INFRASTRUCTURE_PREFIX)
     )
-    if not ok and payload.get("failure") == "infrastructure":
+    if not ok and result.get("failure") == "infrastructure":
         view.marks.append(
             Mark(
                 "infrastructure",
@@ -431,76 +450,79 @@ def _present_tool_result(view: StepView, step: Step, payload: dict[str, Any]) ->
                 "retried: the database, Redis or the network failed under the tool",
             )
         )
-    if payload.get("plan_update") is not None:
+    if result.get("plan_update") is not None:
         view.noise = True
-        view.summary = "plan: " + _plan_line(payload["plan_update"])
-    if payload.get("recorded_by_operator"):
+        view.summary = "plan: " + _plan_line(result["plan_update"])
+    if result.get("recorded_by_operator"):
         view.marks.append(
             Mark(
                 "operator",
-                f"recorded by {payload['recorded_by_operator']}",
+                f"recorded by {result['recorded_by_operator']}",
                 "a person recorded this result; the tool did not report it",
             )
         )
-    if payload.get("error"):
-        view.blocks.append(Block("error", str(payload["error"])))
-    if payload.get("output") is not None:
-        view.blocks.append(Block("output", pretty(payload.get("output")), True))
-    if payload.get("plan_update") is not None:
-        view.blocks.append(Block("plan", _plan_line(payload["plan_update"])))
+    if result.get("error"):
+        view.blocks.append(Block("error", str(result["error"])))
+    if result.get("output") is not None:
+        view.blocks.append(Block("output", pretty(result.get("output")), True))
+    if result.get("plan_update") is not None:
+        view.blocks.append(Block("plan", _plan_line(result["plan_update"])))
 
 
 def _present_error(view: StepView, step: Step, payload: dict[str, Any]) -> None:
-    view.name = str(payload.get("where") or "")
+    error = as_error(payload)
+    view.name = str(error.get("where") or "")
     view.headline = f"Error · {view.name}".rstrip(" ·")
     view.tone = view.status = "error"
     view.status_label = "failed"
-    view.summary = one_line(payload.get("error", ""))
-    if payload.get("where") == "worker":
+    view.summary = one_line(error.get("error", ""))
+    if error.get("where") == "worker":
         view.marks.append(Mark("crash", "worker died", "the worker process died running this"))
-    view.blocks.append(Block("error", str(payload.get("error", ""))))
-    details = {k: v for k, v in payload.items() if k not in ("where", "error")}
+    view.blocks.append(Block("error", str(error.get("error", ""))))
+    details = {k: v for k, v in payload.items() if k not in ErrorPayload.__annotations__}
     if details:
         view.blocks.append(Block("details", pretty(details), True))
 
 
 def _operator_summary(action: str, payload: dict[str, Any]) -> str:
+    op = as_operator(payload)
     if action == OperatorAction.INSTRUCTION:
         return f"instruction: {_text(payload)}"
     if action == OperatorAction.CORRECT_RESULT:
-        return f"corrected the result of #{payload.get('result_seq')}: " + one_line(
-            payload.get("output"), 100
+        return f"corrected the result of #{op.get('result_seq')}: " + one_line(
+            op.get("output"), 100
         )
     if action == OperatorAction.ROLLBACK:
         return (
-            f"rolled back to checkpoint #{payload.get('checkpoint_seq')} "
-            f"({format_count(payload.get('superseded_steps', 0))} steps superseded)"
+            f"rolled back to checkpoint #{op.get('checkpoint_seq')} "
+            f"({format_count(op.get('superseded_steps', 0))} steps superseded)"
         )
-    if action in ("approve", "reject"):
+    if action in (OperatorAction.APPROVE, OperatorAction.REJECT):
         verb = "approved" if action == OperatorAction.APPROVE else "rejected"
-        reason = f": {payload['reason']}" if payload.get("reason") else ""
-        return f"{verb} {payload.get('tool') or payload.get('call_id', '')}{reason}"
+        reason = f": {op['reason']}" if op.get("reason") else ""
+        return f"{verb} {op.get('tool') or op.get('call_id', '')}{reason}"
     if action == OperatorAction.CANCEL:
-        return "cancelled the session" + (" while it ran" if payload.get("while_running") else "")
+        return "cancelled the session" + (" while it ran" if op.get("while_running") else "")
     if action == OperatorAction.RERUN:
         return "said the uncertain call did not happen: run it again"
     if action == OperatorAction.RECORD_RESULT:
-        return "recorded the uncertain call's result: " + one_line(payload.get("output"), 100)
+        return "recorded the uncertain call's result: " + one_line(op.get("output"), 100)
     if action == OperatorAction.FAIL:
         return "failed the session over an uncertain side effect"
     if action == OperatorAction.SET_BUDGETS:
-        changes = dict(payload.get("budgets") or {})
+        changes = dict(op.get("budgets") or {})
         if "deadline" in payload:
-            changes["deadline"] = payload["deadline"] or "none"
+            changes["deadline"] = op["deadline"] or "none"
         listed = ", ".join(f"{k}={'none' if v is None else v}" for k, v in changes.items())
-        reason = f" ({payload['reason']})" if payload.get("reason") else ""
+        reason = f" ({op['reason']})" if op.get("reason") else ""
         return f"set budgets: {listed}{reason}"
     return action
 
 
 def _present_operator(view: StepView, step: Step, payload: dict[str, Any]) -> None:
-    action = str(payload.get("action") or "edit")
-    actor = str(payload.get("actor") or "someone")
+    op = as_operator(payload)
+    action = str(op.get("action") or "edit")
+    actor = str(op.get("actor") or "someone")
     view.name = action
     view.headline = f"Operator · {action} · by {actor}"
     view.tone = "warn"
@@ -509,62 +531,61 @@ def _present_operator(view: StepView, step: Step, payload: dict[str, Any]) -> No
     view.marks.append(Mark("operator", f"by {actor}", "an operator's step, written by a person"))
     if action == OperatorAction.INSTRUCTION:
         view.blocks.append(Block("instruction", _text(payload)))
-    details = {k: v for k, v in payload.items() if k not in ("action", "actor", "content")}
+    shown = (PayloadField.ACTION, PayloadField.ACTOR, PayloadField.CONTENT)
+    details = {k: v for k, v in payload.items() if k not in shown}
     if details:
         view.blocks.append(Block("details", pretty(details), True))
 
 
 def _present_system(view: StepView, step: Step, payload: dict[str, Any]) -> None:
-    event = str(payload.get("event") or "")
+    system = as_system(payload)
+    event = str(system.get("event") or "")
     view.name = event
     view.headline = f"System · {event}".rstrip(" ·")
     view.noise = True
     view.in_turn = event in TURN_EVENTS
+    details = {k: v for k, v in payload.items() if k != PayloadField.EVENT}
     if event == SystemEvent.WAITING_FOR_APPROVAL:
         view.noise = False
         view.status, view.status_label = "waiting", "waiting"
-        arguments = _args_line(payload.get("arguments"))
-        view.summary = one_line(f"{payload.get('tool')} needs a person's approval ({arguments})")
+        arguments = _args_line(system.get("arguments"))
+        view.summary = one_line(f"{system.get('tool')} needs a person's approval ({arguments})")
     elif event == SystemEvent.UNCERTAIN_CALL:
         view.noise = False
         view.status, view.status_label = "waiting", "uncertain"
         view.tone = "warn"
         view.summary = one_line(
-            f"{payload.get('tool')} may or may not have run (its worker died during the call); "
+            f"{system.get('tool')} may or may not have run (its worker died during the call); "
             "a person decides"
         )
     elif event == SystemEvent.FAN_OUT:
-        calls = payload.get("calls") or []
+        calls = system.get("calls") or []
         view.summary = (
             f"{len(calls)} calls handed to parallel branches "
-            f"(at most {payload.get('limit')} at once)"
+            f"(at most {system.get('limit')} at once)"
         )
     elif event == SystemEvent.JOINED:
-        view.summary = f"all {payload.get('results')} branch results in; the next run is queued"
+        view.summary = f"all {system.get('results')} branch results in; the next run is queued"
     elif event == SystemEvent.CANCELLED:
         view.status, view.status_label = "error", "cancelled"
-        view.summary = f"stopped by a cancel request on {payload.get('worker', 'its worker')}"
+        view.summary = f"stopped by a cancel request on {system.get('worker', 'its worker')}"
     elif event == SystemEvent.RUN_STARTED:
-        view.summary = f"run started on {payload.get('worker', 'a worker')}"
+        view.summary = f"run started on {system.get('worker', 'a worker')}"
     elif event == SystemEvent.BUDGET_REACHED:
         view.noise = False
         view.status, view.status_label = "waiting", "paused"
         view.tone = "warn"
         view.summary = one_line(
-            f"paused: {payload.get('message') or payload.get('budget')}; raise the budget "
-            "to continue"
+            f"paused: {system.get('message') or system.get('budget')}; raise the budget to continue"
         )
     elif event == SystemEvent.RUN_FINISHED:
-        outcome = str(payload.get("outcome") or "finished")
+        outcome = str(system.get("outcome") or "finished")
         view.status = "ok" if outcome == "completed" else "waiting" if outcome else ""
         view.status_label = outcome
         view.noise = False
-        view.summary = one_line(payload.get("final_answer") or f"the run ended: {outcome}")
+        view.summary = one_line(system.get("final_answer") or f"the run ended: {outcome}")
     else:
-        view.summary = (
-            one_line({k: v for k, v in payload.items() if k != "event"}) if payload else ""
-        )
-    details = {k: v for k, v in payload.items() if k != "event"}
+        view.summary = one_line(details) if payload else ""
     if details:
         view.blocks.append(Block("details", pretty(details), True))
 
@@ -591,12 +612,12 @@ def ends_a_run(step: Step | StepView, payload: dict[str, Any] | None = None) -> 
     if kind in ("error", "operator", "user"):
         return True
     if kind == "model":
-        return not payload.get("tool_calls")
+        return not as_model(payload).get("tool_calls")
     if kind == "system":
-        return payload.get("event") in RUN_END_EVENTS
+        return step_event(kind, payload) in RUN_END_EVENTS
     if kind == "tool_result":
         # A branch's result: the run handed the turn to branches and ended with fan_out.
-        return bool(payload.get("branch"))
+        return bool(as_tool_result(payload).get("branch"))
     return False
 
 
@@ -626,26 +647,28 @@ def run_reason(
         # The step before it is no longer stored (a retention policy compacted it).
         return RunStart("resume", f"resumed{by}" if by else "continued")
     payload = previous.payload if isinstance(previous.payload, dict) else {}
+    event = step_event(previous.kind, payload)
     who = previous_worker or "its worker"
     if not ends_a_run(previous, payload):
-        if previous.kind == "system" and payload.get("event") == SystemEvent.RUN_STARTED:
+        if event == SystemEvent.RUN_STARTED:
             where = f"just after it started (#{previous.seq})"
         else:
             where = f"after #{previous.seq} ({KIND_LABEL.get(previous.kind, previous.kind)})"
         text = f"resumed{by} after a crash: the run on {who} stopped {where} without finishing"
         return RunStart("crash", text, previous.seq)
     if previous.kind == "operator":
-        action = payload.get("action") or "edit"
-        return RunStart("operator", f"after {payload.get('actor') or 'an operator'}'s {action}")
+        decision = as_operator(payload)
+        action = decision.get("action") or "edit"
+        return RunStart("operator", f"after {decision.get('actor') or 'an operator'}'s {action}")
     if previous.kind == "user":
         return RunStart("message", "after a new message")
-    if previous.kind == "tool_result" or payload.get("event") == SystemEvent.FAN_OUT:
+    if previous.kind == "tool_result" or event == SystemEvent.FAN_OUT:
         return RunStart(
             "branches",
             f"resumed{by}: not every fan-out branch finished (a branch's worker died or its "
             "job was lost)",
         )
-    if payload.get("event") == SystemEvent.JOINED:
+    if event == SystemEvent.JOINED:
         return RunStart("continue", "after the fan-out joined")
     if previous.kind == "error":
         return RunStart("resume", f"resumed{by} after the failure at #{previous.seq}")
@@ -729,7 +752,7 @@ def build_trace_items(
                 previous = context.previous
             resumed_by = _resumed_by(resumes, previous, step)
             start = run_reason(runs, previous, worker or None, resumed_by)
-            worker = str(view.payload.get("worker") or "")
+            worker = str(as_system(view.payload).get("worker") or "")
             items.append(RunHeader(view, runs, worker, start))
             in_turn = False
             continue
@@ -752,8 +775,7 @@ def build_trace_items(
         last = views[-1]
         crashed = (
             next_step is not None
-            and next_step.kind == "system"
-            and (next_step.payload or {}).get("event") == SystemEvent.RUN_STARTED
+            and next_step.event == SystemEvent.RUN_STARTED
             and next_step.seq == last.seq + 1
         )
         if (crashed or stuck_worker) and not ends_a_run(last.step, last.payload):

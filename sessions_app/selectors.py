@@ -19,7 +19,17 @@ from django.utils import timezone
 
 from agent_runtime.agents import version_key
 from agent_runtime.compat import session_problems
-from agent_runtime.state import SCHEMA_VERSION, STATE_BUDGETS, OperatorAction, SystemEvent
+from agent_runtime.state import (
+    SCHEMA_VERSION,
+    STATE_BUDGETS,
+    OperatorAction,
+    PayloadField,
+    SystemEvent,
+    SystemPayload,
+    as_operator,
+    as_tool_call,
+    stored,
+)
 from agent_runtime.tools import ToolRegistry
 from agent_runtime.upgraders import IncompatibleSchemaError
 
@@ -35,6 +45,8 @@ from .models import (
     Status,
     Step,
     StepSearch,
+    payload_key,
+    payload_q,
 )
 from .runtime import agent_registry
 from .store import LATE_CALL_ACTION, DjangoSessionStore
@@ -461,16 +473,17 @@ def repeated_failures(limit: int = 50, threshold: int = 2) -> list[RepeatedFailu
     failed = list(AgentSession.objects.filter(status=Status.FAILED).order_by("-updated_at")[:500])
     if not failed:
         return []
+    error_key = payload_key(PayloadField.ERROR)
     errors = (
         Step.objects.filter(session__in=failed, kind="error", superseded_at__isnull=True)
-        .values("session_id", "payload__error")
+        .values("session_id", error_key)
         .annotate(n=Count("id"))
         .filter(n__gte=threshold)
         .order_by()
     )
     by_id = {s.id: s for s in failed}
     out = [
-        RepeatedFailure(by_id[row["session_id"]], str(row["payload__error"]), row["n"])
+        RepeatedFailure(by_id[row["session_id"]], str(row[error_key]), row["n"])
         for row in errors
         if row["session_id"] in by_id
     ]
@@ -485,16 +498,18 @@ def uncertain_call(session: AgentSession, state: dict[str, Any]) -> dict[str, An
         return None
     step = (
         Step.objects.filter(
+            payload_q(PayloadField.EVENT, value=SystemEvent.UNCERTAIN_CALL),
+            payload_q(PayloadField.CALL_ID, value=uncertain[0]),
             session=session,
             kind="system",
-            payload__event=SystemEvent.UNCERTAIN_CALL,
-            payload__call_id=uncertain[0],
             superseded_at__isnull=True,
         )
         .order_by("-seq")
         .first()
     )
-    return {**step.payload, "seq": step.seq} if step else {"call_id": uncertain[0]}
+    if step is None:
+        return stored(SystemPayload(call_id=uncertain[0]))
+    return {**step.payload, "seq": step.seq}
 
 
 def old_schema_sessions(cap: int = 1000) -> tuple[int, bool]:
@@ -801,15 +816,10 @@ def preview_rollback(session: AgentSession, checkpoint_seq: int) -> Preview:
     preview.last_seq = session.last_seq
     done_calls = [s for s in later.filter(kind="tool_call").order_by("seq")[:200]]
     for step in done_calls:
-        idempotent, approval = _tool_flags(session.agent, step.payload.get("name", ""))
+        call = as_tool_call(step.payload)
+        idempotent, approval = _tool_flags(session.agent, call.get("name", ""))
         preview.reruns.append(
-            RerunCall(
-                step.seq,
-                step.payload.get("name", ""),
-                step.payload.get("call_id", ""),
-                idempotent,
-                approval,
-            )
+            RerunCall(step.seq, call.get("name", ""), call.get("call_id", ""), idempotent, approval)
         )
     if preview.reruns:
         preview.notes.append(
@@ -872,16 +882,17 @@ def session_budgets(session: AgentSession, state: dict[str, Any] | None = None) 
             limits = {k: getattr(agent_limits, k) for k in STATE_BUDGETS}
     for payload in (
         Step.objects.filter(
+            payload_q(PayloadField.ACTION, value=OperatorAction.SET_BUDGETS),
             session=session,
             seq__gt=session.head,
             kind="operator",
-            payload__action=OperatorAction.SET_BUDGETS,
             superseded_at__isnull=True,
         )
         .order_by("seq")
         .values_list("payload", flat=True)
     ):
-        limits.update({k: v for k, v in (payload.get("budgets") or {}).items() if k in limits})
+        changes = as_operator(payload).get("budgets") or {}
+        limits.update({k: v for k, v in changes.items() if k in limits})
     tokens = session.tokens_in + session.tokens_out
     cost = float(session.cost)
     now = timezone.now()
@@ -1148,7 +1159,7 @@ def live_tool_results(session: AgentSession, limit: int = 50) -> list[tuple[int,
     return list(
         Step.objects.filter(session=session, kind=Kind.TOOL_RESULT, superseded_at__isnull=True)
         .order_by("-seq")
-        .values_list("seq", "payload__name")[:limit]
+        .values_list("seq", payload_key(PayloadField.NAME))[:limit]
     )
 
 

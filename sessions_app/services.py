@@ -20,9 +20,14 @@ from agent_runtime.state import (
     SCHEMA_VERSION,
     STATE_BUDGETS,
     OperatorAction,
+    OperatorPayload,
     SessionState,
+    as_operator,
+    as_tool_result,
     budgets_payload,
     instruction_payload,
+    stored,
+    usage_cost,
     user_payload,
 )
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state
@@ -123,7 +128,7 @@ def model_usage_cost(step: Step) -> Decimal:
     """What a stored model step cost (0 for any other step)."""
     if step.kind != Kind.MODEL:
         return Decimal(0)
-    return Decimal(str((step.payload.get("usage") or {}).get("cost") or 0))
+    return Decimal(str(usage_cost(step.payload)))
 
 
 def _load_checkpoint_state(checkpoint: Checkpoint) -> SessionState:
@@ -306,8 +311,8 @@ def session_set_budgets(
                 )
             before["deadline_at"] = session.deadline_at.isoformat() if session.deadline_at else None
             session.deadline_at = deadline
-            payload["deadline"] = deadline.isoformat() if deadline else None
-            after["deadline_at"] = payload["deadline"]
+            after["deadline_at"] = deadline.isoformat() if deadline else None
+            payload = stored(as_operator(payload) | OperatorPayload(deadline=after["deadline_at"]))
         queue = resume and session.budgets_resume()
         return _Edit(
             payload=payload,
@@ -473,7 +478,11 @@ def session_cancel(
         was_running = session.has_live_worker()
         _append_operator_step(
             session,
-            {"action": OperatorAction.CANCEL, "actor": who.label, "while_running": was_running},
+            stored(
+                OperatorPayload(
+                    action=OperatorAction.CANCEL, actor=who.label, while_running=was_running
+                )
+            ),
         )
         session.status = Status.CANCELLED
         session.cancel_requested = False
@@ -501,15 +510,12 @@ def _decide(
         if pending is None:
             raise ActionError("nothing is waiting for approval in this session", code="bad_status")
         before = _summary(session)
-        payload = {
-            "action": decision,
-            "call_id": pending.call_id,
-            "tool": pending.tool,
-            "actor": who.label,
-        }
+        payload = OperatorPayload(
+            action=decision, call_id=pending.call_id, tool=pending.tool, actor=who.label
+        )
         if reason:
             payload["reason"] = reason
-        _append_operator_step(session, payload)
+        _append_operator_step(session, stored(payload))
         session.status = Status.QUEUED
         session.save()
         audit(
@@ -566,12 +572,14 @@ def checkpoint_rollback(
         ).update(superseded_at=now)
         step = _append_operator_step(
             session,
-            {
-                "action": OperatorAction.ROLLBACK,
-                "actor": who.label,
-                "checkpoint_seq": checkpoint_seq,
-                "superseded_steps": superseded,
-            },
+            stored(
+                OperatorPayload(
+                    action=OperatorAction.ROLLBACK,
+                    actor=who.label,
+                    checkpoint_seq=checkpoint_seq,
+                    superseded_steps=superseded,
+                )
+            ),
         )
         # The rollback record itself is history after the checkpoint; it stays visible.
         session.head = checkpoint_seq
@@ -761,18 +769,19 @@ def session_correct_result(
             raise ActionError(
                 f"step {result_seq} is not a live tool result of this session", code="not_found"
             )
-        payload = {
-            "action": OperatorAction.CORRECT_RESULT,
-            "actor": who.label,
-            "call_id": target.payload.get("call_id"),
-            "name": target.payload.get("name"),
-            "result_seq": result_seq,
-            "output": output,
-        }
+        original = as_tool_result(target.payload)
+        payload = OperatorPayload(
+            action=OperatorAction.CORRECT_RESULT,
+            actor=who.label,
+            call_id=original["call_id"],
+            name=original["name"],
+            result_seq=result_seq,
+            output=output,
+        )
         if note.strip():
             payload["note"] = note.strip()[:2000]
         return _Edit(
-            payload=payload,
+            payload=stored(payload),
             before={"result_seq": result_seq, "original": target.payload},
             after={"output": output},
         )
@@ -800,7 +809,7 @@ def session_add_instruction(
     return _operator_edit(session_id, "instruction", prepare, actor, request_meta)
 
 
-UNCERTAIN_CHOICES = ("rerun", "record_result", "fail")
+UNCERTAIN_CHOICES = (OperatorAction.RERUN, OperatorAction.RECORD_RESULT, OperatorAction.FAIL)
 
 
 def session_resolve_uncertain(
@@ -822,7 +831,7 @@ def session_resolve_uncertain(
             f"resolution must be one of {', '.join(UNCERTAIN_CHOICES)}, got {resolution!r}",
             code="invalid",
         )
-    if resolution == "record_result":
+    if resolution == OperatorAction.RECORD_RESULT:
         try:
             json.dumps(output)
         except (TypeError, ValueError):
@@ -834,16 +843,18 @@ def session_resolve_uncertain(
         if not session.can_decide() or not uncertain:
             raise ActionError("no tool call of this session is uncertain", code="bad_status")
         call_id = uncertain[0]
-        payload: dict[str, Any] = {"action": resolution, "call_id": call_id, "actor": who.label}
-        if resolution == "record_result":
+        payload = OperatorPayload(action=resolution, call_id=call_id, actor=who.label)
+        if resolution == OperatorAction.RECORD_RESULT:
             payload["output"] = output
         if note.strip():
             payload["note"] = note.strip()[:2000]
         before = {"uncertain_call": call_id}
-        if resolution == "fail":
+        if resolution == OperatorAction.FAIL:
             failed = f"failed by {who.label}: tool call {call_id} may or may not have happened"
-            return _Edit(payload=payload, status=Status.FAILED, last_error=failed, before=before)
-        return _Edit(payload=payload, before=before)
+            return _Edit(
+                payload=stored(payload), status=Status.FAILED, last_error=failed, before=before
+            )
+        return _Edit(payload=stored(payload), before=before)
 
     return _operator_edit(session_id, f"uncertain_{resolution}", prepare, actor, request_meta)
 

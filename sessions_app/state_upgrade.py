@@ -84,39 +84,30 @@ class _Table:
 def _tables(
     checkpoint_model, step_model, *, down_from: int | None = None, target: int = SCHEMA_VERSION
 ) -> list[_Table]:
-    if down_from is None:
-        return [
-            _Table(
-                "checkpoints",
-                checkpoint_model,
-                "state",
-                ("id", "session_id", "seq", "schema_version", "state"),
-                lambda row: upgrade_state_blob(row.state, target).value,
-            ),
-            _Table(
-                "steps",
-                step_model,
-                "payload",
-                ("id", "session_id", "seq", "schema_version", "kind", "payload"),
-                lambda row: (
-                    load_step_payload(row.kind, row.payload, row.schema_version, target).value
-                ),
-            ),
-        ]
+    def state(row: Any) -> dict[str, Any]:
+        if down_from is None:
+            return upgrade_state_blob(row.state, target).value
+        return downgrade_state_blob(row.state, down_from)
+
+    def payload(row: Any) -> dict[str, Any]:
+        if down_from is None:
+            return load_step_payload(row.kind, row.payload, row.schema_version, target).value
+        return downgrade_step_payload(row.kind, row.payload, down_from)
+
     return [
         _Table(
             "checkpoints",
             checkpoint_model,
             "state",
             ("id", "session_id", "seq", "schema_version", "state"),
-            lambda row: downgrade_state_blob(row.state, down_from),
+            state,
         ),
         _Table(
             "steps",
             step_model,
             "payload",
             ("id", "session_id", "seq", "schema_version", "kind", "payload"),
-            lambda row: downgrade_step_payload(row.kind, row.payload, down_from),
+            payload,
         ),
     ]
 

@@ -38,9 +38,13 @@ from agent_runtime.state import (
     CheckpointRecord,
     NewCheckpoint,
     NewStep,
+    OperatorAction,
+    PayloadField,
     SessionStatus,
     StepKind,
     StepRecord,
+    as_model,
+    usage_cost,
     validate_step_payload,
 )
 from agent_runtime.store import (
@@ -63,6 +67,8 @@ from .models import (
     DemoRecord,
     SideEffect,
     Step,
+    payload_key,
+    payload_q,
 )
 
 # How stale a running session's updated_at may get between two of its steps.
@@ -106,16 +112,17 @@ def model_usage(steps: Sequence[NewStep]) -> list[tuple[Any, ...]]:
     for step in steps:
         if step.kind != StepKind.MODEL:
             continue
-        usage = step.payload.get("usage") or {}
+        model = as_model(step.payload)
+        usage = model.get("usage") or {}
         row = by_model.setdefault(
-            str(step.payload.get("model") or "")[:200], [0, 0, 0, 0, 0, Decimal(0), 0]
+            str(model.get("model") or "")[:200], [0, 0, 0, 0, 0, Decimal(0), 0]
         )
         row[0] += 1
         row[1] += step.tokens_in
         row[2] += step.tokens_out
         row[3] += int(usage.get("cache_read_tokens") or 0)
         row[4] += int(usage.get("cache_write_tokens") or 0)
-        row[5] += Decimal(str(usage.get("cost") or 0))
+        row[5] += Decimal(str(usage_cost(step.payload)))
         row[6] += 1 if usage.get("unpriced") else 0
     return [(model, *row) for model, row in by_model.items()]
 
@@ -181,7 +188,7 @@ def append_rows(
         "tokens_in": sum(s.tokens_in for s in steps),
         "tokens_out": sum(s.tokens_out for s in steps),
     }
-    cost = sum(float((s.payload.get("usage") or {}).get("cost") or 0) for s in steps)
+    cost = sum(usage_cost(s.payload) for s in steps)
     if cost:
         increments["cost"] = Decimal(str(cost))
     values: dict[str, Any] = {
@@ -432,11 +439,11 @@ class DjangoSessionStore:
                 raise self._fenced_off(lease)
             live = Step.objects.filter(session__id=lease.session_id, superseded_at__isnull=True)
             model = live.filter(seq=after_seq).values_list("payload", flat=True).first() or {}
-            calls = {c["id"] for c in model.get("tool_calls") or []}
+            calls = {c["id"] for c in as_model(model).get("tool_calls") or []}
             answered = (
                 set(
                     live.filter(seq__gt=after_seq, kind=StepKind.TOOL_RESULT.value).values_list(
-                        "payload__call_id", flat=True
+                        payload_key(PayloadField.CALL_ID), flat=True
                     )
                 )
                 & calls
@@ -507,20 +514,20 @@ def count_failed_calls(session_id: Any) -> int:
     failed = {
         seq
         for seq, failure in Step.objects.filter(
+            payload_q(PayloadField.STATUS, value="error"),
             session_id=session_id,
             kind=StepKind.TOOL_RESULT.value,
-            payload__status="error",
             superseded_at__isnull=True,
-        ).values_list("seq", "payload__failure")
+        ).values_list("seq", payload_key(PayloadField.FAILURE))
         if failure != "rejected"
     }
     if failed:
         corrected = Step.objects.filter(
+            payload_q(PayloadField.ACTION, value=OperatorAction.CORRECT_RESULT),
             session_id=session_id,
             kind=StepKind.OPERATOR.value,
-            payload__action="correct_result",
             superseded_at__isnull=True,
-        ).values_list("payload__result_seq", flat=True)
+        ).values_list(payload_key(PayloadField.RESULT_SEQ), flat=True)
         failed -= {seq for seq in corrected if isinstance(seq, int)}
     AgentSession.objects.filter(id=session_id).update(failed_calls=len(failed))
     return len(failed)

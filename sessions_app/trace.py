@@ -21,7 +21,6 @@ from django.db.models import (
     Func,
     Max,
     Min,
-    Q,
     QuerySet,
     Subquery,
     Sum,
@@ -31,9 +30,18 @@ from django.db.models import (
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 
-from agent_runtime.state import OperatorAction, SystemEvent
+from agent_runtime.state import OperatorAction, PayloadField, SystemEvent, SystemPayload, stored
 
-from .models import AgentSession, AuditEvent, Checkpoint, Step
+from .models import (
+    RUN_STARTED,
+    STEP_FAILED,
+    AgentSession,
+    AuditEvent,
+    Checkpoint,
+    Step,
+    payload_key,
+    payload_q,
+)
 from .presenters import (
     GAP_COLLAPSE_SECONDS,
     KIND_LABEL,
@@ -56,11 +64,6 @@ from .presenters import (
 
 TRACE_PAGE = 50
 
-# A step that failed: an error step, or a tool result with an error. Served by the
-# step_failed partial index (migration 0020_dashboard_step_indexes), whose condition is
-# this same expression.
-FAILED = Q(kind="error") | Q(kind="tool_result", payload__status="error")
-
 KIND_FILTERS = {
     "user": ("user",),
     "model": ("model",),
@@ -70,8 +73,8 @@ KIND_FILTERS = {
     "system": ("system",),
 }
 STATUS_FILTERS = {
-    "failed": FAILED,
-    "retried": Q(kind="tool_result", payload__attempts__gt=1),
+    "failed": STEP_FAILED,
+    "retried": payload_q(PayloadField.ATTEMPTS, "gt", value=1, kind="tool_result"),
 }
 
 
@@ -147,7 +150,7 @@ def trace_context(session: AgentSession, after: int, filters: TraceFilters) -> T
     turns = before.filter(kind="model").count()
     if not filters.superseded:
         turns -= before.filter(superseded_at__isnull=False, kind="model").count()
-    starts = before.filter(kind="system", payload__event=SystemEvent.RUN_STARTED)
+    starts = before.filter(RUN_STARTED)
     if not filters.superseded:
         starts = starts.filter(superseded_at__isnull=True)
     runs = starts.aggregate(n=Count("id"), last=Max("seq"))
@@ -155,7 +158,7 @@ def trace_context(session: AgentSession, after: int, filters: TraceFilters) -> T
     if runs["last"]:
         worker = str(
             Step.objects.filter(session=session, seq=runs["last"])
-            .values_list(KT("payload__worker"), flat=True)
+            .values_list(KT(payload_key(PayloadField.WORKER)), flat=True)
             .first()
             or ""
         )
@@ -243,7 +246,7 @@ def failures(session: AgentSession) -> Failures:
     """The first and last failed step of the live trace, and how many failed."""
     row = (
         Step.objects.filter(session=session, superseded_at__isnull=True)
-        .filter(FAILED)
+        .filter(STEP_FAILED)
         .aggregate(first=Min("seq"), last=Max("seq"), count=Count("id"))
     )
     return Failures(row["first"], row["last"], row["count"])
@@ -256,14 +259,14 @@ def current_plan(session: AgentSession, state: dict[str, Any]) -> list[dict[str,
         return _plan_items(state.get("plan") or [])
     update = (
         Step.objects.filter(
+            payload_q("has_key", value=PayloadField.PLAN_UPDATE),
             session=session,
             seq__gt=session.head,
             kind="tool_result",
             superseded_at__isnull=True,
-            payload__has_key="plan_update",
         )
         .order_by("-seq")
-        .values_list("payload__plan_update", flat=True)
+        .values_list(payload_key(PayloadField.PLAN_UPDATE), flat=True)
         .first()
     )
     return _plan_items(update if isinstance(update, list) else state.get("plan") or [])
@@ -334,21 +337,21 @@ def _timeline_rows(
         t0=EpochSeconds(Coalesce("started_at", "created_at")),
         t1=EpochSeconds(Coalesce("finished_at", "started_at", "created_at")),
         failed=Case(
-            When(FAILED, then=Value(True)), default=Value(False), output_field=BooleanField()
+            When(STEP_FAILED, then=Value(True)), default=Value(False), output_field=BooleanField()
         ),
-        event=KT("payload__event"),
+        event_name=KT(payload_key(PayloadField.EVENT)),
     )
-    columns = ["seq", "kind", "t0", "t1", "failed", "event"]
+    columns = ["seq", "kind", "t0", "t1", "failed", "event_name"]
     if named:
         steps = steps.annotate(
-            tool=KT("payload__name"),
-            model=KT("payload__model"),
-            where=KT("payload__where"),
-            action=KT("payload__action"),
-            branch_index=KT("payload__branch__index"),
-            branch_of=KT("payload__branch__of"),
+            tool=KT(payload_key(PayloadField.NAME)),
+            model=KT(payload_key(PayloadField.MODEL)),
+            where=KT(payload_key(PayloadField.WHERE)),
+            action_name=KT(payload_key(PayloadField.ACTION)),
+            branch_index=KT(payload_key(PayloadField.BRANCH, PayloadField.INDEX)),
+            branch_of=KT(payload_key(PayloadField.BRANCH, PayloadField.OF)),
         )
-        columns += ["tool", "model", "where", "action", "branch_index", "branch_of"]
+        columns += ["tool", "model", "where", "action_name", "branch_index", "branch_of"]
     rows = []
     for values in steps.order_by("seq").values_list(*columns):
         seq, kind, t0, t1, failed, event = values[:6]
@@ -362,22 +365,29 @@ def _timeline_rows(
     return rows
 
 
+# System steps after which a session waits for a person's decision.
+WAITS_FOR_A_PERSON = (
+    SystemEvent.WAITING_FOR_APPROVAL,
+    SystemEvent.UNCERTAIN_CALL,
+    SystemEvent.BUDGET_REACHED,
+)
+
+
 def _gap_reason(after_kind: str, after_event: str, prev: Step | None) -> str:
     """What a session waited for in an idle gap: from the step that ended it, and the step
     just before that one (by seq)."""
-    prev_payload = (prev.payload or {}) if prev is not None else {}
     if after_kind == "operator":
         return "waiting for a person"
     if after_kind == "user":
         return "until a new message"
-    if prev_payload.get("event") in ("waiting_for_approval", "uncertain_call", "budget_reached"):
+    if prev is not None and prev.event in WAITS_FOR_A_PERSON:
         return "waiting for a person"
     if after_event == SystemEvent.RUN_STARTED and prev is not None:
-        if not ends_a_run(prev, prev_payload):
+        if not ends_a_run(prev, prev.payload or {}):
             return "until another worker took over (crash)"
         if prev.kind == "error":
             return "failed, until resumed"
-        if prev.kind == "operator" and prev_payload.get("action") == OperatorAction.ROLLBACK:
+        if prev.action == OperatorAction.ROLLBACK:
             return "paused, until resumed"
         return "waiting for a worker"
     if after_event == SystemEvent.RUN_STARTED:
@@ -415,7 +425,8 @@ def _stand_in(row: TimelineRow | None) -> Step | None:
     """A step as much as the timeline read of it (its kind and event)."""
     if row is None:
         return None
-    return Step(seq=row.seq, kind=row.kind, payload={"event": row.event} if row.event else {})
+    payload = stored(SystemPayload(event=row.event)) if row.event else {}
+    return Step(seq=row.seq, kind=row.kind, payload=payload)
 
 
 def _axis_for(rows: list[TimelineRow], previous_of: dict[int, Step]) -> ActiveAxis:
@@ -694,7 +705,7 @@ def _overview_in_sql(
             gap_rows.append((t0, t1, lo))
     gap_rows.sort()
     # Failed steps from their own index, each in the column whose steps it falls among.
-    failed = Step.objects.filter(session=session).filter(FAILED)
+    failed = Step.objects.filter(session=session).filter(STEP_FAILED)
     if not filters.superseded:
         failed = failed.filter(superseded_at__isnull=True)
     columns = [(b["first"], b["last"], b) for b in buckets if b["steps"]]
@@ -704,9 +715,7 @@ def _overview_in_sql(
                 bucket["failed"] += 1
                 bucket["first_failed"] = bucket["first_failed"] or seq
                 break
-    starts = Step.objects.filter(
-        session=session, kind="system", payload__event=SystemEvent.RUN_STARTED
-    )
+    starts = Step.objects.filter(RUN_STARTED, session=session)
     if not filters.superseded:
         starts = starts.filter(superseded_at__isnull=True)
     runs = list(
@@ -727,7 +736,7 @@ def _overview_in_sql(
     gaps = []
     for busy, t0, seq in gap_rows:
         after = around.get(seq)
-        event = str((after.payload or {}).get("event") or "") if after is not None else ""
+        event = after.event if after is not None else ""
         kind = after.kind if after is not None else ""
         gaps.append((busy, t0, _gap_reason(kind, event, around.get(seq - 1))))
     axis = ActiveAxis.from_gaps(first, end, gaps)
@@ -828,7 +837,9 @@ def _usage_per_turn(session: AgentSession, filters: TraceFilters) -> dict[str, A
     seq_span = span["last"] - span["first"] + 1
     width_seqs = max(-(-seq_span * per_bar // span["turns"]), 1) if per_bar > 1 else 1
     # A session that reported no cost has none in any turn: no payload is read for it.
-    cost = Cast(KT("payload__usage__cost"), FloatField()) if session.cost else Value(0.0)
+    cost: Any = Value(0.0)
+    if session.cost:
+        cost = Cast(KT(payload_key(PayloadField.USAGE, PayloadField.COST)), FloatField())
     if per_bar == 1:
         rows = list(
             models.order_by("seq").values_list(

@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from agent_runtime.loop import run_session
 from sessions_app import trace
-from sessions_app.models import AgentSession, Step
+from sessions_app.models import STEP_FAILED, AgentSession, Step
 from sessions_app.presenters import (
     ActiveAxis,
     RunHeader,
@@ -249,7 +249,7 @@ def test_failures_come_from_the_step_failed_index(long):
         cursor.execute("SET LOCAL enable_seqscan = off")
         sql, params = (
             Step.objects.filter(session=long.session, superseded_at__isnull=True)
-            .filter(trace.FAILED)
+            .filter(STEP_FAILED)
             .values("seq")
             .query.sql_with_params()
         )
