@@ -6,13 +6,10 @@ import re
 
 import pytest
 
-from agent_runtime.loop import run_session
 from sessions_app.models import AgentSession, Status, Step
-from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
 
-from ..conftest import wait_for
+from ..conftest import run_inline, wait_for
 from .conftest import login, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -24,18 +21,6 @@ XSS = [
     "[click](javascript:alert('xss-md'))",
     "<a href=\"javascript:alert('xss-link')\">link</a>",
 ]
-
-
-def run_inline(session):
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-    )
-    session.refresh_from_db()
-    return session
 
 
 def trace_seqs(page) -> list[int]:

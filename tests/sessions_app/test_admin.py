@@ -17,7 +17,6 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from agent_runtime.loop import run_session
 from agent_runtime.state import SCHEMA_VERSION
 from sessions_app import admin_services
 from sessions_app.admin import LargeTablePaginator
@@ -31,9 +30,10 @@ from sessions_app.models import (
     Status,
     Step,
 )
-from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import ActionError, session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+from sessions_app.store import DjangoSessionStore
+
+from ..conftest import run_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -42,16 +42,6 @@ MODELS = ["agentsession", "step", "checkpoint", "auditevent", "apitoken"]
 
 def admin_url(model: str, view: str = "changelist", *args) -> str:
     return reverse(f"admin:sessions_app_{model}_{view}", args=args)
-
-
-def run_inline(session: AgentSession) -> None:
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-    )
 
 
 @pytest.fixture

@@ -6,22 +6,12 @@ import uuid
 
 import pytest
 
-from agent_runtime.loop import run_session
 from sessions_app.models import AgentSession, ApiToken, AuditEvent, Step
-from sessions_app.runtime import agent_registry, run_config
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+from sessions_app.store import DjangoSessionStore
+
+from ..conftest import run_inline
 
 pytestmark = pytest.mark.django_db
-
-
-def run_inline(session_id):
-    return run_session(
-        str(session_id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-    )
 
 
 def start(call, agent="demo", text="what is (12*7)+3, then save it as a note"):

@@ -25,7 +25,7 @@ from sessions_app.selectors import _attention_querysets
 from sessions_app.store import DjangoSessionStore
 from tests.fixtures.loader import V1_SESSIONS, dump_blobs, insert_fixture
 
-from .test_state_upgrade import run_inline
+from ..conftest import run_session_inline as run_inline
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -5,27 +5,15 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from agent_runtime.loop import run_session
 from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
-from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import session_add_instruction, session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+from sessions_app.store import DjangoSessionStore
+
+from ..conftest import run_inline
 
 pytestmark = pytest.mark.django_db
 
 HX = {"HTTP_HX_REQUEST": "true"}
-
-
-def run_inline(session):
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-    )
-    session.refresh_from_db()
-    return session
 
 
 @pytest.fixture

@@ -4,10 +4,8 @@ import uuid
 
 import pytest
 
-from agent_runtime.loop import run_session
 from agent_runtime.state import SCHEMA_VERSION
 from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
-from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import (
     BULK_DISPATCH_NOW,
     ActionError,
@@ -23,19 +21,11 @@ from sessions_app.services import (
     session_send_message,
     session_start,
 )
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+from sessions_app.store import DjangoSessionStore
+
+from ..conftest import run_inline
 
 pytestmark = pytest.mark.django_db
-
-
-def run_inline(session):
-    return run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-    )
 
 
 def test_start_creates_session_with_first_user_step_and_audit(users):

@@ -13,12 +13,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
 
-from agent_runtime.loop import build_messages, run_session
+from agent_runtime.loop import build_messages
 from agent_runtime.state import SCHEMA_VERSION, describe_step, step_text
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 from sessions_app.jobs import run_session_job
 from sessions_app.models import AgentSession, Checkpoint, Status, Step
-from sessions_app.runtime import agent_registry, run_config
+from sessions_app.runtime import agent_registry
 from sessions_app.selectors import incompatible_sessions
 from sessions_app.services import (
     checkpoint_rollback,
@@ -28,9 +28,11 @@ from sessions_app.services import (
     session_resume,
     session_send_message,
 )
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+from sessions_app.store import DjangoSessionStore
 from tests.agent_runtime.test_upgraders import UPGRADES_FROM_V1, as_dicts
 from tests.fixtures.loader import V1_SESSIONS, dump_blobs, dump_tables, insert_fixture, read_fixture
+
+from ..conftest import run_session_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -42,16 +44,6 @@ def _job_keeps_the_test_connection(monkeypatch):
 
 
 DEMO_ANSWER = "(12*7)+3 = 87. Saved as note note-{id}-call_1_1."
-
-
-def run_inline(session_id: str):
-    return run_session(
-        session_id,
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-    )
 
 
 def upgrade(*args: str) -> str:
@@ -171,7 +163,7 @@ def test_mid_run_v1_session_resumed_after_the_upgrade_ends_like_an_uninterrupted
     reference = insert_fixture("completed")
     session_id = insert_fixture("mid_run")
     upgrade()
-    result = run_inline(session_id)
+    result = run_session_inline(session_id)
     assert result.outcome == "completed"
     session = head_session(session_id)
     assert session.status == Status.COMPLETED
@@ -187,7 +179,7 @@ def test_mid_run_v1_session_resumed_after_the_upgrade_ends_like_an_uninterrupted
 def test_v1_sessions_also_resume_without_the_upgrade():
     """Old blobs load through the upgraders whether or not upgrade_state ran."""
     session_id = insert_fixture("mid_run")
-    assert run_inline(session_id).outcome == "completed"
+    assert run_session_inline(session_id).outcome == "completed"
     run_started = Step.objects.filter(session_id=session_id, payload__event="run_started")
     loaded = run_started.order_by("-seq").first().payload
     assert loaded["checkpoint_seq"] == 7 and loaded["schema_version"] == 1
@@ -204,7 +196,7 @@ def test_v1_sessions_also_resume_without_the_upgrade():
 def test_waiting_v1_session_is_approved_and_completes():
     session_id = insert_fixture("waiting_approval")
     session_approve(session_id=session_id)
-    assert run_inline(session_id).outcome == "completed"
+    assert run_session_inline(session_id).outcome == "completed"
     assert (
         head_session(session_id).final_answer
         == f"Payment sent: reference pay-{session_id}-call_0_0."
@@ -214,7 +206,7 @@ def test_waiting_v1_session_is_approved_and_completes():
 def test_failed_v1_session_is_resumed_and_completes():
     session_id = insert_fixture("failed")
     session_resume(session_id=session_id)
-    assert run_inline(session_id).outcome == "completed"
+    assert run_session_inline(session_id).outcome == "completed"
     assert head_session(session_id).final_answer == "I could not compute 7/0: division by zero"
 
 
@@ -224,7 +216,7 @@ def test_v1_session_is_rolled_back_and_resumed():
     copy = Checkpoint.objects.get(session_id=session_id, reason="before-rollback")
     assert copy.schema_version == 1 and copy.state["schema_version"] == 1  # a copy, as stored
     session_resume(session_id=session_id)
-    assert run_inline(session_id).outcome == "completed"
+    assert run_session_inline(session_id).outcome == "completed"
     assert head_session(session_id).final_answer == DEMO_ANSWER.format(id=session_id)
 
 
@@ -237,7 +229,7 @@ def test_a_v1_session_is_forked_through_the_upgraders_and_the_fork_completes():
     assert fork.final_answer == parent.final_answer != ""
     assert fork.cost == parent.cost
     session_send_message(session_id=fork.id, content="what is 6*7?")
-    assert run_inline(str(fork.id)).outcome == "completed"
+    assert run_session_inline(str(fork.id)).outcome == "completed"
     assert head_session(str(fork.id)).final_answer.startswith("6*7 = 42")
 
 
@@ -336,7 +328,7 @@ def test_the_job_refuses_a_session_with_a_v99_step():
 def test_a_successful_run_or_a_resume_clears_the_mark():
     session_id = insert_fixture("mid_run")
     session_mark_incompatible(session_id=session_id, reason="an old worker could not load it")
-    assert run_inline(session_id).outcome == "completed"
+    assert run_session_inline(session_id).outcome == "completed"
     assert not head_session(session_id).is_incompatible
 
     other = insert_fixture("failed")
@@ -424,7 +416,7 @@ def test_writers_emit_only_the_current_version():
     from sessions_app.services import session_start
 
     session = session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
-    run_inline(str(session.id))
+    run_session_inline(str(session.id))
     assert set(Step.objects.values_list("schema_version", flat=True)) == {SCHEMA_VERSION}
     assert {c.state["schema_version"] for c in Checkpoint.objects.all()} == {SCHEMA_VERSION}
     model = Step.objects.filter(kind="model").order_by("seq").last()
@@ -449,5 +441,5 @@ def test_the_previous_release_still_writes_sessions_after_migrate():
     stored = Step.objects.get(session_id=session.id)
     assert stored.schema_version == 1  # v1's column default, as the old code writes it
     assert head_session(session.id).incompatible_reason == ""
-    assert run_inline(str(session.id)).outcome == "completed"
+    assert run_session_inline(str(session.id)).outcome == "completed"
     assert head_session(session.id).final_answer == "You said: hi"

@@ -15,7 +15,7 @@ from django.utils import timezone
 from sessions_app import services
 from sessions_app.models import AgentSession, Status
 from sessions_app.services import ActionError, session_start
-from tests.sessions_app.test_dashboard import run_inline
+from tests.conftest import run_inline
 
 pytestmark = pytest.mark.django_db
 

@@ -10,7 +10,6 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from agent_runtime.loop import run_session
 from sessions_app import trace
 from sessions_app.models import STEP_FAILED, AgentSession, Step
 from sessions_app.presenters import (
@@ -26,11 +25,10 @@ from sessions_app.presenters import (
     present_step,
     run_reason,
 )
-from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
 
 from ..builders import build_long_session
+from ..conftest import run_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -40,19 +38,6 @@ HX = {"HTTP_HX_REQUEST": "true"}
 @pytest.fixture
 def long(db):
     return build_long_session(5000, status="failed")
-
-
-def run_inline(session, **kwargs):
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-        **kwargs,
-    )
-    session.refresh_from_db()
-    return session
 
 
 # --- Numbers a person reads -------------------------------------------------------------
