@@ -54,6 +54,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 from agent_runtime.agents import Agent
+from agent_runtime.loop import NEW_INPUT_ACTIONS
 from agent_runtime.runners import RunContext, RunnerResult
 from agent_runtime.state import (
     SCHEMA_VERSION,
@@ -215,12 +216,12 @@ def step_for(item: dict[str, Any], names: dict[str, str]) -> tuple[str, dict[str
 
 # A person's word on a call that needs approval.
 APPROVAL_DECISIONS = (OperatorAction.APPROVE, OperatorAction.REJECT)
-# Operator steps the model is shown.
-OPERATOR_INPUT = (OperatorAction.INSTRUCTION, OperatorAction.CORRECT_RESULT)
 
 
 def _is_item(payload: dict[str, Any], kind: str) -> bool:
-    return ITEM in payload or kind == StepKind.USER or step_action(kind, payload) in OPERATOR_INPUT
+    return (
+        ITEM in payload or kind == StepKind.USER or step_action(kind, payload) in NEW_INPUT_ACTIONS
+    )
 
 
 def item_of(
@@ -561,7 +562,7 @@ class RespawnSession(SessionABC):
         return Step.objects.using(self._db).filter(
             payload_q("has_key", value=ITEM)
             | Q(kind=StepKind.USER)
-            | payload_q(PayloadField.ACTION, "in", value=OPERATOR_INPUT, kind=StepKind.OPERATOR),
+            | payload_q(PayloadField.ACTION, "in", value=NEW_INPUT_ACTIONS, kind=StepKind.OPERATOR),
             session_id=self.respawn_id,
             superseded_at__isnull=True,
         )

@@ -25,6 +25,7 @@ from .run import (
 )
 from .trace import (
     DECISIONS,
+    NEW_INPUT_ACTIONS,
     UNCERTAIN_RESOLUTIONS,
     Action,
     CallModel,
@@ -42,6 +43,7 @@ from .trace import (
 __all__ = [
     "BUDGET_REACHED",
     "DECISIONS",
+    "NEW_INPUT_ACTIONS",
     "UNCERTAIN_RESOLUTIONS",
     "Action",
     "BranchOutcome",

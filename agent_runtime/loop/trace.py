@@ -60,8 +60,9 @@ class Finished:
 
 Action = CallModel | RunTools | Finished
 
-# Operator steps that give the model something new to respond to (a person's edit).
-_NEW_INPUT_OPERATOR_ACTIONS = {OperatorAction.INSTRUCTION, OperatorAction.CORRECT_RESULT}
+# Operator steps that give the model something new to respond to (a person's edit): the
+# operator steps the model is shown.
+NEW_INPUT_ACTIONS = {OperatorAction.INSTRUCTION, OperatorAction.CORRECT_RESULT}
 # A person's word on one pending tool call: approve/reject a call that needs approval;
 # rerun/record_result an uncertain one (a non-idempotent call a crash left without result).
 DECISIONS = {
@@ -74,7 +75,7 @@ UNCERTAIN_RESOLUTIONS = {OperatorAction.RERUN, OperatorAction.RECORD_RESULT}
 
 
 def _is_new_input(step: StepRecord) -> bool:
-    return step.kind == StepKind.USER or step.action in _NEW_INPUT_OPERATOR_ACTIONS
+    return step.kind == StepKind.USER or step.action in NEW_INPUT_ACTIONS
 
 
 def next_action(history: list[StepRecord]) -> Action:
