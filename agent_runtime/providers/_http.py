@@ -271,14 +271,36 @@ def decode_arguments(text: str) -> dict[str, Any]:
     return value if isinstance(value, dict) else {INVALID_ARGUMENTS_KEY: text}
 
 
-def canonical(value: Any) -> Any:
-    """The same JSON value with object keys sorted.
+def canonical_json(value: Any) -> str:
+    """A JSON value's text with object keys sorted.
 
     A payload read back from PostgreSQL's JSONB has its keys in JSONB's order, not the
     model's; sorting makes the request bytes of a resumed run equal to an uninterrupted
     one's whatever store they came from (and keeps prompt-cache prefixes stable).
     """
-    return json.loads(json.dumps(value, sort_keys=True, ensure_ascii=False))
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
+
+
+def canonical(value: Any) -> Any:
+    """The same JSON value with object keys sorted (see canonical_json)."""
+    return json.loads(canonical_json(value))
+
+
+def response_object(text: str) -> dict[str, Any]:
+    """A response body's JSON object; MalformedResponse if the body is not one."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise MalformedResponse(f"the body is not JSON: {snippet(text)}") from None
+    if not isinstance(data, dict):
+        raise MalformedResponse(f"expected a JSON object, got {kind(data)}")
+    return data
+
+
+def object_or_empty(value: object) -> dict[str, Any]:
+    """An optional object in a response (usage figures, which compatible servers may leave
+    out): the object, or {} when it is missing or not one."""
+    return value if isinstance(value, dict) else {}
 
 
 def snippet(text: str, limit: int = 200) -> str:

@@ -17,6 +17,8 @@ from ._http import (
     SdkProvider,
     canonical,
     kind,
+    object_or_empty,
+    response_object,
     server_detail,
     snippet,
     token_count,
@@ -139,12 +141,7 @@ def _failed(content: str | None) -> bool:
 
 def parse_message(text: str) -> ModelTurn:
     """The turn in a Messages response body; MalformedResponse if it has none."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise MalformedResponse(f"the body is not JSON: {snippet(text)}") from None
-    if not isinstance(data, dict):
-        raise MalformedResponse(f"expected a JSON object, got {kind(data)}")
+    data = response_object(text)
     if data.get("type") == "error":
         raise MalformedResponse(f"an error in a success response: {server_detail(data)}")
     content = data.get("content")
@@ -171,9 +168,7 @@ def parse_message(text: str) -> ModelTurn:
             calls.append(ToolCall(id=call_id, name=name, arguments=arguments))
         # Other block types (thinking, server tools) belong to features this provider does
         # not request.
-    usage = data.get("usage")
-    if not isinstance(usage, dict):
-        usage = {}
+    usage = object_or_empty(data.get("usage"))
     return ModelTurn(
         text="".join(texts) if texts else None,
         tool_calls=calls,

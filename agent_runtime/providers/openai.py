@@ -6,7 +6,6 @@ options["openai_base_url"] points it there, options["openai_api_key"] authentica
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -16,8 +15,11 @@ from ..tools import ToolSpec
 from ._http import (
     MalformedResponse,
     SdkProvider,
+    canonical_json,
     decode_arguments,
     kind,
+    object_or_empty,
+    response_object,
     snippet,
     token_count,
 )
@@ -99,9 +101,7 @@ def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
                             # from (JSONB reorders keys). Arguments that were not valid
                             # JSON go back wrapped, as valid JSON: some compatible servers
                             # parse them to render their chat template, and would refuse.
-                            "arguments": json.dumps(
-                                call.arguments, sort_keys=True, ensure_ascii=False
-                            ),
+                            "arguments": canonical_json(call.arguments),
                         },
                     }
                     for call in message.tool_calls
@@ -124,12 +124,7 @@ def chat_messages(messages: list[Message]) -> list[dict[str, Any]]:
 
 def parse_completion(text: str) -> ModelTurn:
     """The turn in a Chat Completions response body; MalformedResponse if it has none."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        raise MalformedResponse(f"the body is not JSON: {snippet(text)}") from None
-    if not isinstance(data, dict):
-        raise MalformedResponse(f"expected a JSON object, got {kind(data)}")
+    data = response_object(text)
     choices = data.get("choices")
     if not isinstance(choices, list) or not choices:
         raise MalformedResponse(f"no 'choices' in {snippet(text)}")
@@ -154,12 +149,8 @@ def parse_completion(text: str) -> ModelTurn:
         calls.append(_tool_call(index, raw, taken={c.id for c in calls}))
     if content is None and not calls:
         raise MalformedResponse("choices[0].message has neither content nor tool calls")
-    usage = data.get("usage")
-    if not isinstance(usage, dict):
-        usage = {}  # compatible servers may leave usage out
-    details = usage.get("prompt_tokens_details")
-    if not isinstance(details, dict):
-        details = {}
+    usage = object_or_empty(data.get("usage"))
+    details = object_or_empty(usage.get("prompt_tokens_details"))
     return ModelTurn(
         text=content,
         tool_calls=calls,
