@@ -29,8 +29,8 @@ from ..store import EffectLedger, Lease, LeaseLost, SessionStore, utcnow
 from ..telemetry import RunRecord, ToolCallRecord, guarded, observe
 from ..tools import ToolContext, ToolOutcome
 from ..upgraders import IncompatibleSchemaError
-from .heartbeat import Heartbeat, fence_guard
-from .run import RunConfig, progress_sink, result_payload
+from .heartbeat import Heartbeat
+from .run import RunConfig, recorded_key, result_payload, tool_context
 from .trace import apply_step, current_fan_out, replay
 
 
@@ -115,7 +115,7 @@ def run_branch(
     call = pending[seq].call
     step = pending[seq].tool_call_step
     assert step is not None
-    key = step.idempotency_key or f"{session_id}:{seq}"
+    key = recorded_key(session_id, step)
     tool = agent.tool_registry.get(call.name)
     with Heartbeat(
         store, lease, config.lease_ttl, config.heartbeat_every, since=renewed_at
@@ -124,21 +124,19 @@ def run_branch(
 
         def context(attempt: int) -> ToolContext:
             heartbeat.ensure()  # never start a call after the lease is gone
-            return ToolContext(
-                session_id=session_id,
+            return tool_context(
+                store=store,
+                lease=lease,
+                heartbeat=heartbeat,
+                agent=agent,
+                state=state,
+                effects=effects,
+                records=records,
+                options=config.tool_options,
                 call_id=call.id,
                 seq=seq,
-                idempotency_key=key,
+                key=key,
                 attempt=attempt,
-                effects=effects,
-                options=config.tool_options,
-                records=records,
-                agent_name=agent.name,
-                agent_version=agent.version,
-                agent_state=state.agent_state if agent.state is not None else None,
-                progress=progress_sink(store, lease),
-                fence_token=lease.token,
-                fence=fence_guard(store, lease, heartbeat),
             )
 
         if tool is None:

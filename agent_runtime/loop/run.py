@@ -556,7 +556,7 @@ class _Run:
                             )
                         ),
                         started_at=now,
-                        idempotency_key=f"{self.session_id}:{self.last_seq + 1 + index}",
+                        idempotency_key=call_key(self.session_id, self.last_seq + 1 + index),
                     )
                     for index, p in enumerate(new_calls)
                 ]
@@ -684,14 +684,11 @@ class _Run:
                 # "rerun": a person said it did not happen; run it again with its key.
             if pending.tool_call_step is not None:
                 # Recorded before a crash, result never committed: run again, same key.
-                key = (
-                    pending.tool_call_step.idempotency_key
-                    or f"{self.session_id}:{pending.tool_call_step.seq}"
-                )
+                key = recorded_key(self.session_id, pending.tool_call_step)
                 call_seq = pending.tool_call_step.seq
             else:
                 call_seq = self.last_seq + 1
-                key = f"{self.session_id}:{call_seq}"
+                key = call_key(self.session_id, call_seq)
                 self.append(
                     NewStep(
                         kind=StepKind.TOOL_CALL,
@@ -737,21 +734,19 @@ class _Run:
                     held_back.append(attempt)
                     raise
             begun.append(attempt)
-            return ToolContext(
-                session_id=self.session_id,
-                call_id=call.id,
-                seq=call_seq,
-                idempotency_key=key,
-                attempt=attempt,
+            return tool_context(
+                store=self.store,
+                lease=self.lease,
+                heartbeat=self.heartbeat,
+                agent=self.agent,
+                state=self.state,
                 effects=self.effects,
                 records=self.records,
                 options=self.config.tool_options,
-                agent_name=self.agent.name,
-                agent_version=self.agent.version,
-                agent_state=self.state.agent_state,
-                progress=progress_sink(self.store, self.lease),
-                fence_token=self.lease.token,
-                fence=fence_guard(self.store, self.lease, self.heartbeat),
+                call_id=call.id,
+                seq=call_seq,
+                key=key,
+                attempt=attempt,
             )
 
         ran: ToolOutcome | None = None
@@ -900,6 +895,55 @@ def report_late_call(
         )
     except Exception:  # the log line above is the report of last resort
         log.exception("session %s: the late call could not be recorded", lease.session_id)
+
+
+def call_key(session_id: str, seq: int) -> str:
+    """A tool call's idempotency key: derived from its step's seq, so a run that calls it
+    again after a crash passes the same key."""
+    return f"{session_id}:{seq}"
+
+
+def recorded_key(session_id: str, step: StepRecord) -> str:
+    """The idempotency key of a recorded tool_call step (steps older than the column: its
+    seq's)."""
+    return step.idempotency_key or call_key(session_id, step.seq)
+
+
+def tool_context(
+    *,
+    store: SessionStore,
+    lease: Lease,
+    heartbeat: Heartbeat | None,
+    agent: Agent,
+    state: SessionState,
+    effects: EffectLedger,
+    records: RecordSource | None,
+    options: dict[str, Any],
+    call_id: str,
+    seq: int,
+    key: str,
+    attempt: int,
+) -> ToolContext:
+    """The context of one attempt at the recorded call at `seq`, in a run or a fan-out
+    branch (both under `lease`)."""
+    return ToolContext(
+        session_id=lease.session_id,
+        call_id=call_id,
+        seq=seq,
+        idempotency_key=key,
+        attempt=attempt,
+        effects=effects,
+        options=options,
+        records=records,
+        agent_name=agent.name,
+        agent_version=agent.version,
+        # An agent that keeps no state sees none, even where a version of it that kept
+        # some recorded it in the session.
+        agent_state=state.agent_state if agent.state is not None else None,
+        progress=progress_sink(store, lease),
+        fence_token=lease.token,
+        fence=fence_guard(store, lease, heartbeat),
+    )
 
 
 def progress_sink(store: SessionStore, lease: Lease) -> Callable[[int, int | None, str], bool]:
