@@ -416,3 +416,39 @@ def test_annotated_constraints_reach_the_schema_and_the_validation():
     assert props["speed"]["enum"] == ["slow", "fast"]
     outcome = refund.run(lambda a: ToolContext("s", "c", 1, "k", a, None), {"amount_cents": 0})
     assert not outcome.ok and "amount_cents: Input should be greater than 0" in outcome.error
+
+
+def test_an_agent_that_keeps_no_state_gives_its_tools_none_whatever_the_session_recorded():
+    # A session an agent with state ran, continued by a version of it that keeps none: its
+    # tools see no agent state (as a fan-out branch's always did), not the stale one.
+    seen = []
+
+    @tool
+    def peek(ctx: ToolContext) -> str:
+        seen.append(ctx.agent_state)
+        return "ok"
+
+    class Peeking:
+        def __init__(self, *, model: str, options: dict[str, Any]) -> None:
+            pass
+
+        def complete(self, messages, tools, settings):
+            from agent_runtime import ToolCall
+
+            if messages[-1].role == "tool":
+                return ModelTurn(text="done")
+            return ModelTurn(text=None, tool_calls=[ToolCall(f"c{len(messages)}", "peek", {})])
+
+    store = InMemoryStore()
+    session_id = new_session(store, "acme", "open ticket A")
+    run(store, session_id, agents=acme())
+    assert store.load_head(session_id).checkpoint.state.agent_state is not None
+    register_provider("test-peeking", Peeking)
+    try:
+        stateless = Agent(name="acme", version="1", model="test-peeking:m", tools=[peek])
+        store.add_user_message(session_id, "peek")
+        result = run(store, session_id, agents=AgentRegistry([stateless]))
+    finally:
+        PROVIDERS.pop("test-peeking")
+    assert result.outcome == Outcome.COMPLETED
+    assert seen == [None]
