@@ -35,7 +35,7 @@ from .state import (
     SystemEvent,
     SystemPayload,
     error_payload,
-    stored,
+    system_step,
 )
 from .store import Lease, LeaseLost, SessionHead, SessionStore, utcnow
 
@@ -154,12 +154,9 @@ def run_with_runner(
         store.append(
             lease,
             [
-                NewStep(
-                    kind=StepKind.SYSTEM,
-                    payload=stored(
-                        run_started(head, worker=config.worker_id, agent_version=agent.version)
-                        | SystemPayload(runner=type(runner).__name__)
-                    ),
+                system_step(
+                    run_started(head, worker=config.worker_id, agent_version=agent.version)
+                    | SystemPayload(runner=type(runner).__name__),
                     started_at=utcnow(),
                 )
             ],

@@ -566,6 +566,12 @@ def stored(fields: Mapping[str, Any]) -> dict[str, Any]:
     return dict(fields)
 
 
+def system_step(payload: SystemPayload, *, started_at: datetime | None = None) -> NewStep:
+    """A `system` step: what the engine itself records (a run started, a budget reached,
+    a fan-out, ...)."""
+    return NewStep(kind=StepKind.SYSTEM, payload=stored(payload), started_at=started_at)
+
+
 def error_payload(where: str, error: str, **details: Any) -> dict[str, Any]:
     """An `error` step's payload: where it happened, what it was, and its details."""
     return {**stored(ErrorPayload(where=where, error=error)), **details}

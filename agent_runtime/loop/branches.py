@@ -23,7 +23,7 @@ from ..state import (
     SystemPayload,
     as_system,
     as_tool_call,
-    stored,
+    system_step,
 )
 from ..store import EffectLedger, Lease, LeaseLost, SessionStore, utcnow
 from ..telemetry import RunRecord, ToolCallRecord, guarded, observe
@@ -208,14 +208,11 @@ def _join(
     enqueues it) calls the model with every result in."""
     head = store.load_head(session_id)
     state = replay(head, agent)
-    joined = NewStep(
-        kind=StepKind.SYSTEM,
-        payload=stored(
-            SystemPayload(
-                event=SystemEvent.JOINED,
-                fan_out_seq=fan.seq,
-                results=len(as_system(fan.payload)["calls"]),
-            )
+    joined = system_step(
+        SystemPayload(
+            event=SystemEvent.JOINED,
+            fan_out_seq=fan.seq,
+            results=len(as_system(fan.payload)["calls"]),
         ),
         started_at=utcnow(),
     )

@@ -43,6 +43,7 @@ from ..state import (
     error_payload,
     model_payload,
     stored,
+    system_step,
 )
 from ..store import EffectLedger, Lease, LeaseLost, SessionHead, SessionStore, utcnow
 from ..telemetry import (
@@ -301,12 +302,7 @@ class _Run:
         came back with a heartbeat or an append; the step in hand is recorded, the run ends
         here with a `cancelled` step. (The operator's cancel fences the run off instead.)"""
         self.append(
-            NewStep(
-                kind=StepKind.SYSTEM,
-                payload=stored(
-                    SystemPayload(event=SystemEvent.CANCELLED, worker=self.config.worker_id)
-                ),
-            ),
+            system_step(SystemPayload(event=SystemEvent.CANCELLED, worker=self.config.worker_id)),
             checkpoint=False,
             status=SessionStatus.CANCELLED,
             release=True,
@@ -338,7 +334,7 @@ class _Run:
             # New or upgraded: recorded whole, so every change after it is at its version.
             payload["agent_state"] = agent_state
             payload["agent_state_upgraders"] = list(agent_state_upgraders)
-        self.append(NewStep(kind=StepKind.SYSTEM, payload=stored(payload), started_at=utcnow()))
+        self.append(system_step(payload, started_at=utcnow()))
         while True:
             if self.heartbeat is not None and self.heartbeat.cancel_requested:
                 self.stop_cancelled()
@@ -348,10 +344,7 @@ class _Run:
                 # step's commit but before the status change cannot happen: they are one
                 # transaction) simply settles the status.
                 self.append(
-                    NewStep(
-                        kind=StepKind.SYSTEM,
-                        payload=stored(SystemPayload(event=SystemEvent.ALREADY_ANSWERED)),
-                    ),
+                    system_step(SystemPayload(event=SystemEvent.ALREADY_ANSWERED)),
                     checkpoint=True,
                     status=SessionStatus.COMPLETED,
                     release=True,
@@ -405,17 +398,14 @@ class _Run:
         error = f"{BUDGET_REACHED}: {message}"
         guarded(self.config.telemetry.budget_reached, self.record, budget)
         self.append(
-            NewStep(
-                kind=StepKind.SYSTEM,
-                payload=stored(
-                    SystemPayload(
-                        event=SystemEvent.BUDGET_REACHED,
-                        budget=budget,
-                        limit=limit,
-                        used=used,
-                        message=message,
-                    )
-                ),
+            system_step(
+                SystemPayload(
+                    event=SystemEvent.BUDGET_REACHED,
+                    budget=budget,
+                    limit=limit,
+                    used=used,
+                    message=message,
+                )
             ),
             checkpoint=True,
             status=SessionStatus.PAUSED,
@@ -598,18 +588,15 @@ class _Run:
             return None
         seqs = [c.seq for c in calls]
         self.append(
-            NewStep(
-                kind=StepKind.SYSTEM,
-                payload=stored(
-                    SystemPayload(
-                        event=SystemEvent.FAN_OUT,
-                        worker=self.config.worker_id,
-                        owner=self.lease.owner,
-                        token=self.lease.token,
-                        calls=seqs,
-                        call_ids=[as_tool_call(c.payload)["call_id"] for c in calls],
-                        limit=limit,
-                    )
+            system_step(
+                SystemPayload(
+                    event=SystemEvent.FAN_OUT,
+                    worker=self.config.worker_id,
+                    owner=self.lease.owner,
+                    token=self.lease.token,
+                    calls=seqs,
+                    call_ids=[as_tool_call(c.payload)["call_id"] for c in calls],
+                    limit=limit,
                 ),
                 started_at=utcnow(),
             )
@@ -620,7 +607,7 @@ class _Run:
         """Stop the run at a call a person must decide on (an approval, an uncertain
         call): checkpointed, the session waits for input."""
         self.append(
-            NewStep(kind=StepKind.SYSTEM, payload=stored(waiting)),
+            system_step(waiting),
             checkpoint=True,
             status=SessionStatus.WAITING_INPUT,
             release=True,
