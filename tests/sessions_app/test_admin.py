@@ -740,10 +740,14 @@ def test_the_unfiltered_count_is_the_planner_estimate(client, many, staff, monke
 
 
 def test_the_capped_count_is_exact_below_the_cap(many):
-    paginator = LargeTablePaginator(AgentSession.objects.filter(status="failed"), 20)
+    paginator = LargeTablePaginator(
+        AgentSession.objects.filter(status="failed").order_by("-id"), 20
+    )
     assert paginator.count == 50 and paginator.count_label == "50"
     assert paginator.num_pages == 3
-    capped = LargeTablePaginator(AgentSession.objects.filter(title__contains="bulk"), 20)
+    capped = LargeTablePaginator(
+        AgentSession.objects.filter(title__contains="bulk").order_by("-id"), 20
+    )
     capped.max_rows = 120
     assert capped.count == 121 and capped.count_label == "more than 120"
     assert capped.num_pages == 6
