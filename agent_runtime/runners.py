@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from .state import (
     NewStep,
@@ -185,18 +185,17 @@ def run_with_runner(
             payload=error_payload("runner", result.error or "failed", **result.detail),
         )
     else:
-        step = NewStep(
-            kind=StepKind.SYSTEM,
-            payload={
-                "event": SystemEvent.RUN_FINISHED
-                if result.status != RunnerStatus.CANCELLED
-                else SystemEvent.CANCELLED,
-                "outcome": result.status.value,
-                "worker": config.worker_id,
-                **({"final_answer": result.final_answer} if result.final_answer else {}),
-                **result.detail,
-            },
+        finished = SystemPayload(
+            event=SystemEvent.RUN_FINISHED
+            if result.status != RunnerStatus.CANCELLED
+            else SystemEvent.CANCELLED,
+            outcome=result.status.value,
+            worker=config.worker_id,
         )
+        if result.final_answer:
+            finished["final_answer"] = result.final_answer
+        # A runner's own details (a LangGraph runner's interrupts, say) go in as they are.
+        step = system_step(cast(SystemPayload, {**finished, **result.detail}))
     try:
         store.append(lease, [step], status=status, error=result.error, release=True)
     except LeaseLost as exc:
