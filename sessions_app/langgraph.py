@@ -741,6 +741,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             pending_writes=pending,
         )
 
+    @_on_saver_thread
     def list(
         self,
         config: RunnableConfig | None,
@@ -749,17 +750,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        yield from self._list(config, filter=filter, before=before, limit=limit)
-
-    @_on_saver_thread
-    def _list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> builtins.list[CheckpointTuple]:
+        # Read whole on the saver's thread (its connection), handed out as an iterator.
         from .models import GraphCheckpoint
 
         qs = GraphCheckpoint.objects.using(self._db).select_related("session__graph_thread")
@@ -791,7 +782,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             out.append(self._tuple(row.session.graph_thread.thread_id, row, values))
             if limit is not None and len(out) >= limit:
                 break
-        return out
+        return iter(out)
 
     def _vendor(self) -> str:
         from django.db import connections
@@ -1000,9 +991,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        items = await self._thread.run(
-            self._list, config, filter=filter, before=before, limit=limit
-        )
+        items = await self._thread.run(self.list, config, filter=filter, before=before, limit=limit)
         for item in items:
             yield item
 
