@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -160,6 +160,18 @@ def _resume_point(session: AgentSession, checkpoint_seq: int) -> Checkpoint:
     if target is None:
         raise ActionError(f"session has no checkpoint at seq {checkpoint_seq}", code="not_found")
     return target
+
+
+def _session_with_steps(steps: list[Step], *, now: datetime, **fields: Any) -> AgentSession:
+    """Create a session born with `steps`, numbered from 1 in order: its seq and step
+    counters count them, and every row is written at `now`."""
+    session = AgentSession.objects.create(
+        last_seq=len(steps), step_count=len(steps), created_at=now, updated_at=now, **fields
+    )
+    for seq, step in enumerate(steps, start=1):
+        step.session, step.seq, step.created_at = session, seq, now
+    Step.objects.bulk_create(steps)
+    return session
 
 
 def _clear_incompatible(session: AgentSession) -> None:
@@ -360,31 +372,18 @@ def session_start(
         # The session's own limits, folded into its state by its first run.
         steps.append((Kind.OPERATOR, budgets_payload(state_budgets, who.label, "set at start")))
     with transaction.atomic():
-        session = AgentSession.objects.create(
+        session = _session_with_steps(
+            [
+                Step(kind=kind, payload=payload, started_at=now, finished_at=now)
+                for kind, payload in steps
+            ],
+            now=now,
             agent=agent,
             agent_version=definition.version,
             title=redactor().text(title or text)[:300],
             status=Status.QUEUED,
             created_by=who.user,
-            last_seq=len(steps),
-            step_count=len(steps),
             deadline_at=now + timedelta(seconds=seconds) if seconds else None,
-            created_at=now,
-            updated_at=now,
-        )
-        Step.objects.bulk_create(
-            [
-                Step(
-                    session=session,
-                    seq=seq,
-                    kind=kind,
-                    payload=payload,
-                    started_at=now,
-                    finished_at=now,
-                    created_at=now,
-                )
-                for seq, (kind, payload) in enumerate(steps, start=1)
-            ]
         )
         audit(
             actor=who,
@@ -670,32 +669,9 @@ def session_fork(
         state = _load_checkpoint_state(target)
         cursor = state.batch_cursor or {}
         now = timezone.now()
-        fork = AgentSession.objects.create(
-            agent=parent.agent,
-            # The fork continues the parent's history: it started where the parent did.
-            agent_version=parent.agent_version,
-            title=f"Fork of {parent.title or parent.id}"[:300],
-            status=Status.PAUSED,
-            created_by=who.user,
-            parent=parent,
-            fork_seq=checkpoint_seq,
-            head=len(steps),
-            last_seq=len(steps),
-            step_count=len(steps),
-            tokens_in=sum(s.tokens_in for s in steps),
-            tokens_out=sum(s.tokens_out for s in steps),
-            cost=sum(model_usage_cost(s) for s in steps),
-            final_answer=state.final_answer or "",
-            progress_done=cursor.get("done"),
-            progress_total=cursor.get("total"),
-            created_at=now,
-            updated_at=now,
-        )
-        Step.objects.bulk_create(
+        fork = _session_with_steps(
             [
                 Step(
-                    session=fork,
-                    seq=index,
                     kind=s.kind,
                     payload=s.payload,
                     schema_version=s.schema_version,
@@ -705,10 +681,25 @@ def session_fork(
                     tokens_out=s.tokens_out,
                     # Keys stay the parent's: those effects happened under them.
                     idempotency_key=s.idempotency_key,
-                    created_at=now,
                 )
-                for index, s in enumerate(steps, start=1)
-            ]
+                for s in steps
+            ],
+            now=now,
+            agent=parent.agent,
+            # The fork continues the parent's history: it started where the parent did.
+            agent_version=parent.agent_version,
+            title=f"Fork of {parent.title or parent.id}"[:300],
+            status=Status.PAUSED,
+            created_by=who.user,
+            parent=parent,
+            fork_seq=checkpoint_seq,
+            head=len(steps),
+            tokens_in=sum(s.tokens_in for s in steps),
+            tokens_out=sum(s.tokens_out for s in steps),
+            cost=sum(model_usage_cost(s) for s in steps),
+            final_answer=state.final_answer or "",
+            progress_done=cursor.get("done"),
+            progress_total=cursor.get("total"),
         )
         if parent.graph_thread_or_none() is not None:
             from .graph_services import copy_graph_rows
