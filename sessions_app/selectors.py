@@ -6,7 +6,7 @@ import base64
 import binascii
 import hashlib
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, time, timedelta
 from typing import Any, TypeVar
 
@@ -22,11 +22,13 @@ from agent_runtime.compat import session_problems
 from agent_runtime.state import (
     SCHEMA_VERSION,
     STATE_BUDGETS,
+    Budgets,
     OperatorAction,
     PayloadField,
+    SessionState,
     SystemEvent,
     SystemPayload,
-    as_operator,
+    apply_budgets,
     as_tool_call,
     stored,
 )
@@ -880,6 +882,10 @@ def session_budgets(session: AgentSession, state: dict[str, Any] | None = None) 
         if session.agent in registry:
             agent_limits = registry.get(session.agent).limits
             limits = {k: getattr(agent_limits, k) for k in STATE_BUDGETS}
+    # The steps fold in by the engine's own rule, on a state holding just these budgets (a
+    # limit nothing set stays None: no limit).
+    start: dict[str, Any] = {k: limits.get(k) for k in STATE_BUDGETS}
+    folded = SessionState(session.agent, session.agent_version, budgets=Budgets(**start))
     for payload in (
         Step.objects.filter(
             payload_q(PayloadField.ACTION, value=OperatorAction.SET_BUDGETS),
@@ -891,8 +897,8 @@ def session_budgets(session: AgentSession, state: dict[str, Any] | None = None) 
         .order_by("seq")
         .values_list("payload", flat=True)
     ):
-        changes = as_operator(payload).get("budgets") or {}
-        limits.update({k: v for k, v in changes.items() if k in limits})
+        apply_budgets(folded, payload)
+    limits = asdict(folded.budgets)
     tokens = session.tokens_in + session.tokens_out
     cost = float(session.cost)
     now = timezone.now()
