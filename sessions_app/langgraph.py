@@ -795,7 +795,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         """Delete the thread's session and everything in it; an audit record stays."""
         from django.db import transaction
 
-        from .models import AgentSession, AuditEvent
+        from .models import AgentSession, AuditAction, AuditEvent
 
         session_id = session_id_for(thread_id)
         with transaction.atomic(using=self._db):
@@ -804,7 +804,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 return
             AuditEvent.objects.using(self._db).create(
                 actor_label="langgraph",
-                action="graph_delete_thread",
+                action=AuditAction.GRAPH_DELETE_THREAD,
                 session_id=session_id,
                 before={"thread_id": thread_id, "steps": session.last_seq},
             )
@@ -870,6 +870,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
         from .models import (
             AgentSession,
+            AuditAction,
             AuditEvent,
             GraphBlob,
             GraphCheckpoint,
@@ -915,7 +916,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             _copy_rows(db, GraphWrite, source_id, target_id, exclude=("id", "session"))
             AuditEvent.objects.using(db).create(
                 actor_label="langgraph",
-                action="graph_copy_thread",
+                action=AuditAction.GRAPH_COPY_THREAD,
                 session_id=target_id,
                 before={"source_thread": source_thread_id, "source_session": str(source_id)},
                 after={"thread_id": target_thread_id},

@@ -90,7 +90,7 @@ def _summary(session: AgentSession) -> dict[str, Any]:
 def audit(
     *,
     actor: ActorInfo,
-    action: str,
+    action: AuditAction,
     session: AgentSession | None,
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
@@ -221,7 +221,7 @@ class _Edit:
 
 def _operator_edit(
     session_id: Any,
-    action: str,
+    action: AuditAction,
     prepare: Callable[[AgentSession, ActorInfo], _Edit],
     actor: Actor,
     request_meta: dict | None,
@@ -334,7 +334,7 @@ def session_set_budgets(
             after=after,
         )
 
-    return _operator_edit(session_id, "set_budgets", prepare, actor, request_meta)
+    return _operator_edit(session_id, AuditAction.SET_BUDGETS, prepare, actor, request_meta)
 
 
 def session_start(
@@ -387,7 +387,7 @@ def session_start(
         )
         audit(
             actor=who,
-            action="start",
+            action=AuditAction.START,
             session=session,
             after={**_summary(session), **({"budgets": limits} if limits else {})},
             request_meta=request_meta,
@@ -436,7 +436,7 @@ def session_resume(
         )
         audit(
             actor=who,
-            action="resume",
+            action=AuditAction.RESUME,
             session=session,
             before=before,
             after=_summary(session),
@@ -488,7 +488,7 @@ def session_cancel(
         session.save()
         audit(
             actor=who,
-            action="cancel",
+            action=AuditAction.CANCEL,
             session=session,
             before=before,
             after=_summary(session),
@@ -498,7 +498,7 @@ def session_cancel(
 
 
 def _decide(
-    session_id: Any, decision: str, actor: Actor, reason: str, request_meta: dict | None
+    session_id: Any, decision: AuditAction, actor: Actor, reason: str, request_meta: dict | None
 ) -> AgentSession:
     who = _actor(actor)
     with transaction.atomic():
@@ -510,7 +510,10 @@ def _decide(
             raise ActionError("nothing is waiting for approval in this session", code="bad_status")
         before = _summary(session)
         payload = OperatorPayload(
-            action=decision, call_id=pending.call_id, tool=pending.tool, actor=who.label
+            action=OperatorAction(decision),
+            call_id=pending.call_id,
+            tool=pending.tool,
+            actor=who.label,
         )
         if reason:
             payload["reason"] = reason
@@ -532,13 +535,13 @@ def _decide(
 def session_approve(
     *, session_id: Any, actor: Actor = None, reason: str = "", request_meta: dict | None = None
 ) -> AgentSession:
-    return _decide(session_id, "approve", actor, reason, request_meta)
+    return _decide(session_id, AuditAction.APPROVE, actor, reason, request_meta)
 
 
 def session_reject(
     *, session_id: Any, actor: Actor = None, reason: str = "", request_meta: dict | None = None
 ) -> AgentSession:
-    return _decide(session_id, "reject", actor, reason, request_meta)
+    return _decide(session_id, AuditAction.REJECT, actor, reason, request_meta)
 
 
 def checkpoint_rollback(
@@ -589,7 +592,7 @@ def checkpoint_rollback(
         session.save()
         audit(
             actor=who,
-            action="rollback",
+            action=AuditAction.ROLLBACK,
             session=session,
             before=before,
             after={**_summary(session), "superseded_steps": superseded, "operator_step": step.seq},
@@ -646,7 +649,7 @@ def session_send_message(
         _refuse(session.message_refusal())
         return _Edit(payload=user_payload(text), kind=Kind.USER, clear_final_answer=True)
 
-    return _operator_edit(session_id, "message", prepare, actor, request_meta)
+    return _operator_edit(session_id, AuditAction.MESSAGE, prepare, actor, request_meta)
 
 
 def session_fork(
@@ -716,7 +719,7 @@ def session_fork(
         )
         audit(
             actor=who,
-            action="fork",
+            action=AuditAction.FORK,
             session=fork,
             before={"parent": str(parent.id), "checkpoint_seq": checkpoint_seq},
             after=_summary(fork),
@@ -724,7 +727,7 @@ def session_fork(
         )
         audit(
             actor=who,
-            action="forked",
+            action=AuditAction.FORKED,
             session=parent,
             after={"fork": str(fork.id), "checkpoint_seq": checkpoint_seq},
             request_meta=request_meta,
@@ -777,7 +780,7 @@ def session_correct_result(
             after={"output": output},
         )
 
-    return _operator_edit(session_id, "correct_result", prepare, actor, request_meta)
+    return _operator_edit(session_id, AuditAction.CORRECT_RESULT, prepare, actor, request_meta)
 
 
 def session_add_instruction(
@@ -797,10 +800,15 @@ def session_add_instruction(
         _refuse(session.edit_refusal())
         return _Edit(payload=instruction_payload(text, who.label), after={"text": text})
 
-    return _operator_edit(session_id, "instruction", prepare, actor, request_meta)
+    return _operator_edit(session_id, AuditAction.INSTRUCTION, prepare, actor, request_meta)
 
 
 UNCERTAIN_CHOICES = (OperatorAction.RERUN, OperatorAction.RECORD_RESULT, OperatorAction.FAIL)
+UNCERTAIN_AUDIT: dict[str, AuditAction] = {
+    OperatorAction.RERUN: AuditAction.UNCERTAIN_RERUN,
+    OperatorAction.RECORD_RESULT: AuditAction.UNCERTAIN_RECORD_RESULT,
+    OperatorAction.FAIL: AuditAction.UNCERTAIN_FAIL,
+}
 
 
 def session_resolve_uncertain(
@@ -847,7 +855,7 @@ def session_resolve_uncertain(
             )
         return _Edit(payload=stored(payload), before=before)
 
-    return _operator_edit(session_id, f"uncertain_{resolution}", prepare, actor, request_meta)
+    return _operator_edit(session_id, UNCERTAIN_AUDIT[resolution], prepare, actor, request_meta)
 
 
 MAX_HOLD_NOTE = 300
@@ -877,7 +885,7 @@ def session_set_legal_hold(
         session.save(update_fields=["legal_hold", "legal_hold_note"])
         audit(
             actor=who,
-            action="legal_hold" if hold else "legal_hold_release",
+            action=AuditAction.LEGAL_HOLD if hold else AuditAction.LEGAL_HOLD_RELEASE,
             session=session,
             before=before,
             after={"legal_hold": hold, "note": note},
@@ -920,7 +928,7 @@ def session_check_compat(
             session_clear_incompatible(session_id=session.id)
     audit(
         actor=who,
-        action="compat_check",
+        action=AuditAction.COMPAT_CHECK,
         session=session,
         after={"loads": not problem, "problem": problem, "schema_version": SCHEMA_VERSION},
         request_meta=request_meta,

@@ -43,7 +43,17 @@ from agent_runtime.upgraders import (
     upgrade_state_blob,
 )
 
-from .models import RUNNABLE, AgentSession, AuditEvent, Checkpoint, Kind, Reason, Status, Step
+from .models import (
+    RUNNABLE,
+    AgentSession,
+    AuditAction,
+    AuditEvent,
+    Checkpoint,
+    Kind,
+    Reason,
+    Status,
+    Step,
+)
 from .runtime import redactor
 from .services import ActionError, Actor, _actor, audit
 
@@ -140,7 +150,7 @@ def export_session(
                 counts[kind] += 1
     audit(
         actor=_actor(actor),
-        action="export",
+        action=AuditAction.EXPORT,
         session=session,
         after={"counts": counts, "format": FORMAT, "schema_version": SCHEMA_VERSION},
         request_meta=request_meta,
@@ -416,7 +426,7 @@ def import_session(
         )
         audit(
             actor=_actor(actor),
-            action="import",
+            action=AuditAction.IMPORT,
             session=session,
             after={
                 "steps": result.steps,
