@@ -40,6 +40,7 @@ from .models import (
     LOADABLE,
     AgentSession,
     ApiToken,
+    AuditAction,
     AuditEvent,
     Checkpoint,
     Kind,
@@ -759,7 +760,7 @@ def preview_resume(session: AgentSession) -> Preview:
     worker cannot disagree."""
     from agent_runtime.loop import Finished, RunTools, next_action
 
-    preview = Preview(action="resume", checkpoint_seq=session.head)
+    preview = Preview(action=AuditAction.RESUME, checkpoint_seq=session.head)
     after = Step.objects.filter(session=session, seq__gt=session.head, superseded_at__isnull=True)
     count = after.count()
     if count:
@@ -811,7 +812,7 @@ def preview_resume(session: AgentSession) -> Preview:
 
 
 def preview_rollback(session: AgentSession, checkpoint_seq: int) -> Preview:
-    preview = Preview(action="rollback", checkpoint_seq=checkpoint_seq)
+    preview = Preview(action=AuditAction.ROLLBACK, checkpoint_seq=checkpoint_seq)
     later = Step.objects.filter(session=session, seq__gt=checkpoint_seq, superseded_at__isnull=True)
     preview.superseded_count = later.count()
     preview.superseded = list(later.order_by("seq")[:50])
