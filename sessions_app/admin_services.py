@@ -12,7 +12,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from .admin_forms import validate_checkpoint_state_json, validate_step_payload_json
-from .models import AgentSession, ApiToken, Checkpoint, Reason, Step
+from .models import AgentSession, ApiToken, AuditAction, Checkpoint, Reason, Step
 from .permissions import can_administer
 from .runtime import redactor
 from .services import (
@@ -85,7 +85,7 @@ def session_edit_title(
         session.save(update_fields=["title"])
         audit(
             actor=who,
-            action="admin_edit_session",
+            action=AuditAction.ADMIN_EDIT_SESSION,
             session=session,
             before=before,
             after={"title": new},
@@ -116,7 +116,7 @@ def step_edit_payload(
         token_before, token_after = _fence(session)
         audit(
             actor=who,
-            action="admin_edit_step",
+            action=AuditAction.ADMIN_EDIT_STEP,
             session=session,
             before={**before, "fencing_token": token_before},
             after={**where, "payload": payload, "fencing_token": token_after},
@@ -161,7 +161,7 @@ def checkpoint_edit_state(
         before["fencing_token"], after["fencing_token"] = _fence(session)
         audit(
             actor=who,
-            action="admin_edit_checkpoint",
+            action=AuditAction.ADMIN_EDIT_CHECKPOINT,
             session=session,
             before=before,
             after=after,
@@ -204,7 +204,7 @@ def api_token_issue(
         token, raw = ApiToken.issue(user, name)
         audit(
             actor=who,
-            action="admin_issue_token",
+            action=AuditAction.ADMIN_ISSUE_TOKEN,
             session=None,
             after={
                 "token": token.pk,
@@ -235,7 +235,7 @@ def api_token_revoke(
         where = {"token": token.pk, "user": token.user.get_username(), "name": token.name}
         audit(
             actor=who,
-            action="admin_revoke_token",
+            action=AuditAction.ADMIN_REVOKE_TOKEN,
             session=None,
             before={**where, "revoked_at": None},
             after={**where, "revoked_at": token.revoked_at.isoformat()},

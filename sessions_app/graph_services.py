@@ -21,7 +21,7 @@ from agent_runtime.state import (
 
 from . import dispatch
 from .graph_models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
-from .models import AgentSession, Status, payload_q
+from .models import AgentSession, AuditAction, Status, payload_q
 from .services import (
     ActionError,
     Actor,
@@ -88,7 +88,7 @@ def session_answer_interrupt(
         session.save()
         audit(
             actor=who,
-            action="answer_interrupt",
+            action=AuditAction.ANSWER_INTERRUPT,
             session=session,
             before={**before, "interrupts": interrupts},
             after={**_summary(session), "operator_step": step.seq},

@@ -741,6 +741,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             pending_writes=pending,
         )
 
+    @_on_saver_thread
     def list(
         self,
         config: RunnableConfig | None,
@@ -749,17 +750,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        yield from self._list(config, filter=filter, before=before, limit=limit)
-
-    @_on_saver_thread
-    def _list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> builtins.list[CheckpointTuple]:
+        # Read whole on the saver's thread (its connection), handed out as an iterator.
         from .models import GraphCheckpoint
 
         qs = GraphCheckpoint.objects.using(self._db).select_related("session__graph_thread")
@@ -791,7 +782,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             out.append(self._tuple(row.session.graph_thread.thread_id, row, values))
             if limit is not None and len(out) >= limit:
                 break
-        return out
+        return iter(out)
 
     def _vendor(self) -> str:
         from django.db import connections
@@ -804,7 +795,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         """Delete the thread's session and everything in it; an audit record stays."""
         from django.db import transaction
 
-        from .models import AgentSession, AuditEvent
+        from .models import AgentSession, AuditAction, AuditEvent
 
         session_id = session_id_for(thread_id)
         with transaction.atomic(using=self._db):
@@ -813,7 +804,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 return
             AuditEvent.objects.using(self._db).create(
                 actor_label="langgraph",
-                action="graph_delete_thread",
+                action=AuditAction.GRAPH_DELETE_THREAD,
                 session_id=session_id,
                 before={"thread_id": thread_id, "steps": session.last_seq},
             )
@@ -879,6 +870,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
         from .models import (
             AgentSession,
+            AuditAction,
             AuditEvent,
             GraphBlob,
             GraphCheckpoint,
@@ -924,7 +916,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             _copy_rows(db, GraphWrite, source_id, target_id, exclude=("id", "session"))
             AuditEvent.objects.using(db).create(
                 actor_label="langgraph",
-                action="graph_copy_thread",
+                action=AuditAction.GRAPH_COPY_THREAD,
                 session_id=target_id,
                 before={"source_thread": source_thread_id, "source_session": str(source_id)},
                 after={"thread_id": target_thread_id},
@@ -1000,9 +992,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        items = await self._thread.run(
-            self._list, config, filter=filter, before=before, limit=limit
-        )
+        items = await self._thread.run(self.list, config, filter=filter, before=before, limit=limit)
         for item in items:
             yield item
 

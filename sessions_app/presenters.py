@@ -537,6 +537,15 @@ def _present_operator(view: StepView, step: Step, payload: dict[str, Any]) -> No
         view.blocks.append(Block("details", pretty(details), True))
 
 
+def _waits(view: StepView, label: str, summary: str, *, warn: bool = False) -> None:
+    """A system step the session waits at until a person acts: shown, never folded away."""
+    view.noise = False
+    view.status, view.status_label = "waiting", label
+    if warn:
+        view.tone = "warn"
+    view.summary = one_line(summary)
+
+
 def _present_system(view: StepView, step: Step, payload: dict[str, Any]) -> None:
     system = as_system(payload)
     event = str(system.get("event") or "")
@@ -546,17 +555,15 @@ def _present_system(view: StepView, step: Step, payload: dict[str, Any]) -> None
     view.in_turn = event in TURN_EVENTS
     details = {k: v for k, v in payload.items() if k != PayloadField.EVENT}
     if event == SystemEvent.WAITING_FOR_APPROVAL:
-        view.noise = False
-        view.status, view.status_label = "waiting", "waiting"
         arguments = _args_line(system.get("arguments"))
-        view.summary = one_line(f"{system.get('tool')} needs a person's approval ({arguments})")
+        _waits(view, "waiting", f"{system.get('tool')} needs a person's approval ({arguments})")
     elif event == SystemEvent.UNCERTAIN_CALL:
-        view.noise = False
-        view.status, view.status_label = "waiting", "uncertain"
-        view.tone = "warn"
-        view.summary = one_line(
+        _waits(
+            view,
+            "uncertain",
             f"{system.get('tool')} may or may not have run (its worker died during the call); "
-            "a person decides"
+            "a person decides",
+            warn=True,
         )
     elif event == SystemEvent.FAN_OUT:
         calls = system.get("calls") or []
@@ -572,11 +579,12 @@ def _present_system(view: StepView, step: Step, payload: dict[str, Any]) -> None
     elif event == SystemEvent.RUN_STARTED:
         view.summary = f"run started on {system.get('worker', 'a worker')}"
     elif event == SystemEvent.BUDGET_REACHED:
-        view.noise = False
-        view.status, view.status_label = "waiting", "paused"
-        view.tone = "warn"
-        view.summary = one_line(
-            f"paused: {system.get('message') or system.get('budget')}; raise the budget to continue"
+        _waits(
+            view,
+            "paused",
+            f"paused: {system.get('message') or system.get('budget')}; "
+            "raise the budget to continue",
+            warn=True,
         )
     elif event == SystemEvent.RUN_FINISHED:
         outcome = str(system.get("outcome") or "finished")

@@ -292,7 +292,7 @@ class _Runner:
             if self.pause and not self.dry_run:
                 time.sleep(self.pause)
 
-    def _audit(self, action: str, rows: list[tuple[Any, dict[str, Any]]]) -> None:
+    def _audit(self, action: AuditAction, rows: list[tuple[Any, dict[str, Any]]]) -> None:
         clean = redactor().redact
         AuditEvent.objects.bulk_create(
             AuditEvent(
@@ -360,7 +360,7 @@ class _Runner:
         steps = _sizes(Step.objects.filter(session_id__in=keep), "payload")
         checkpoints = _sizes(Checkpoint.objects.filter(session_id__in=keep), "state")
         self._audit(
-            "retention_delete",
+            AuditAction.RETENTION_DELETE,
             [
                 (
                     sid,
@@ -479,7 +479,7 @@ class _Runner:
         for sid, seq in rows.values_list("session_id", "seq"):
             seqs.setdefault(sid, []).append(seq)
         self._audit(
-            "retention_checkpoints",
+            AuditAction.RETENTION_CHECKPOINTS,
             [
                 (
                     sid,
@@ -554,7 +554,7 @@ class _Runner:
         for _, sid, seq in chunk:
             seqs.setdefault(sid, []).append(seq)
         self._audit(
-            "retention_compact",
+            AuditAction.RETENTION_COMPACT,
             [
                 (
                     sid,

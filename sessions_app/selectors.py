@@ -6,7 +6,7 @@ import base64
 import binascii
 import hashlib
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, time, timedelta
 from typing import Any, TypeVar
 
@@ -22,11 +22,13 @@ from agent_runtime.compat import session_problems
 from agent_runtime.state import (
     SCHEMA_VERSION,
     STATE_BUDGETS,
+    Budgets,
     OperatorAction,
     PayloadField,
+    SessionState,
     SystemEvent,
     SystemPayload,
-    as_operator,
+    apply_budgets,
     as_tool_call,
     stored,
 )
@@ -38,6 +40,7 @@ from .models import (
     LOADABLE,
     AgentSession,
     ApiToken,
+    AuditAction,
     AuditEvent,
     Checkpoint,
     Kind,
@@ -757,7 +760,7 @@ def preview_resume(session: AgentSession) -> Preview:
     worker cannot disagree."""
     from agent_runtime.loop import Finished, RunTools, next_action
 
-    preview = Preview(action="resume", checkpoint_seq=session.head)
+    preview = Preview(action=AuditAction.RESUME, checkpoint_seq=session.head)
     after = Step.objects.filter(session=session, seq__gt=session.head, superseded_at__isnull=True)
     count = after.count()
     if count:
@@ -809,7 +812,7 @@ def preview_resume(session: AgentSession) -> Preview:
 
 
 def preview_rollback(session: AgentSession, checkpoint_seq: int) -> Preview:
-    preview = Preview(action="rollback", checkpoint_seq=checkpoint_seq)
+    preview = Preview(action=AuditAction.ROLLBACK, checkpoint_seq=checkpoint_seq)
     later = Step.objects.filter(session=session, seq__gt=checkpoint_seq, superseded_at__isnull=True)
     preview.superseded_count = later.count()
     preview.superseded = list(later.order_by("seq")[:50])
@@ -880,6 +883,10 @@ def session_budgets(session: AgentSession, state: dict[str, Any] | None = None) 
         if session.agent in registry:
             agent_limits = registry.get(session.agent).limits
             limits = {k: getattr(agent_limits, k) for k in STATE_BUDGETS}
+    # The steps fold in by the engine's own rule, on a state holding just these budgets (a
+    # limit nothing set stays None: no limit).
+    start: dict[str, Any] = {k: limits.get(k) for k in STATE_BUDGETS}
+    folded = SessionState(session.agent, session.agent_version, budgets=Budgets(**start))
     for payload in (
         Step.objects.filter(
             payload_q(PayloadField.ACTION, value=OperatorAction.SET_BUDGETS),
@@ -891,8 +898,8 @@ def session_budgets(session: AgentSession, state: dict[str, Any] | None = None) 
         .order_by("seq")
         .values_list("payload", flat=True)
     ):
-        changes = as_operator(payload).get("budgets") or {}
-        limits.update({k: v for k, v in changes.items() if k in limits})
+        apply_budgets(folded, payload)
+    limits = asdict(folded.budgets)
     tokens = session.tokens_in + session.tokens_out
     cost = float(session.cost)
     now = timezone.now()

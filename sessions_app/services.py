@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -90,7 +90,7 @@ def _summary(session: AgentSession) -> dict[str, Any]:
 def audit(
     *,
     actor: ActorInfo,
-    action: str,
+    action: AuditAction,
     session: AgentSession | None,
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,
@@ -162,6 +162,18 @@ def _resume_point(session: AgentSession, checkpoint_seq: int) -> Checkpoint:
     return target
 
 
+def _session_with_steps(steps: list[Step], *, now: datetime, **fields: Any) -> AgentSession:
+    """Create a session born with `steps`, numbered from 1 in order: its seq and step
+    counters count them, and every row is written at `now`."""
+    session = AgentSession.objects.create(
+        last_seq=len(steps), step_count=len(steps), created_at=now, updated_at=now, **fields
+    )
+    for seq, step in enumerate(steps, start=1):
+        step.session, step.seq, step.created_at = session, seq, now
+    Step.objects.bulk_create(steps)
+    return session
+
+
 def _clear_incompatible(session: AgentSession) -> None:
     session.incompatible_reason = ""
     session.incompatible_at = None
@@ -209,7 +221,7 @@ class _Edit:
 
 def _operator_edit(
     session_id: Any,
-    action: str,
+    action: AuditAction,
     prepare: Callable[[AgentSession, ActorInfo], _Edit],
     actor: Actor,
     request_meta: dict | None,
@@ -322,7 +334,7 @@ def session_set_budgets(
             after=after,
         )
 
-    return _operator_edit(session_id, "set_budgets", prepare, actor, request_meta)
+    return _operator_edit(session_id, AuditAction.SET_BUDGETS, prepare, actor, request_meta)
 
 
 def session_start(
@@ -360,35 +372,22 @@ def session_start(
         # The session's own limits, folded into its state by its first run.
         steps.append((Kind.OPERATOR, budgets_payload(state_budgets, who.label, "set at start")))
     with transaction.atomic():
-        session = AgentSession.objects.create(
+        session = _session_with_steps(
+            [
+                Step(kind=kind, payload=payload, started_at=now, finished_at=now)
+                for kind, payload in steps
+            ],
+            now=now,
             agent=agent,
             agent_version=definition.version,
             title=redactor().text(title or text)[:300],
             status=Status.QUEUED,
             created_by=who.user,
-            last_seq=len(steps),
-            step_count=len(steps),
             deadline_at=now + timedelta(seconds=seconds) if seconds else None,
-            created_at=now,
-            updated_at=now,
-        )
-        Step.objects.bulk_create(
-            [
-                Step(
-                    session=session,
-                    seq=seq,
-                    kind=kind,
-                    payload=payload,
-                    started_at=now,
-                    finished_at=now,
-                    created_at=now,
-                )
-                for seq, (kind, payload) in enumerate(steps, start=1)
-            ]
         )
         audit(
             actor=who,
-            action="start",
+            action=AuditAction.START,
             session=session,
             after={**_summary(session), **({"budgets": limits} if limits else {})},
             request_meta=request_meta,
@@ -437,7 +436,7 @@ def session_resume(
         )
         audit(
             actor=who,
-            action="resume",
+            action=AuditAction.RESUME,
             session=session,
             before=before,
             after=_summary(session),
@@ -489,7 +488,7 @@ def session_cancel(
         session.save()
         audit(
             actor=who,
-            action="cancel",
+            action=AuditAction.CANCEL,
             session=session,
             before=before,
             after=_summary(session),
@@ -499,7 +498,7 @@ def session_cancel(
 
 
 def _decide(
-    session_id: Any, decision: str, actor: Actor, reason: str, request_meta: dict | None
+    session_id: Any, decision: AuditAction, actor: Actor, reason: str, request_meta: dict | None
 ) -> AgentSession:
     who = _actor(actor)
     with transaction.atomic():
@@ -511,7 +510,10 @@ def _decide(
             raise ActionError("nothing is waiting for approval in this session", code="bad_status")
         before = _summary(session)
         payload = OperatorPayload(
-            action=decision, call_id=pending.call_id, tool=pending.tool, actor=who.label
+            action=OperatorAction(decision),
+            call_id=pending.call_id,
+            tool=pending.tool,
+            actor=who.label,
         )
         if reason:
             payload["reason"] = reason
@@ -533,13 +535,13 @@ def _decide(
 def session_approve(
     *, session_id: Any, actor: Actor = None, reason: str = "", request_meta: dict | None = None
 ) -> AgentSession:
-    return _decide(session_id, "approve", actor, reason, request_meta)
+    return _decide(session_id, AuditAction.APPROVE, actor, reason, request_meta)
 
 
 def session_reject(
     *, session_id: Any, actor: Actor = None, reason: str = "", request_meta: dict | None = None
 ) -> AgentSession:
-    return _decide(session_id, "reject", actor, reason, request_meta)
+    return _decide(session_id, AuditAction.REJECT, actor, reason, request_meta)
 
 
 def checkpoint_rollback(
@@ -590,7 +592,7 @@ def checkpoint_rollback(
         session.save()
         audit(
             actor=who,
-            action="rollback",
+            action=AuditAction.ROLLBACK,
             session=session,
             before=before,
             after={**_summary(session), "superseded_steps": superseded, "operator_step": step.seq},
@@ -647,7 +649,7 @@ def session_send_message(
         _refuse(session.message_refusal())
         return _Edit(payload=user_payload(text), kind=Kind.USER, clear_final_answer=True)
 
-    return _operator_edit(session_id, "message", prepare, actor, request_meta)
+    return _operator_edit(session_id, AuditAction.MESSAGE, prepare, actor, request_meta)
 
 
 def session_fork(
@@ -670,32 +672,9 @@ def session_fork(
         state = _load_checkpoint_state(target)
         cursor = state.batch_cursor or {}
         now = timezone.now()
-        fork = AgentSession.objects.create(
-            agent=parent.agent,
-            # The fork continues the parent's history: it started where the parent did.
-            agent_version=parent.agent_version,
-            title=f"Fork of {parent.title or parent.id}"[:300],
-            status=Status.PAUSED,
-            created_by=who.user,
-            parent=parent,
-            fork_seq=checkpoint_seq,
-            head=len(steps),
-            last_seq=len(steps),
-            step_count=len(steps),
-            tokens_in=sum(s.tokens_in for s in steps),
-            tokens_out=sum(s.tokens_out for s in steps),
-            cost=sum(model_usage_cost(s) for s in steps),
-            final_answer=state.final_answer or "",
-            progress_done=cursor.get("done"),
-            progress_total=cursor.get("total"),
-            created_at=now,
-            updated_at=now,
-        )
-        Step.objects.bulk_create(
+        fork = _session_with_steps(
             [
                 Step(
-                    session=fork,
-                    seq=index,
                     kind=s.kind,
                     payload=s.payload,
                     schema_version=s.schema_version,
@@ -705,10 +684,25 @@ def session_fork(
                     tokens_out=s.tokens_out,
                     # Keys stay the parent's: those effects happened under them.
                     idempotency_key=s.idempotency_key,
-                    created_at=now,
                 )
-                for index, s in enumerate(steps, start=1)
-            ]
+                for s in steps
+            ],
+            now=now,
+            agent=parent.agent,
+            # The fork continues the parent's history: it started where the parent did.
+            agent_version=parent.agent_version,
+            title=f"Fork of {parent.title or parent.id}"[:300],
+            status=Status.PAUSED,
+            created_by=who.user,
+            parent=parent,
+            fork_seq=checkpoint_seq,
+            head=len(steps),
+            tokens_in=sum(s.tokens_in for s in steps),
+            tokens_out=sum(s.tokens_out for s in steps),
+            cost=sum(model_usage_cost(s) for s in steps),
+            final_answer=state.final_answer or "",
+            progress_done=cursor.get("done"),
+            progress_total=cursor.get("total"),
         )
         if parent.graph_thread_or_none() is not None:
             from .graph_services import copy_graph_rows
@@ -725,7 +719,7 @@ def session_fork(
         )
         audit(
             actor=who,
-            action="fork",
+            action=AuditAction.FORK,
             session=fork,
             before={"parent": str(parent.id), "checkpoint_seq": checkpoint_seq},
             after=_summary(fork),
@@ -733,7 +727,7 @@ def session_fork(
         )
         audit(
             actor=who,
-            action="forked",
+            action=AuditAction.FORKED,
             session=parent,
             after={"fork": str(fork.id), "checkpoint_seq": checkpoint_seq},
             request_meta=request_meta,
@@ -786,7 +780,7 @@ def session_correct_result(
             after={"output": output},
         )
 
-    return _operator_edit(session_id, "correct_result", prepare, actor, request_meta)
+    return _operator_edit(session_id, AuditAction.CORRECT_RESULT, prepare, actor, request_meta)
 
 
 def session_add_instruction(
@@ -806,10 +800,15 @@ def session_add_instruction(
         _refuse(session.edit_refusal())
         return _Edit(payload=instruction_payload(text, who.label), after={"text": text})
 
-    return _operator_edit(session_id, "instruction", prepare, actor, request_meta)
+    return _operator_edit(session_id, AuditAction.INSTRUCTION, prepare, actor, request_meta)
 
 
 UNCERTAIN_CHOICES = (OperatorAction.RERUN, OperatorAction.RECORD_RESULT, OperatorAction.FAIL)
+UNCERTAIN_AUDIT: dict[str, AuditAction] = {
+    OperatorAction.RERUN: AuditAction.UNCERTAIN_RERUN,
+    OperatorAction.RECORD_RESULT: AuditAction.UNCERTAIN_RECORD_RESULT,
+    OperatorAction.FAIL: AuditAction.UNCERTAIN_FAIL,
+}
 
 
 def session_resolve_uncertain(
@@ -856,7 +855,7 @@ def session_resolve_uncertain(
             )
         return _Edit(payload=stored(payload), before=before)
 
-    return _operator_edit(session_id, f"uncertain_{resolution}", prepare, actor, request_meta)
+    return _operator_edit(session_id, UNCERTAIN_AUDIT[resolution], prepare, actor, request_meta)
 
 
 MAX_HOLD_NOTE = 300
@@ -886,7 +885,7 @@ def session_set_legal_hold(
         session.save(update_fields=["legal_hold", "legal_hold_note"])
         audit(
             actor=who,
-            action="legal_hold" if hold else "legal_hold_release",
+            action=AuditAction.LEGAL_HOLD if hold else AuditAction.LEGAL_HOLD_RELEASE,
             session=session,
             before=before,
             after={"legal_hold": hold, "note": note},
@@ -929,7 +928,7 @@ def session_check_compat(
             session_clear_incompatible(session_id=session.id)
     audit(
         actor=who,
-        action="compat_check",
+        action=AuditAction.COMPAT_CHECK,
         session=session,
         after={"loads": not problem, "problem": problem, "schema_version": SCHEMA_VERSION},
         request_meta=request_meta,

@@ -23,10 +23,11 @@ import io
 import json
 import uuid
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
+from functools import partial
 from typing import IO, Any
 
 from django.contrib.auth import get_user_model
@@ -35,9 +36,24 @@ from django.db.models import Model
 from django.utils import timezone
 
 from agent_runtime.state import SCHEMA_VERSION
-from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload, upgrade_state_blob
+from agent_runtime.upgraders import (
+    IncompatibleSchemaError,
+    Loaded,
+    load_step_payload,
+    upgrade_state_blob,
+)
 
-from .models import RUNNABLE, AgentSession, AuditEvent, Checkpoint, Kind, Reason, Status, Step
+from .models import (
+    RUNNABLE,
+    AgentSession,
+    AuditAction,
+    AuditEvent,
+    Checkpoint,
+    Kind,
+    Reason,
+    Status,
+    Step,
+)
 from .runtime import redactor
 from .services import ActionError, Actor, _actor, audit
 
@@ -134,7 +150,7 @@ def export_session(
                 counts[kind] += 1
     audit(
         actor=_actor(actor),
-        action="export",
+        action=AuditAction.EXPORT,
         session=session,
         after={"counts": counts, "format": FORMAT, "schema_version": SCHEMA_VERSION},
         request_meta=request_meta,
@@ -268,6 +284,23 @@ def _fields(model: type[Model], data: dict[str, Any], where: str, skip: set[str]
     return out
 
 
+def _upgraded(
+    row: dict[str, Any],
+    column: str,
+    load: Callable[[], Loaded],
+    clean: Callable[[Any], Any],
+    where: str,
+) -> bool:
+    """Bring one exported blob to the current schema through the upgraders, redacted, in
+    `row` (a blob this code cannot load is refused); True if it was stored at an older one."""
+    try:
+        loaded = load()
+    except IncompatibleSchemaError as exc:
+        raise TransferError(f"{where}: {exc}") from None
+    row.update({column: clean(loaded.value), "schema_version": SCHEMA_VERSION})
+    return bool(loaded.applied)
+
+
 @dataclass(frozen=True)
 class Imported:
     session: AgentSession
@@ -334,12 +367,13 @@ def import_session(
         if kind not in Kind.values:
             raise TransferError(f"{where}: unknown kind {kind!r}")
         seqs.add(seq)
-        try:
-            loaded = load_step_payload(kind, row.get("payload"), row.get("schema_version"))
-        except IncompatibleSchemaError as exc:
-            raise TransferError(f"step seq {seq} ({kind}): {exc}") from None
-        upgraded += bool(loaded.applied)
-        row.update(payload=clean(loaded.value), schema_version=SCHEMA_VERSION)
+        upgraded += _upgraded(
+            row,
+            "payload",
+            partial(load_step_payload, kind, row.get("payload"), row.get("schema_version")),
+            clean,
+            f"step seq {seq} ({kind})",
+        )
         steps.append(Step(session_id=fields["id"], **row))
     checkpoints = []
     for index, data in enumerate(parsed.checkpoints, start=1):
@@ -349,12 +383,13 @@ def import_session(
             raise TransferError(f"{where}: seq {row.get('seq')!r} is not a step of the session")
         if row.get("reason") not in Reason.values:
             raise TransferError(f"{where}: unknown reason {row.get('reason')!r}")
-        try:
-            loaded = upgrade_state_blob(row.get("state"))
-        except IncompatibleSchemaError as exc:
-            raise TransferError(f"checkpoint at seq {row['seq']}: {exc}") from None
-        upgraded += bool(loaded.applied)
-        row.update(state=clean(loaded.value), schema_version=SCHEMA_VERSION)
+        upgraded += _upgraded(
+            row,
+            "state",
+            partial(upgrade_state_blob, row.get("state")),
+            clean,
+            f"checkpoint at seq {row['seq']}",
+        )
         checkpoints.append(Checkpoint(session_id=fields["id"], **row))
     events = []
     for index, data in enumerate(parsed.audit, start=1):
@@ -391,7 +426,7 @@ def import_session(
         )
         audit(
             actor=_actor(actor),
-            action="import",
+            action=AuditAction.IMPORT,
             session=session,
             after={
                 "steps": result.steps,

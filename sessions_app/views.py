@@ -26,6 +26,8 @@ from django_htmx.http import (
     trigger_client_event,
 )
 
+from agent_runtime.state import OperatorAction
+
 from . import charts, search, selectors, services, trace
 from .graph_services import pending_interrupts
 from .http import DASHBOARD, HtmxRequest, bearer_token, parse_uuid, positive_int, request_meta
@@ -222,7 +224,7 @@ def session_row(request: HtmxRequest, session_id: UUID) -> HttpResponse:
 def bulk_action(request: HtmxRequest) -> HttpResponse:
     _require_operate(request)
     action = request.POST.get("action", "")
-    if action not in ("resume", "cancel"):
+    if action not in (AuditAction.RESUME, AuditAction.CANCEL):
         return _error(request, f"unknown bulk action {action!r}", 400)
     raw_ids = request.POST.getlist("ids")[: BULK_LIMIT + 1]
     if len(raw_ids) > BULK_LIMIT:
@@ -241,7 +243,7 @@ def bulk_action(request: HtmxRequest) -> HttpResponse:
     results = []
     for index, session in enumerate(sessions):
         try:
-            if action == "resume":
+            if action == AuditAction.RESUME:
                 outcome = services.session_resume_in_bulk(
                     session_id=session.id,
                     position=index,
@@ -550,9 +552,9 @@ def checkpoint_diff(request: HtmxRequest, session_id: UUID) -> HttpResponse:
 def action_preview(request: HtmxRequest, session_id: UUID, action: str) -> HttpResponse:
     session = _get_session(request, session_id)
     _require_operate(request)
-    if action == "resume":
+    if action == AuditAction.RESUME:
         preview = selectors.preview_resume(session)
-    elif action == "rollback":
+    elif action == AuditAction.ROLLBACK:
         seq = positive_int(request.GET.get("seq"))
         if seq is None:
             return _error(request, "choose a checkpoint (a step number) to roll back to", 400)
@@ -594,16 +596,16 @@ def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpR
     who, meta = request.user, _meta(request)
     post = request.POST
     try:
-        if action == "resume":
+        if action == AuditAction.RESUME:
             services.session_resume(session_id=session.id, actor=who, request_meta=meta)
             text = "Resumed: queued for a worker from its head checkpoint."
-        elif action == "cancel":
+        elif action == AuditAction.CANCEL:
             # Read before the cancel, which ends the lease: the worker learns of it at its
             # next write.
             stops_worker = session.has_live_worker()
             services.session_cancel(session_id=session.id, actor=who, request_meta=meta)
             text = "Cancelled: the worker stops at its next step." if stops_worker else "Cancelled."
-        elif action == "rollback":
+        elif action == AuditAction.ROLLBACK:
             seq = _int(post.get("checkpoint_seq"), "checkpoint")
             services.checkpoint_rollback(
                 session_id=session.id, checkpoint_seq=seq, actor=who, request_meta=meta
@@ -612,7 +614,7 @@ def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpR
                 f"Rolled back to checkpoint {seq}; later steps are superseded. "
                 "Paused until resumed."
             )
-        elif action == "fork":
+        elif action == AuditAction.FORK:
             seq = _int(post.get("checkpoint_seq"), "checkpoint")
             fork = services.session_fork(
                 session_id=session.id, checkpoint_seq=seq, actor=who, request_meta=meta
@@ -620,12 +622,12 @@ def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpR
             messages.success(request, f"Forked from checkpoint {seq} of {session.id}.")
             url = reverse("sessions:detail", args=[fork.id])
             return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
-        elif action == "approve":
+        elif action == AuditAction.APPROVE:
             services.session_approve(
                 session_id=session.id, actor=who, reason=post.get("reason", ""), request_meta=meta
             )
             text = "Approved: the tool call runs now."
-        elif action == "reject":
+        elif action == AuditAction.REJECT:
             services.session_reject(
                 session_id=session.id, actor=who, reason=post.get("reason", ""), request_meta=meta
             )
@@ -641,7 +643,7 @@ def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpR
         elif action == "uncertain":
             resolution = post.get("resolution", "")
             output = None
-            if resolution == "record_result":
+            if resolution == OperatorAction.RECORD_RESULT:
                 output = _json(post.get("output", ""), "the recorded result")
             services.session_resolve_uncertain(
                 session_id=session.id,
@@ -652,11 +654,11 @@ def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpR
                 request_meta=meta,
             )
             text = {
-                "rerun": "The tool call runs again, with the same idempotency key.",
-                "record_result": "Result recorded by hand; the session goes on.",
-                "fail": "Session failed: the side effect stays uncertain, on record.",
-            }[resolution]
-        elif action == "message":
+                OperatorAction.RERUN: "The tool call runs again, with the same idempotency key.",
+                OperatorAction.RECORD_RESULT: "Result recorded by hand; the session goes on.",
+                OperatorAction.FAIL: "Session failed: the side effect stays uncertain, on record.",
+            }[OperatorAction(resolution)]  # checked by the service above
+        elif action == AuditAction.MESSAGE:
             services.session_send_message(
                 session_id=session.id, content=post.get("content", ""), actor=who, request_meta=meta
             )

@@ -14,7 +14,7 @@ from django.utils import timezone
 from sessions_app import runtime
 from sessions_app.models import AgentSession, AuditEvent, ModelUsage, Step
 from sessions_app.selectors import attention_section, session_budgets
-from sessions_app.services import session_fork
+from sessions_app.services import session_fork, session_start
 
 from ..conftest import run_inline
 
@@ -221,3 +221,13 @@ def test_a_bad_usage_query_names_the_problem(call, query, message):
     response = call("get", f"/api/usage?{query}")
     assert response.status_code == 400
     assert message in response.json()["detail"]
+
+
+def test_budgets_set_at_start_hold_for_an_agent_no_longer_registered():
+    """The set_budgets steps after the head fold in as the engine folds them
+    (agent_runtime.state.apply_budgets), whatever limits they start from: here none, the
+    agent being gone from the registry and no checkpoint written yet."""
+    session = session_start(agent="demo", input="hello", budgets={"max_steps": 7})
+    AgentSession.objects.filter(id=session.id).update(agent="retired")
+    session.refresh_from_db()
+    assert {b.name: b.limit for b in session_budgets(session)}["steps"] == 7
