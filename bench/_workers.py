@@ -10,17 +10,13 @@ argument) instead of a demo agent's (whose tools sleep or write side-effect rows
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from rq import Worker
 
 from sessions_app.worker import RespawnWorker
-
-from ._db import ROOT
+from tests.servers import WorkerProcess
 
 AGENT = "bench"
 
@@ -71,8 +67,11 @@ class BenchForkingWorker(Worker, BenchWorker):
     forking Worker first: its execute_job and horse handling override SimpleWorker's.)"""
 
 
-class Worker:
-    """One rqworker: the supervisor and the worker process it forked (its own process group)."""
+class Worker(WorkerProcess):
+    """One rqworker running the bench's worker class (its agent installed), its log in
+    `log_dir`."""
+
+    stop_timeout = 15.0
 
     def __init__(
         self,
@@ -82,61 +81,7 @@ class Worker:
         log_dir: Path,
         worker_class: str = "bench._workers.BenchWorker",
     ) -> None:
-        self.name = name
-        self.log_path = log_dir / f"{name}.log"
-        self._log = open(self.log_path, "wb")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "manage.py",
-                "rqworker",
-                queue,
-                "--name",
-                name,
-                "--worker-class",
-                worker_class,
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-
-    def pids(self) -> list[int]:
-        import psutil
-
-        try:
-            parent = psutil.Process(self.process.pid)
-            return [parent.pid, *(c.pid for c in parent.children(recursive=True))]
-        except psutil.NoSuchProcess:
-            return []
-
-    def kill(self) -> None:
-        """SIGKILL the supervisor and its worker process at once, as a machine crash would."""
-        for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait(timeout=10)
-        self._log.close()
-
-    def stop(self) -> None:
-        children = self.pids()[1:]
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        for pid in children:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if not self._log.closed:
-            self._log.close()
+        super().__init__(env, log_dir / f"{name}.log", name, queue, worker_class)
 
 
 def worker_env(database_url: str, redis_url: str, queue: str, **extra: str) -> dict[str, str]:

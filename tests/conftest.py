@@ -8,11 +8,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import psutil
 import pytest
 from django.conf import settings
 from django.contrib.auth.models import Group, User
 from django.db import connection
+
+from .servers import WorkerProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 # Packages of agents that are not Respawn's (a team's own, and mistakes teams make): the
@@ -246,54 +247,6 @@ def run_python(*args: str, env: dict[str, str] | None = None, timeout: float = 1
     return done.stdout
 
 
-class WorkerProcess:
-    """A real `manage.py rqworker` process on the test database and queue."""
-
-    def __init__(self, env: dict[str, str], log_path: Path, name: str) -> None:
-        self.log_path = log_path
-        self.name = name
-        self._log = open(log_path, "wb")
-        self.process = subprocess.Popen(
-            [sys.executable, "manage.py", "rqworker", settings.RESPAWN_QUEUE, "--name", name],
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-        )
-
-    def pids(self) -> list[int]:
-        """The supervisor and the worker process it forked (in its own process group)."""
-        try:
-            parent = psutil.Process(self.process.pid)
-            return [parent.pid, *(child.pid for child in parent.children(recursive=True))]
-        except psutil.NoSuchProcess:
-            return []
-
-    def kill(self) -> None:
-        """SIGKILL the supervisor and its worker process at once, as a machine crash would."""
-        for pid in self.pids():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait(timeout=10)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.kill()
-        self._log.close()
-
-    def log(self) -> str:
-        if not self._log.closed:
-            self._log.flush()
-        return self.log_path.read_text(errors="replace")
-
-
 @pytest.fixture
 def worker_env(transactional_db) -> dict[str, str]:
     env = dict(os.environ)
@@ -323,7 +276,7 @@ def start_worker(worker_env, rq_queue, tmp_path, request):
     def start(name: str | None = None, **extra_env: str) -> WorkerProcess:
         name = name or f"w{len(started) + 1}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
         env = {**worker_env, **extra_env}
-        worker = WorkerProcess(env, tmp_path / f"{name}.log", name)
+        worker = WorkerProcess(env, tmp_path / f"{name}.log", name, settings.RESPAWN_QUEUE)
         started.append(worker)
         return worker
 

@@ -18,11 +18,13 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 SERVICE_USER = "postgres"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class ServerError(RuntimeError):
@@ -563,3 +565,77 @@ class RedisSentinelSet:
                 process.kill()
                 process.wait(timeout=10)
         shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+class WorkerProcess:
+    """A real `manage.py rqworker` process (the tests' and the benchmarks'): the supervisor
+    and the worker process it forked, which are killed together as a machine crash would
+    kill them."""
+
+    stop_timeout = 10.0
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        log_path: Path,
+        name: str,
+        queue: str,
+        worker_class: str | None = None,
+    ) -> None:
+        self.log_path = log_path
+        self.name = name
+        self._log = open(log_path, "wb")
+        command = [sys.executable, "manage.py", "rqworker", queue, "--name", name]
+        if worker_class:
+            command += ["--worker-class", worker_class]
+        self.process = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
+
+    def pids(self) -> list[int]:
+        """The supervisor and the worker process it forked (in its own process group)."""
+        import psutil
+
+        try:
+            parent = psutil.Process(self.process.pid)
+            return [parent.pid, *(child.pid for child in parent.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        """SIGKILL the supervisor and its worker process at once, as a machine crash would."""
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.process.wait(timeout=10)
+        self._log.close()
+
+    def stop(self) -> None:
+        """SIGTERM (the worker finishes its job), SIGKILL after `stop_timeout`; a worker
+        process the supervisor left behind is killed too."""
+        children = self.pids()[1:]
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=self.stop_timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if not self._log.closed:
+            self._log.close()
+
+    def log(self) -> str:
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")

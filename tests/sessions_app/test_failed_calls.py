@@ -123,3 +123,14 @@ def test_any_other_error_is_still_a_500(client, users, monkeypatch):
 
     monkeypatch.setattr("sessions_app.views._get_session", broken)
     assert client.get(reverse("sessions:detail", args=[session.id])).status_code == 500
+
+
+def test_a_server_error_is_a_styled_page_that_needs_no_database(rf, django_assert_num_queries):
+    from sessions_app.views import server_error
+
+    with django_assert_num_queries(0):
+        response = server_error(rf.get("/sessions/"))
+    body = response.content.decode()
+    assert response.status_code == 500
+    assert "Something went wrong on the server" in body and "respawn.css" in body
+    assert "<title>Server error · Respawn</title>" in body
