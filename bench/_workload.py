@@ -15,6 +15,18 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+# The seeded deployments of the dashboard and admin benches: a hundred sessions' statuses
+# as a busy deployment has them, and the agents they belong to.
+STATUSES = (
+    ["completed"] * 80
+    + ["failed"] * 8
+    + ["cancelled"] * 4
+    + ["paused"] * 3
+    + ["waiting_input"] * 3
+    + ["running", "queued"]
+)
+AGENTS = ["demo", "slow", "flaky", "approval", "echo"]
+
 WORDS = (
     "agent state durable step checkpoint lease token worker resume model tool result plan "
     "memory budget session trace commit replay fence queue batch cursor version upgrade "

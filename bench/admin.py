@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from ._db import database_name, fresh_database, server_url, setup_django, with_db
+from ._workload import AGENTS, STATUSES
 
 DB_NAME = "respawn_bench_admin"
 TABLES = [
@@ -35,15 +36,6 @@ TABLES = [
     "sessions_app_checkpoint",
     "sessions_app_auditevent",
 ]
-STATUSES = (
-    ["completed"] * 80
-    + ["failed"] * 8
-    + ["cancelled"] * 4
-    + ["paused"] * 3
-    + ["waiting_input"] * 3
-    + ["running", "queued"]
-)
-AGENTS = ["demo", "slow", "flaky", "approval", "echo"]
 VERBS = ["Summarise", "Refund", "Check", "Translate", "Reconcile", "Draft", "Review", "Plan"]
 NOUNS = [
     "invoice",

@@ -24,17 +24,9 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 
 from ._db import fresh_database, server_url, setup_django, with_db
+from ._workload import AGENTS, STATUSES
 
 DB_NAME = "respawn_bench_dashboard"
-STATUSES = (
-    ["completed"] * 80
-    + ["failed"] * 8
-    + ["cancelled"] * 4
-    + ["paused"] * 3
-    + ["waiting_input"] * 3
-    + ["running", "queued"]
-)
-AGENTS = ["demo", "slow", "flaky", "approval", "echo"]
 SESSION_COLUMNS = (
     "id, agent, title, status, head, last_seq, fencing_token, cancel_requested, job_id, "
     "last_error, step_count, tokens_in, tokens_out, cost, final_answer, created_at, updated_at"

