@@ -7,10 +7,9 @@ import re
 
 from agent_runtime import Message, ModelTurn, scripted_model
 from agent_runtime.providers.scripted import episode as _episode
-from agent_runtime.providers.scripted import model_turns as _calls
+from agent_runtime.providers.scripted import position as _position
 from agent_runtime.providers.scripted import tool_call as _call
 from agent_runtime.providers.scripted import tool_results as _results
-from agent_runtime.providers.scripted import turn_number as _turn_number
 
 EXPRESSION = re.compile(r"what\s+is\s+(?P<expr>[-+*/().\d\s]+?)\s*(?:[,?;]|then\b|$)", re.I)
 
@@ -59,9 +58,7 @@ def demo(messages: list[Message]) -> ModelTurn:
     edited = _operator_edit(messages)
     if edited is not None:
         return edited
-    task, after = _episode(messages)
-    base = _calls(messages) - _turn_number(after)
-    turn = _turn_number(after)
+    task, after, turn, base = _position(messages)
     results = _results(after)
     match = EXPRESSION.search(task)
     wants_note = bool(re.search(r"\bnote\b|\bsave\b", task, re.I))
@@ -111,11 +108,9 @@ def demo(messages: list[Message]) -> ModelTurn:
 
 @scripted_model("slow")
 def slow(messages: list[Message]) -> ModelTurn:
-    task, after = _episode(messages)
-    base = _calls(messages) - _turn_number(after)
+    task, after, turn, base = _position(messages)
     match = re.search(r"count\s+to\s+(\d+)", task, re.I)
     target = min(int(match.group(1)), 10_000) if match else 3
-    turn = _turn_number(after)
     if turn < target:
         return ModelTurn(
             text=f"Tick {turn + 1} of {target}.",
@@ -126,9 +121,7 @@ def slow(messages: list[Message]) -> ModelTurn:
 
 @scripted_model("flaky")
 def flaky(messages: list[Message]) -> ModelTurn:
-    _, after = _episode(messages)
-    base = _calls(messages) - _turn_number(after)
-    turn = _turn_number(after)
+    _, after, turn, base = _position(messages)
     if turn == 0:
         return ModelTurn(
             text="Fetching the status page.",
@@ -144,9 +137,7 @@ def flaky(messages: list[Message]) -> ModelTurn:
 
 @scripted_model("approval")
 def approval(messages: list[Message]) -> ModelTurn:
-    task, after = _episode(messages)
-    base = _calls(messages) - _turn_number(after)
-    turn = _turn_number(after)
+    task, after, turn, base = _position(messages)
     if turn == 0:
         return ModelTurn(
             text="This needs a payment; asking for approval.",
@@ -170,9 +161,7 @@ def approval(messages: list[Message]) -> ModelTurn:
 @scripted_model("notify")
 def notify(messages: list[Message]) -> ModelTurn:
     """Sends one notification (a side effect that is not idempotent), then reports."""
-    task, after = _episode(messages)
-    base = _calls(messages) - _turn_number(after)
-    turn = _turn_number(after)
+    task, after, turn, base = _position(messages)
     if turn == 0:
         return ModelTurn(
             text="Sending the notification.",
@@ -187,9 +176,8 @@ def notify(messages: list[Message]) -> ModelTurn:
 @scripted_model("poison")
 def poison(messages: list[Message]) -> ModelTurn:
     """Calls a tool that takes its worker process down, every time."""
-    _, after = _episode(messages)
-    base = _calls(messages) - _turn_number(after)
-    if _turn_number(after) == 0:
+    _, after, turn, base = _position(messages)
+    if turn == 0:
         return ModelTurn(text="Running the bad tool.", tool_calls=[_call(base, 0, "crash_worker")])
     return ModelTurn(text="The bad tool returned (it should not have).")
 
@@ -208,9 +196,7 @@ def _number(text: str | None, default: int) -> int:
 @scripted_model("migrate")
 def migrate(messages: list[Message]) -> ModelTurn:
     """One batch per turn, each starting at the cursor the previous batch returned."""
-    task, after = _episode(messages)
-    base = _calls(messages) - _turn_number(after)
-    turn = _turn_number(after)
+    task, after, turn, base = _position(messages)
     match = MIGRATE.search(task)
     if match is None:
         return ModelTurn(
@@ -241,14 +227,13 @@ def research(messages: list[Message]) -> ModelTurn:
     """All lookups in one turn (the runtime may fan them out), then a summary."""
     from . import corpus
 
-    task, after = _episode(messages)
-    base = _calls(messages) - _turn_number(after)
+    task, after, turn, base = _position(messages)
     match = RESEARCH.search(task)
     if match is None:
         return ModelTurn(text="Ask me to 'research <topic> in <N> sources'.")
     topic = match.group("topic").strip()
     sources = corpus.pick(topic, max(1, min(int(match.group("n")), len(corpus.sources()))))
-    if _turn_number(after) == 0:
+    if turn == 0:
         return ModelTurn(
             text=f"Looking {topic} up in {len(sources)} sources at once.",
             tool_calls=[

@@ -82,6 +82,15 @@ def model_turns(messages: list[Message]) -> int:
     return sum(1 for m in messages if m.role == "assistant")
 
 
+def position(messages: list[Message]) -> tuple[str, list[Message], int, int]:
+    """Where a scripted model stands: the latest request, what it saw after it, its turn
+    since the request (0: the first answer), and the turns before the request (add the
+    turn to number tool calls uniquely across requests: `tool_call(base + turn, ...)`)."""
+    request, after = episode(messages)
+    turn = turn_number(after)
+    return request, after, turn, model_turns(messages) - turn
+
+
 def tool_call(turn: int, index: int, name: str, **arguments: Any) -> ToolCall:
     """A tool call with an id unique to (turn, index)."""
     return ToolCall(id=f"call_{turn}_{index}", name=name, arguments=arguments)

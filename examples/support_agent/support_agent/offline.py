@@ -7,13 +7,7 @@ from __future__ import annotations
 import re
 
 from agent_runtime import Message, ModelTurn, scripted_model
-from agent_runtime.providers.scripted import (
-    episode,
-    model_turns,
-    tool_call,
-    tool_results,
-    turn_number,
-)
+from agent_runtime.providers.scripted import position, tool_call, tool_results
 
 REFUND = re.compile(
     r"refund.*?order\s+(?P<order>[A-Z0-9-]+).*?(?P<amount>\d+(?:\.\d\d)?)", re.I | re.S
@@ -22,9 +16,7 @@ REFUND = re.compile(
 
 @scripted_model("support-desk")
 def support_desk(messages: list[Message]) -> ModelTurn:
-    request, after = episode(messages)
-    base = model_turns(messages) - turn_number(after)
-    turn = turn_number(after)
+    request, after, turn, base = position(messages)
     results = tool_results(after)
     if match := REFUND.search(request):
         if turn == 0:

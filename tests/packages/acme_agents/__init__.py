@@ -35,11 +35,9 @@ from agent_runtime import (
     tool,
 )
 from agent_runtime.providers.scripted import (
-    episode,
-    model_turns,
+    position,
     tool_call,
     tool_results,
-    turn_number,
 )
 
 # --- the scripted model (a real deployment names an OpenAI or Anthropic model) ---------
@@ -49,9 +47,7 @@ from agent_runtime.providers.scripted import (
 def acme_model(messages: list[Message]) -> ModelTurn:
     """'open ticket <title>', 'work <n>', 'refund <order> <cents>'; anything else is
     answered with the instructions it was given (so tests can read them)."""
-    request, after = episode(messages)
-    base = model_turns(messages) - turn_number(after)
-    turn = turn_number(after)
+    request, after, turn, base = position(messages)
     results = tool_results(after)
     if match := re.match(r"open ticket (?P<title>.+)", request):
         if turn == 0:
