@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -282,13 +281,7 @@ def start_worker(worker_env, rq_queue, tmp_path, request):
 
     yield start
     for worker in started:
-        child_pids = worker.pids()[1:]
-        worker.stop()
-        for pid in child_pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        worker.stop()  # and the worker process it forked, if the supervisor left it
     if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
         for worker in started:
             print(f"--- log of worker {worker.name} ---\n{worker.log()}")
