@@ -367,10 +367,6 @@ class InMemoryStore:
                 deadline=session.deadline,
             )
 
-    def set_deadline(self, session_id: str, deadline: datetime | None) -> None:
-        with self._lock:
-            self._get(session_id).deadline = deadline
-
     def load_tail(self, session_id: str) -> SessionHead:
         return tail_of(self.load_head(session_id))
 

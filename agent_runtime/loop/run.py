@@ -186,7 +186,6 @@ class _Run:
         self.last_seq = head.last_seq
         self.make_provider = make_provider
         self.heartbeat: Heartbeat | None = None
-        self.started_on = head.agent_version
         self.deadline = head.deadline
         self.record = RunRecord(head.session_id, agent.name, agent.version, config.worker_id)
         self.state = replay(head, agent)
