@@ -403,3 +403,18 @@ def live_conversation(session) -> list[tuple[str, dict]]:
         for step in Step.objects.filter(session=session, superseded_at__isnull=True).order_by("seq")
         if step.kind != "system"
     ]
+
+
+def compat_gate(*args: str):
+    """`manage.py check_state_compat *args` (the deploy gate): what it printed, and the
+    CommandError it ended with (None when the deploy may go ahead)."""
+    from io import StringIO
+
+    from django.core.management import CommandError, call_command
+
+    out = StringIO()
+    try:
+        call_command("check_state_compat", *args, stdout=out)
+    except CommandError as exc:
+        return out.getvalue(), exc
+    return out.getvalue(), None

@@ -12,9 +12,10 @@ import pytest
 
 from agent_runtime.agents import Agent, AgentRegistry, Limits
 from agent_runtime.loop import RunResult
-from agent_runtime.providers import ModelSettings, Provider
+from agent_runtime.providers import Message, ModelSettings, Provider
 from agent_runtime.providers.anthropic import AnthropicProvider
 from agent_runtime.providers.openai import OpenAIProvider
+from agent_runtime.state import StepKind
 from agent_runtime.store import InMemoryStore
 from demo_agents import calculator
 
@@ -28,6 +29,15 @@ from ..stubs.llm_servers import (
     openai_reply,
 )
 from .helpers import run
+
+# The smallest conversation a provider is asked to answer.
+HELLO = [Message("system", "Be brief."), Message("user", "hi")]
+
+
+def model_steps(store: InMemoryStore, session_id: str) -> list[Any]:
+    """The session's model steps, in order."""
+    return [s for s in store.session(session_id).steps if s.kind == StepKind.MODEL]
+
 
 # Recognisable, so a leak shows up in any assertion message.
 KEY = "sk-test-SECRET-abc123"

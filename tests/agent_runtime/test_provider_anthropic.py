@@ -11,25 +11,18 @@ from agent_runtime.loop import Outcome
 from agent_runtime.providers import Message, ModelSettings, ModelTurn, ToolCall
 from agent_runtime.providers.anthropic import conversation
 from agent_runtime.providers.base import Usage
-from agent_runtime.state import StepKind
 from agent_runtime.store import InMemoryStore
 from demo_agents import calculator
 
 from ..stubs.llm_servers import anthropic_reply
 from .helpers import new_session
-from .provider_kit import KEY, SYSTEM_PROMPT, AnthropicKit, run_agent
-
-HELLO = [Message("system", "Be brief."), Message("user", "hi")]
+from .provider_kit import HELLO, KEY, SYSTEM_PROMPT, AnthropicKit, model_steps, run_agent
 
 
 @pytest.fixture
 def kit(anthropic_server) -> AnthropicKit:
     """Only the Anthropic provider here (the shared `kit` runs every provider)."""
     return AnthropicKit(anthropic_server)
-
-
-def model_steps(store, session_id):
-    return [s for s in store.session(session_id).steps if s.kind == StepKind.MODEL]
 
 
 # --- One turn -------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from agent_runtime.loop import Outcome
-from agent_runtime.providers import Message, ModelSettings, ProviderError
+from agent_runtime.providers import ModelSettings, ProviderError
 from agent_runtime.providers._http import Scrubber, is_permanent_status, server_detail
 from agent_runtime.state import SessionStatus, StepKind
 from agent_runtime.store import InMemoryStore
@@ -19,7 +19,7 @@ from demo_agents import calculator
 
 from ..stubs.llm_servers import Reply
 from .helpers import Crash, CrashingStore, new_session
-from .provider_kit import KEY, assert_secret_nowhere, closed_port_url, run_agent
+from .provider_kit import HELLO, KEY, assert_secret_nowhere, closed_port_url, run_agent
 
 CUSTOM_KEY = "my-custom-key-0000"
 
@@ -81,8 +81,6 @@ def test_server_detail_is_kept_short():
 
 
 # --- Over HTTP: what every provider must do, each against its own protocol's stub ----------
-
-HELLO = [Message("system", "Be brief."), Message("user", "hi")]
 
 
 def test_parallel_tool_calls_in_one_turn(kit):

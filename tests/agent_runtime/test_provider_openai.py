@@ -8,7 +8,7 @@ import json
 import pytest
 
 from agent_runtime.loop import Outcome
-from agent_runtime.providers import Message, ModelSettings, ModelTurn, ToolCall
+from agent_runtime.providers import ModelSettings, ModelTurn, ToolCall
 from agent_runtime.providers.base import Usage
 from agent_runtime.providers.openai import OpenAIProvider, parse_completion
 from agent_runtime.state import StepKind
@@ -17,19 +17,13 @@ from demo_agents import calculator
 
 from ..stubs.llm_servers import openai_reply
 from .helpers import new_session
-from .provider_kit import KEY, SYSTEM_PROMPT, OpenAIKit, run_agent
-
-HELLO = [Message("system", "Be brief."), Message("user", "hi")]
+from .provider_kit import HELLO, KEY, SYSTEM_PROMPT, OpenAIKit, model_steps, run_agent
 
 
 @pytest.fixture
 def kit(openai_server) -> OpenAIKit:
     """Only the OpenAI provider here (the shared `kit` runs every provider)."""
     return OpenAIKit(openai_server)
-
-
-def model_steps(store, session_id):
-    return [s for s in store.session(session_id).steps if s.kind == StepKind.MODEL]
 
 
 # --- One turn -------------------------------------------------------------------------

@@ -4,16 +4,13 @@ of a team's agents, names every live session that release would strand."""
 from __future__ import annotations
 
 import json
-from io import StringIO
 
 import pytest
-from django.core.management import call_command
-from django.core.management.base import CommandError
 
 from sessions_app.models import Status, Step
 from sessions_app.services import session_check_compat, session_send_message, session_start
 
-from ..conftest import run_inline
+from ..conftest import compat_gate, run_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -21,15 +18,6 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def _job_keeps_the_test_connection(monkeypatch):
     monkeypatch.setattr("sessions_app.jobs.close_old_connections", lambda: None)
-
-
-def gate(*args: str) -> tuple[str, CommandError | None]:
-    out = StringIO()
-    try:
-        call_command("check_state_compat", *args, stdout=out)
-    except CommandError as exc:
-        return out.getvalue(), exc
-    return out.getvalue(), None
 
 
 @pytest.fixture
@@ -48,18 +36,18 @@ def live_acme_sessions(settings):
 
 
 def test_the_same_and_the_next_compatible_release_pass(settings, live_acme_sessions):
-    out, error = gate()
+    out, error = compat_gate()
     assert error is None and "all 2 session(s) load with this code" in out
     assert "live sessions per agent version started on: acme 1: 2" in out
     settings.RESPAWN_AGENTS = ["acme_agents:agents_v2"]  # agent state 1 -> 2 has an upgrader
-    out, error = gate()
+    out, error = compat_gate()
     assert error is None, out
 
 
 def test_a_renamed_tool_names_the_session_waiting_to_call_it(settings, live_acme_sessions):
     refund, tickets = live_acme_sessions
     settings.RESPAWN_AGENTS = ["acme_agents:agents_renamed"]
-    out, error = gate()
+    out, error = compat_gate()
     assert error is not None and error.returncode == 1
     assert "1 of 2 session(s) would fail" in str(error)
     block = out[out.index(f"FAIL {refund.id}") :].splitlines()
@@ -77,7 +65,7 @@ def test_a_renamed_tool_names_the_session_waiting_to_call_it(settings, live_acme
 def test_arguments_the_new_schema_refuses_name_the_session(settings, live_acme_sessions):
     refund, _ = live_acme_sessions
     settings.RESPAWN_AGENTS = ["acme_agents:agents_strict"]
-    out, error = gate("--json")
+    out, error = compat_gate("--json")
     assert error is not None
     [failure] = json.loads(out)["failures"]
     assert failure["session"] == str(refund.id)
@@ -90,7 +78,7 @@ def test_an_agent_state_without_an_upgrader_names_every_session_holding_it(
     settings, live_acme_sessions
 ):
     settings.RESPAWN_AGENTS = ["acme_agents:agents_no_upgrader"]
-    out, error = gate()
+    out, error = compat_gate()
     assert "2 of 2 session(s) would fail" in str(error)
     assert out.count("failed: agent state") == 2
     assert "no upgrader from agent state version 1 to 2 (upgraders from versions: 2)" in out
@@ -100,11 +88,11 @@ def test_a_declared_incompatible_version_and_a_removed_agent_name_every_session(
     settings, live_acme_sessions
 ):
     settings.RESPAWN_AGENTS = ["acme_agents:agents_incompatible"]
-    out, error = gate()
+    out, error = compat_gate()
     assert "2 of 2 session(s) would fail" in str(error)
     assert "does not continue sessions started before version 4 (this one started on 1)" in out
     settings.RESPAWN_AGENTS = ["demo_agents:agents"]
-    out, error = gate()
+    out, error = compat_gate()
     assert "2 of 2 session(s) would fail" in str(error)
     assert "agent 'acme' is not configured in this release (agents: approval, demo," in out
 

@@ -32,7 +32,7 @@ from sessions_app.store import DjangoSessionStore
 from tests.agent_runtime.test_upgraders import UPGRADES_FROM_V1, as_dicts
 from tests.fixtures.loader import V1_SESSIONS, dump_blobs, dump_tables, insert_fixture, read_fixture
 
-from ..conftest import run_session_inline
+from ..conftest import compat_gate, run_session_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -358,24 +358,15 @@ def test_detail_shows_a_step_it_cannot_load_without_half_reading_it(client, user
     assert "from the future" in detail  # the stored payload is still shown as it is
 
 
-def check(*args: str) -> tuple[str, CommandError | None]:
-    out = StringIO()
-    try:
-        call_command("check_state_compat", *args, stdout=out)
-    except CommandError as exc:
-        return out.getvalue(), exc
-    return out.getvalue(), None
-
-
 def test_check_state_compat_passes_v1_sessions_and_counts_them():
     for name in V1_SESSIONS:
         insert_fixture(name)
-    out, error = check()
+    out, error = compat_gate()
     assert error is None
     assert "all 3 session(s) load with this code" in out  # completed ones are not checked
     assert "live sessions per schema version: v1: 3" in out
     upgrade()
-    out, error = check("--all")
+    out, error = compat_gate("--all")
     assert error is None and f"live sessions per schema version: v{SCHEMA_VERSION}: 4" in out
 
 
@@ -386,7 +377,7 @@ def test_check_state_compat_names_each_session_that_would_fail():
     mid_run = read_fixture("mid_run")["session"]["id"]
     make_v99(waiting)
     make_v99(mid_run, step_seq=9)
-    out, error = check()
+    out, error = compat_gate()
     assert error is not None and error.returncode == 1
     assert "2 of 3 session(s) would fail to load" in str(error)
     block = out[out.index(f"FAIL {waiting}") :]
@@ -404,7 +395,7 @@ def test_check_state_compat_names_each_session_that_would_fail():
 def test_check_state_compat_json():
     session_id = insert_fixture("waiting_approval")
     make_v99(session_id)
-    out, error = check("--json")
+    out, error = compat_gate("--json")
     assert error is not None
     report = json.loads(out)
     assert report["checked"] == 1 and report["sessions_per_version"] == {"99": 1}
