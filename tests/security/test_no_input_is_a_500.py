@@ -17,13 +17,12 @@ from django.urls import Resolver404, resolve
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent_runtime.loop import run_session
 from sessions_app.models import AgentSession, ApiToken, Status
-from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import checkpoint_rollback, session_start
 from sessions_app.store import DjangoEffects, DjangoSessionStore
 from tests.sessions_app.test_dashboard import _uncertain_notify_session
 
+from ..conftest import run_inline
 from .crawl import Target, crawl
 
 pytestmark = pytest.mark.django_db
@@ -103,14 +102,7 @@ def world(users, rq_queue):
     store, effects = DjangoSessionStore(), DjangoEffects()
 
     def run(session):
-        run_session(
-            str(session.id),
-            store=store,
-            agents=agent_registry(),
-            effects=effects,
-            config=run_config(),
-        )
-        return session
+        return run_inline(session, store=store, effects=effects)
 
     done = run(session_start(agent="demo", input="what is (12*7)+3, then save it as a note"))
     waiting = run(session_start(agent="approval", input="pay invoice INV-1 to ACME"))

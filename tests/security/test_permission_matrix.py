@@ -12,11 +12,10 @@ import pytest
 from django.contrib.auth.models import Group, Permission, User
 from django.urls import URLPattern, URLResolver, get_resolver
 
-from agent_runtime.loop import run_session
 from sessions_app.models import ApiToken, AuditEvent, Checkpoint, Step
-from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+
+from ..conftest import run_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -60,13 +59,7 @@ def world(users):
     staff = User.objects.create_user("stan", password="pw", is_staff=True)
     superuser = User.objects.create_superuser("sue", password="pw")
     session = session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-    )
+    run_inline(session)
     return {
         "users": {
             "viewer": users["viewer"],

@@ -7,13 +7,12 @@ from django.db import connection
 from django.urls import reverse
 
 from agent_runtime.agents import Agent, AgentRegistry
-from agent_runtime.loop import run_session
 from agent_runtime.providers import ModelTurn, ToolCall
 from agent_runtime.tools import ToolContext, tool
 from sessions_app.models import AgentSession
-from sessions_app.runtime import run_config
 from sessions_app.services import session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+
+from ..conftest import run_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -51,15 +50,7 @@ def test_secret_in_a_tool_result_and_user_input_is_stored_redacted(client, users
     caplog.set_level(logging.INFO)
     session = session_start(agent="demo", input=f"use this key: {SECRET}", actor=users["operator"])
     AgentSession.objects.filter(id=session.id).update(agent="envy")
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agents,
-        effects=DjangoEffects(),
-        config=run_config(),
-        make_provider=lambda spec, options: (Model(), "m"),
-    )
-    session.refresh_from_db()
+    run_inline(session, agents=agents, make_provider=lambda spec, options: (Model(), "m"))
     assert session.status == "completed"
     stored = database_text()
     assert SECRET not in stored

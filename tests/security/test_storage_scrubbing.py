@@ -8,13 +8,13 @@ from django.apps import apps
 from django.contrib.admin.models import ADDITION, LogEntry
 from django.db import connection, models
 
-from agent_runtime.loop import run_session
 from agent_runtime.providers import ProviderError
 from sessions_app.models import AgentSession, ApiToken, AuditEvent, SideEffect, Step
 from sessions_app.redaction import REPLACEMENT, _Scrubbed
-from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+from sessions_app.store import DjangoEffects
+
+from ..conftest import run_inline
 
 pytestmark = pytest.mark.django_db
 
@@ -139,15 +139,7 @@ class _Leaky:
 def test_the_error_of_a_failed_run_is_stored_redacted_on_the_session(users):
     """The error step and the session's last error are two copies of the same text."""
     session = session_start(agent="echo", input="hi", actor=users["operator"])
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-        make_provider=lambda spec, options: (_Leaky(), "m"),
-    )
-    session.refresh_from_db()
+    run_inline(session, make_provider=lambda spec, options: (_Leaky(), "m"))
     assert session.status == "failed"
     assert SECRET not in session.last_error and MARKER in session.last_error
     assert SECRET not in stored("sessions_app_agentsession", "last_error", "id", session.id)

@@ -10,13 +10,13 @@ from django.db import OperationalError
 from django.urls import reverse
 
 from agent_runtime.agents import Agent, AgentRegistry
-from agent_runtime.loop import RunConfig, run_session
+from agent_runtime.loop import RunConfig
 from agent_runtime.providers import ModelTurn, ToolCall
 from agent_runtime.store import Lease
 from agent_runtime.tools import ToolContext, TransientRetry, tool
 from sessions_app.models import AgentSession, ApiToken, AuditEvent, Status
 from sessions_app.services import session_reject, session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+from sessions_app.store import DjangoSessionStore
 
 from ..conftest import run_inline
 
@@ -37,18 +37,14 @@ class TickOnce:
 
 
 def run_with_unreachable_tick(session: AgentSession) -> AgentSession:
-    run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
+    return run_inline(
+        session,
         agents=AgentRegistry([Agent(name="slow", model="scripted:slow", tools=[unreachable])]),
-        effects=DjangoEffects(),
         config=RunConfig(
             worker_id="t", transient=TransientRetry(retry_for=0.2, backoff=0.02, backoff_max=0.05)
         ),
         make_provider=lambda spec, options: (TickOnce(), "m"),
     )
-    session.refresh_from_db()
-    return session
 
 
 def test_a_session_that_completes_with_an_infrastructure_failure_says_so(client, users):

@@ -10,24 +10,20 @@ import pytest
 from django.db import connections
 from django.urls import reverse
 
-from agent_runtime.loop import BranchOutcome, Outcome, RunConfig, run_branch, run_session
+from agent_runtime.loop import BranchOutcome, Outcome, RunConfig, run_branch
 from demo_agents import demo_agents
 from sessions_app.models import Checkpoint, SideEffect, Step
 from sessions_app.services import session_cancel, session_start
 from sessions_app.store import DjangoEffects, DjangoSessionStore
+
+from ..conftest import run_session_inline
 
 AGENTS = demo_agents(research_delay=0.05, research_parallel=8)
 CONFIG = RunConfig(worker_id="t", lease_ttl=30, model_backoff=0.0)
 
 
 def run(session_id):
-    return run_session(
-        str(session_id),
-        store=DjangoSessionStore(),
-        agents=AGENTS,
-        effects=DjangoEffects(),
-        config=CONFIG,
-    )
+    return run_session_inline(session_id, agents=AGENTS, config=CONFIG)
 
 
 def branch(session_id, seq):

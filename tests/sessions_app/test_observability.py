@@ -20,9 +20,11 @@ from agent_runtime.loop import run_session
 from agent_runtime.telemetry import combine
 from sessions_app import telemetry
 from sessions_app.models import AgentSession, ApiToken, ModelUsage, Step
-from sessions_app.runtime import agent_registry, run_config
+from sessions_app.runtime import run_config
 from sessions_app.services import session_approve, session_start
-from sessions_app.store import DjangoEffects, DjangoRecords, DjangoSessionStore
+from sessions_app.store import DjangoEffects, DjangoSessionStore
+
+from ..conftest import run_session_inline
 
 # Committed, as a worker's writes are: a run's heartbeat reads on its own connection.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,14 +45,7 @@ def run(session, observer, worker="w-test"):
         worker_id=worker,
         telemetry=combine([telemetry.PrometheusTelemetry(), observer]),
     )
-    result = run_session(
-        str(session.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=config,
-        records=DjangoRecords(),
-    )
+    result = run_session_inline(session, config=config)
     session.refresh_from_db()
     return result
 

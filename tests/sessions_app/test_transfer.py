@@ -82,18 +82,8 @@ def every_kind(settings):
     completed = run_inline(session_start(agent="demo", input="what is (12*7)+3, then save it"))
     waiting = run_inline(session_start(agent="approval", input="pay invoice INV-9 to ACME"))
     failed = session_start(agent="demo", input="what is 7/0")
-    from agent_runtime.loop import run_session
-    from sessions_app.runtime import agent_registry, run_config
-    from sessions_app.store import DjangoEffects, DjangoSessionStore
 
-    run_session(
-        str(failed.id),
-        store=DjangoSessionStore(),
-        agents=agent_registry(),
-        effects=DjangoEffects(),
-        config=run_config(),
-        make_provider=revoked_key,
-    )
+    run_inline(failed, make_provider=revoked_key)
     rolled = run_inline(session_start(agent="demo", input="what is (1+2)*3, then save it"))
     checkpoint_rollback(session_id=rolled.id, checkpoint_seq=7)
     fork = session_fork(session_id=completed.id, checkpoint_seq=7)
