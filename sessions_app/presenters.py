@@ -129,7 +129,10 @@ STATUS_TEXT: dict[str, tuple[str, str]] = {
     Status.PAUSED: ("Paused", "nothing runs until someone resumes it"),
     Status.COMPLETED: ("Completed", "finished with an answer"),
     Status.FAILED: ("Failed", "stopped on an error; it can be resumed"),
-    Status.CANCELLED: ("Cancelled", "stopped by a person; it will not run again"),
+    Status.CANCELLED: (
+        "Cancelled",
+        "stopped by a person; only a rollback to one of its checkpoints runs it again",
+    ),
 }
 
 

@@ -120,3 +120,20 @@ def test_a_paused_by_budget_session_is_one_query_and_one_property():
     session.refresh_from_db()
     assert not session.paused_by_budget
     assert not AgentSession.objects.filter(AgentSession.paused_by_budget_q()).exists()
+
+
+def test_the_status_hints_say_what_the_policy_allows():
+    """A status's hint names the ways back the policy leaves (a cancelled session: only a
+    rollback; a failed one: a resume), and no way it refuses."""
+    from sessions_app.presenters import STATUS_TEXT
+
+    for status, (_, hint) in STATUS_TEXT.items():
+        session = AgentSession(agent="demo", status=status)
+        if "resume" in hint and "resumes" not in hint:
+            assert session.can_resume(), (status, hint)
+        if "rollback" in hint:
+            assert session.can_roll_back(), (status, hint)
+    cancelled = AgentSession(agent="demo", status=Status.CANCELLED)
+    assert not cancelled.can_resume() and not cancelled.can_message()
+    assert cancelled.can_roll_back()
+    assert "rollback" in STATUS_TEXT[Status.CANCELLED][1]
