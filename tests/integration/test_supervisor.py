@@ -32,11 +32,13 @@ def _wait_completed(session: AgentSession, timeout: float = 30) -> None:
 
 
 def _ready(worker) -> list[int]:
-    """The worker's process tree once the supervisor has forked its worker process."""
+    """The worker's process tree once the supervisor has forked its worker process: the one
+    child that has said it started (a short-lived child of the supervisor's start-up is
+    not it)."""
 
     def forked():
         pids = worker.pids()
-        return len(pids) == 2 and pids
+        return len(pids) == 2 and f"started with PID {pids[1]}," in worker.log() and pids
 
     return wait_for(forked, what="the worker process")
 
