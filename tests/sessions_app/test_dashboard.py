@@ -71,6 +71,11 @@ def test_viewer_reads_every_page_and_sees_no_action_buttons(client, users, done)
     page = client.get(reverse("sessions:detail", args=[done.id])).content.decode()
     assert "Resume…" not in page and "roll back here" not in page and "Send message" not in page
     assert "fork from here" not in page
+    # The actions card says why it holds nothing rather than standing empty.
+    assert "Read only: your role can look at sessions, not change them." in page
+    client.force_login(users["operator"])
+    page = client.get(reverse("sessions:detail", args=[done.id])).content.decode()
+    assert "Read only" not in page and "fork from here" in page
 
 
 def test_viewer_gets_403_from_every_action_and_preview(client, users, done):
