@@ -94,9 +94,9 @@ def create_session(turns: int) -> str:
 
 def timed_store(timings: Timings):
     """The Django store, marking the time after each committed append."""
-    from sessions_app.store import DjangoSessionStore
+    from sessions_app.store import dialect
 
-    class TimedStore(DjangoSessionStore):
+    class TimedStore(dialect()):  # type: ignore[misc]
         def append(self, *args, **kwargs):
             result = super().append(*args, **kwargs)
             timings.mark()
@@ -118,9 +118,9 @@ def run_config(worker_id: str | None = None, lease_ttl: float = 10.0):
 
 def run(session_id: str, payload_bytes: int, timings: Timings | None = None):
     from agent_runtime.loop import run_session
-    from sessions_app.store import DjangoEffects, DjangoSessionStore
+    from sessions_app.store import DjangoEffects, session_store
 
-    store = timed_store(timings) if timings is not None else DjangoSessionStore()
+    store = timed_store(timings) if timings is not None else session_store()
     if timings is not None:
         timings.start()
     return run_session(

@@ -40,7 +40,7 @@ def main() -> None:
     from agent_runtime.store import InMemoryEffects, InMemoryStore
     from demo_agents import demo_agents
     from sessions_app.models import AgentSession, DemoRecord, Step
-    from sessions_app.store import DjangoEffects, DjangoRecords, DjangoSessionStore
+    from sessions_app.store import DjangoEffects, DjangoRecords, session_store
 
     n, size = args.records, args.batch
     task = f"migrate {n} records in batches of {size}"
@@ -82,7 +82,7 @@ def main() -> None:
         start = time.perf_counter()
         result = run_session(
             str(session.id),
-            store=DjangoSessionStore(),
+            store=session_store(),
             agents=agents,
             effects=DjangoEffects(),
             config=RunConfig(worker_id="bench", lease_ttl=60),

@@ -38,7 +38,8 @@ def variants():
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
     from agent_runtime.telemetry import NO_TELEMETRY, combine
-    from sessions_app import store, telemetry
+    from sessions_app import telemetry
+    from sessions_app.store import base as store
 
     shipped = store.model_usage
     exporter = InMemorySpanExporter()
@@ -60,8 +61,8 @@ def variants():
 
 def run_variant(name: str, variant, turns: int, payload_bytes: int) -> float:
     from agent_runtime.loop import run_session
-    from sessions_app import store
     from sessions_app.store import DjangoEffects
+    from sessions_app.store import base as store
 
     from . import _respawn
 

@@ -29,7 +29,7 @@ DB_NAME = "respawn_bench_profile"
 
 
 def split(steps: int) -> dict[str, float]:
-    import sessions_app.store_postgresql as store_module
+    import sessions_app.store.postgresql as store_module
 
     from . import _respawn
 
@@ -91,7 +91,7 @@ def split(steps: int) -> dict[str, float]:
 
 def captured_statements() -> dict[str, tuple[str, list]]:
     """The statements the store sends for a tool result with and without a checkpoint."""
-    import sessions_app.store_postgresql as store_module
+    import sessions_app.store.postgresql as store_module
     from agent_runtime.state import NewCheckpoint, NewStep, SessionState, StepKind
 
     from . import _respawn
@@ -100,7 +100,9 @@ def captured_statements() -> dict[str, tuple[str, list]]:
     payload = floor_payloads(3, 256)[4]
     captured: dict[str, tuple[str, list]] = {}
     execute = store_module._execute_prepared
-    store = store_module.DjangoSessionStore()
+    from sessions_app.store import session_store
+
+    store = session_store()
     session_id = _respawn.create_session(1)
     lease = store.claim(session_id, "profile", 60)
     try:

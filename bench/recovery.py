@@ -100,8 +100,8 @@ def resume(steps: int, rounds: int, profile_load: bool = False) -> list[float]:
     first model call adds (the whole conversation: load_history and the messages)."""
     from agent_runtime.state import NewStep, StepKind
     from sessions_app.models import AgentSession
-    from sessions_app.store import DjangoSessionStore
-    from sessions_app.store_portable import PortableSessionStore
+    from sessions_app.store import session_store
+    from sessions_app.store.portable import PortableSessionStore
 
     from . import _respawn
 
@@ -113,7 +113,7 @@ def resume(steps: int, rounds: int, profile_load: bool = False) -> list[float]:
 
     with connection.cursor() as cursor:  # the statistics autovacuum keeps on a live server
         cursor.execute("ANALYZE sessions_app_step")
-    store = DjangoSessionStore()
+    store = session_store()
     times = []
     for i in range(rounds + 1):
         AgentSession.objects.filter(id=sid).update(status="queued", lease_owner=None)

@@ -54,9 +54,9 @@ class Appender(threading.Thread):
         from django.db import connections
 
         from agent_runtime.state import NewStep, StepKind
-        from sessions_app.store import DjangoSessionStore
+        from sessions_app.store import session_store
 
-        store = DjangoSessionStore()
+        store = session_store()
         lease = store.claim(self.session_id, "bench-appender", 3600)
         assert lease is not None, "the bench session could not be claimed"
         payload = {"event": "bench", "text": "x" * 200}

@@ -11,7 +11,7 @@ from agent_runtime.loop import BranchOutcome, Outcome, RunResult, run_branch, ru
 from . import dispatch
 from .runtime import agent_registry, run_config
 from .services import session_mark_incompatible
-from .store import DjangoEffects, DjangoRecords, DjangoSessionStore
+from .store import DjangoEffects, DjangoRecords, session_store
 
 log = logging.getLogger("respawn.jobs")
 
@@ -21,7 +21,7 @@ def run_session_job(session_id: str) -> str:
     close_old_connections()
     result: RunResult = run_session(
         session_id,
-        store=DjangoSessionStore(),
+        store=session_store(),
         agents=agent_registry(),
         effects=DjangoEffects(),
         config=run_config(),
@@ -45,7 +45,7 @@ def run_branch_job(session_id: str, seq: int) -> str:
     result = run_branch(
         session_id,
         seq,
-        store=DjangoSessionStore(),
+        store=session_store(),
         agents=agent_registry(),
         effects=DjangoEffects(),
         config=run_config(),

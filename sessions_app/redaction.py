@@ -6,7 +6,7 @@ deployment's patterns and the configured secrets) and makes the text storable: P
 holds no NUL character and no lone UTF-16 surrogate, in text or in jsonb, and such a value
 would otherwise fail the write (a 500, or a worker's run).
 
-The store's SQL path (sessions_app/store_postgresql.py), which writes steps and checkpoints without
+The store's SQL path (sessions_app/store/postgresql.py), which writes steps and checkpoints without
 the ORM, calls `scrub` itself. Django's admin history (LogEntry) gets the same fields at
 start-up (`apps.SessionsAppConfig.ready`), so a title typed into the admin reaches its
 change history redacted too.

@@ -52,7 +52,7 @@ from .models import (
     payload_q,
 )
 from .runtime import agent_registry
-from .store import LATE_CALL_ACTION, DjangoSessionStore
+from .store import LATE_CALL_ACTION, session_store
 from .validation import InvalidInput, check_datetime, parse_date
 
 SORTS = {
@@ -769,7 +769,7 @@ def preview_resume(session: AgentSession) -> Preview:
             "nothing before the checkpoint runs again."
         )
     try:
-        head = DjangoSessionStore().load_tail(str(session.id))
+        head = session_store().load_tail(str(session.id))
     except IncompatibleSchemaError as exc:
         preview.notes.append(f"This code cannot load the session; a worker will refuse it: {exc}")
         return preview
@@ -1042,7 +1042,7 @@ def state_compat_report(*, every_session: bool = False) -> CompatReport:
             ).values_list("id", "incompatible_at")
         )
     report = CompatReport(schema_version=SCHEMA_VERSION, checked=len(rows))
-    store = DjangoSessionStore()
+    store = session_store()
     registry = agent_registry()
     for session_id, agent, status in rows:
         try:

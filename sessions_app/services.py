@@ -903,14 +903,14 @@ def session_check_compat(
     there are none. Changes no step or checkpoint."""
     from agent_runtime.compat import REFUSALS, session_problems
 
-    from .store import DjangoSessionStore
+    from .store import session_store
 
     who = _actor(actor)
     session = AgentSession.objects.filter(id=session_id).first()
     if session is None:
         raise ActionError(f"no session with id {session_id}", code="not_found")
     try:
-        head = DjangoSessionStore().load_head(str(session.id))
+        head = session_store().load_head(str(session.id))
     except IncompatibleSchemaError as exc:
         problem = str(exc)
         session_mark_incompatible(session_id=session.id, reason=problem)

@@ -321,11 +321,11 @@ def run_session_inline(session, **overrides):
     engine's RunResult."""
     from agent_runtime.loop import run_session
     from sessions_app.runtime import agent_registry, run_config
-    from sessions_app.store import DjangoEffects, DjangoRecords, DjangoSessionStore
+    from sessions_app.store import DjangoEffects, DjangoRecords, session_store
 
     session_id = str(getattr(session, "id", session))
     job = {
-        "store": DjangoSessionStore(),
+        "store": session_store(),
         "agents": agent_registry(),
         "effects": DjangoEffects(),
         "config": run_config(),

@@ -51,9 +51,9 @@ class MemoryHarness:
 
 class DjangoHarness:
     def __init__(self):
-        from sessions_app.store import DjangoSessionStore
+        from sessions_app.store import session_store
 
-        self.store = DjangoSessionStore()
+        self.store = session_store()
 
     def create(self, agent="echo", text="hi") -> str:
         from sessions_app.models import AgentSession, Step

@@ -238,7 +238,7 @@ def test_checkpoints_name_the_version_that_ran_so_an_older_worker_refuses(
     from agent_runtime.loop import Outcome, run_session
     from sessions_app.runtime import agent_registry, run_config
     from sessions_app.services import session_send_message
-    from sessions_app.store import DjangoEffects, DjangoSessionStore
+    from sessions_app.store import DjangoEffects, session_store
 
     settings.RESPAWN_AGENTS = AGENTS
     row = run_inline(session_start(agent="acme-sdk", input="hello"))
@@ -251,7 +251,7 @@ def test_checkpoints_name_the_version_that_ran_so_an_older_worker_refuses(
     session_send_message(session_id=row.id, content="once more", actor=users["operator"])
     result = run_session(
         str(row.id),
-        store=DjangoSessionStore(),
+        store=session_store(),
         agents=agent_registry(),
         effects=DjangoEffects(),
         config=run_config(),

@@ -22,7 +22,7 @@ from django.db import connection
 from agent_runtime.state import NewCheckpoint, NewStep, SessionState, StepKind, model_payload
 from sessions_app.models import AgentSession
 from sessions_app.services import session_start
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import DjangoSessionStore, session_store
 
 from ..conftest import ROOT, wait_final
 from ..fault.conftest import assert_completed, kill_worker_process_only, wait_for_tool_results
@@ -71,7 +71,7 @@ def _prepared_here() -> int:
 
 def test_pooler_safe_store_prepares_nothing_on_the_server(db, settings):
     """In one transaction (the test's), so one server connection even behind a pooler."""
-    store = DjangoSessionStore()
+    store = session_store()
     connection.ensure_connection()
     threshold = connection.connection.prepare_threshold
     try:
@@ -148,7 +148,7 @@ def test_workers_behind_pgbouncer_lose_and_double_nothing(own_pgbouncer, start_w
 def test_nothing_outlives_a_transaction_on_a_server_connection():
     """What a transaction-mode pooler cannot carry from one transaction to the next: no
     session-level advisory lock, no LISTEN, no session-level SET, no explicit prepare
-    outside the store's switch (sessions_app.store_postgresql._prepare)."""
+    outside the store's switch (sessions_app.store.postgresql._prepare)."""
     forbidden = re.compile(
         r"pg_(try_)?advisory_lock\(|\bLISTEN\b|execute\(\s*f?[\"']\s*SET\s(?!LOCAL)"
         r"|prepare=True|\bDECLARE\b.*\bWITH HOLD\b",

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from sessions_app.models import AgentSession, ApiToken, Status
 from sessions_app.services import checkpoint_rollback, session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+from sessions_app.store import DjangoEffects, session_store
 from tests.sessions_app.test_dashboard import _uncertain_notify_session
 
 from ..conftest import run_inline
@@ -99,7 +99,7 @@ def world(users, rq_queue):
     """Sessions in the states whose pages hold every form: a finished one with
     checkpoints, one waiting for an approval, one with an uncertain call, a paused one."""
     superuser = User.objects.create_superuser("sue", password="pw")
-    store, effects = DjangoSessionStore(), DjangoEffects()
+    store, effects = session_store(), DjangoEffects()
 
     def run(session):
         return run_inline(session, store=store, effects=effects)

@@ -31,7 +31,7 @@ from sessions_app.models import (
     Step,
 )
 from sessions_app.services import ActionError, session_start
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import session_store
 
 from ..conftest import run_inline
 
@@ -887,7 +887,7 @@ def test_an_admin_finds_a_session_corrects_a_tool_result_and_resumes_it(client, 
     run_inline(demo)
     demo.refresh_from_db()
     assert demo.status == Status.COMPLETED
-    head = DjangoSessionStore().load_head(str(demo.id))
+    head = session_store().load_head(str(demo.id))
     assert any(s.seq == step.seq and s.payload == corrected for s in head.history)
 
 

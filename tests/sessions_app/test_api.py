@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from sessions_app.models import AgentSession, ApiToken, AuditEvent, Step
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import session_store
 
 from ..conftest import run_inline
 
@@ -162,7 +162,7 @@ def test_actions_that_do_not_fit_the_status_are_409(call):
 
 def test_running_session_resume_is_already_running(call):
     created = start(call, agent="slow", text="count to 3")
-    DjangoSessionStore().claim(created["id"], "w", ttl=60)
+    session_store().claim(created["id"], "w", ttl=60)
     response = call("post", f"/api/sessions/{created['id']}/resume", body={})
     assert response.status_code == 409
     assert response.json() == {"error": "already_running", "detail": "session is already running"}

@@ -22,7 +22,7 @@ from agent_runtime.state import (
 )
 from sessions_app.models import AgentSession, Checkpoint, Status
 from sessions_app.selectors import _attention_querysets
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import session_store
 from tests.fixtures.loader import V1_SESSIONS, dump_blobs, insert_fixture
 
 from ..conftest import run_session_inline as run_inline
@@ -81,7 +81,7 @@ def test_this_release_reads_and_writes_states_on_a_json_column():
     with state_column_as_json():
         assert state_column() == "json"
         assert dump_blobs() == before
-        store = DjangoSessionStore()
+        store = session_store()
         for session_id in [*ids, str(waiting.id)]:
             head = store.load_head(session_id)
             assert head.checkpoint is None or head.checkpoint.state.agent_name
@@ -100,7 +100,7 @@ def test_this_release_reads_and_writes_states_on_a_json_column():
 
 def test_a_checkpoint_is_read_back_equal():
     session = AgentSession.objects.create(agent="echo", last_seq=0)
-    store = DjangoSessionStore()
+    store = session_store()
     lease = store.claim(str(session.id), "test", 30)
     assert lease is not None
     state = SessionState.from_dict(uncertain_state())

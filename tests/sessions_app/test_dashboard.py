@@ -7,7 +7,7 @@ from django.urls import reverse
 
 from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
 from sessions_app.services import session_add_instruction, session_start
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import session_store
 
 from ..conftest import run_inline
 
@@ -128,7 +128,7 @@ def test_rollback_action_supersedes_and_is_audited(client, users, done):
 
 def test_cannot_roll_back_a_running_session(client, users):
     session = session_start(agent="slow", input="count to 3")
-    DjangoSessionStore().claim(str(session.id), "w", ttl=60)
+    session_store().claim(str(session.id), "w", ttl=60)
     client.force_login(users["operator"])
     response = client.post(
         reverse("sessions:action", args=[session.id, "rollback"]), {"checkpoint_seq": 1}, **HX
@@ -213,7 +213,7 @@ def test_preview_of_rollback_lists_superseded_steps_and_tool_calls(client, users
 
 def test_preview_of_resume_names_the_call_that_runs_again(client, users):
     session = session_start(agent="slow", input="count to 2")
-    store = DjangoSessionStore()
+    store = session_store()
     lease = store.claim(str(session.id), "w", ttl=0.01)
     from agent_runtime.state import NewStep, StepKind
 
@@ -572,7 +572,7 @@ def _uncertain_notify_session():
     from agent_runtime.state import NewStep, StepKind
 
     session = session_start(agent="notify", input="deploy finished")
-    store = DjangoSessionStore()
+    store = session_store()
     lease = store.claim(str(session.id), "dead", ttl=0.01)
     store.append(
         lease,

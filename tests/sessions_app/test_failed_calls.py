@@ -16,7 +16,7 @@ from agent_runtime.store import Lease
 from agent_runtime.tools import ToolContext, TransientRetry, tool
 from sessions_app.models import AgentSession, ApiToken, AuditEvent, Status
 from sessions_app.services import session_reject, session_start
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import session_store
 
 from ..conftest import run_inline
 
@@ -73,7 +73,7 @@ def test_a_rejected_call_is_a_persons_decision_not_a_failure():
 
 def test_a_late_call_of_a_fenced_off_run_is_listed_under_needs_attention(client, users):
     session = run_inline(session_start(agent="echo", input="hi"))
-    DjangoSessionStore().report_late_call(
+    session_store().report_late_call(
         Lease(str(session.id), "host:1:abc", 3),
         {"worker": "host:1:abc", "tool": "send_notification", "effect": "refused"},
     )

@@ -14,7 +14,7 @@ from agent_runtime.loop import BranchOutcome, Outcome, RunConfig, run_branch
 from demo_agents import demo_agents
 from sessions_app.models import Checkpoint, SideEffect, Step
 from sessions_app.services import session_cancel, session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+from sessions_app.store import DjangoEffects, session_store
 
 from ..conftest import run_session_inline
 
@@ -31,7 +31,7 @@ def branch(session_id, seq):
         return run_branch(
             str(session_id),
             seq,
-            store=DjangoSessionStore(),
+            store=session_store(),
             agents=AGENTS,
             effects=DjangoEffects(),
             config=CONFIG,

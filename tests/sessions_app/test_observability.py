@@ -22,7 +22,7 @@ from sessions_app import telemetry
 from sessions_app.models import AgentSession, ApiToken, ModelUsage, Step
 from sessions_app.runtime import run_config
 from sessions_app.services import session_approve, session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+from sessions_app.store import DjangoEffects, session_store
 
 from ..conftest import run_session_inline
 
@@ -114,7 +114,7 @@ def test_a_crash_and_a_resume_continue_the_same_trace(spans):
     session_approve(session_id=session.id, reason="ok")
 
     # A worker takes the session and dies before writing a step: its lease expires.
-    store = DjangoSessionStore()
+    store = session_store()
     assert store.claim(str(session.id), "dead-worker", 0.05) is not None
     time.sleep(0.2)
     run(session, observer, worker="second")
@@ -267,7 +267,7 @@ def test_fan_out_branches_report_their_tool_calls_in_the_sessions_trace(spans):
     agents = demo_agents(research_delay=0.01, research_parallel=4)
     config = replace(run_config(), telemetry=combine([observer]))
     session = session_start(agent="research", input="research checkpoints in 4 sources")
-    store = DjangoSessionStore()
+    store = session_store()
     fanned = run_session(
         str(session.id), store=store, agents=agents, effects=DjangoEffects(), config=config
     )

@@ -25,7 +25,7 @@ from sessions_app.services import (
     session_set_legal_hold,
     session_start,
 )
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import session_store
 from sessions_app.transfer import import_session
 
 from ..conftest import ROOT, run_inline, wait_for
@@ -150,7 +150,7 @@ def test_old_checkpoints_are_thinned_to_the_last_and_one_a_day(settings):
     [event] = AuditEvent.objects.filter(action="retention_checkpoints")
     assert event.after["deleted"] == summary.checkpoints.rows
     # What is left still loads and runs on.
-    DjangoSessionStore().load_head(str(session.id))
+    session_store().load_head(str(session.id))
     from sessions_app.services import session_send_message
 
     session_send_message(session_id=session.id, content="count to 2")
@@ -168,7 +168,7 @@ def test_old_superseded_steps_are_compacted_and_the_session_runs_on():
     assert summary.superseded_steps.rows == count
     session.refresh_from_db()
     assert session.compacted_steps == count and not superseded.exists()
-    head = DjangoSessionStore().load_tail(str(session.id))
+    head = session_store().load_tail(str(session.id))
     live = Step.objects.filter(session=session).count()
     assert sum(head.step_versions.values()) == live  # the tail's count knows the gap
     session_resume(session_id=session.id)
@@ -235,7 +235,7 @@ def test_a_run_killed_mid_way_and_run_again_deletes_each_row_once(worker_env):
         n for sid, n in rows.items() if sid != held.id
     )
     assert list(AgentSession.objects.values_list("id", flat=True)) == [held.id]
-    DjangoSessionStore().load_head(str(held.id))
+    session_store().load_head(str(held.id))
 
 
 def test_operators_hold_sessions_in_the_dashboard_and_the_api(client, users):

@@ -21,7 +21,7 @@ from sessions_app.services import (
     session_send_message,
     session_start,
 )
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import session_store
 
 from ..conftest import run_inline
 
@@ -87,7 +87,7 @@ def test_resume_rules():
         session_resume(session_id=uuid.uuid4())
 
     running = session_start(agent="slow", input="count to 2")
-    store = DjangoSessionStore()
+    store = session_store()
     store.claim(str(running.id), "someone", ttl=60)
     with pytest.raises(ActionError, match="already running"):
         session_resume(session_id=running.id)
@@ -218,7 +218,7 @@ def test_cancel_is_immediate_and_fences_off_a_running_worker():
         session_cancel(session_id=queued.id)
 
     running = session_start(agent="slow", input="count to 5")
-    store = DjangoSessionStore()
+    store = session_store()
     lease = store.claim(str(running.id), "w", ttl=60)
     session_cancel(session_id=running.id)
     running.refresh_from_db()

@@ -28,7 +28,7 @@ from sessions_app.services import (
     session_resume,
     session_send_message,
 )
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import session_store
 from tests.agent_runtime.test_upgraders import UPGRADES_FROM_V1, as_dicts
 from tests.fixtures.loader import V1_SESSIONS, dump_blobs, dump_tables, insert_fixture, read_fixture
 
@@ -57,7 +57,7 @@ def messages_of(session_id: str) -> list[dict]:
     session = AgentSession.objects.only("id", "agent").get(id=session_id)
     agent = agent_registry().get(session.agent)
     return as_dicts(
-        build_messages(agent.instructions, DjangoSessionStore().load_head(session_id).history)
+        build_messages(agent.instructions, session_store().load_head(session_id).history)
     )
 
 
@@ -104,7 +104,7 @@ def test_v1_session_shows_the_same_history_before_and_after_the_upgrade(name, cl
     session_id = insert_fixture(name)
     live = [s for s in fixture["steps"] if s["superseded_at"] is None]
 
-    head = DjangoSessionStore().load_head(session_id)
+    head = session_store().load_head(session_id)
     assert head.step_versions == {1: len(live)}
     assert head.upgraders_applied == UPGRADES_FROM_V1 and head.checkpoint.schema_version == 1
     assert messages_of(session_id) == fixture["v1_messages"]
@@ -121,7 +121,7 @@ def test_v1_session_shows_the_same_history_before_and_after_the_upgrade(name, cl
     ) == {SCHEMA_VERSION}
     for checkpoint in Checkpoint.objects.filter(session_id=session_id):
         assert checkpoint.schema_version == checkpoint.state["schema_version"] == SCHEMA_VERSION
-    head = DjangoSessionStore().load_head(session_id)
+    head = session_store().load_head(session_id)
     assert head.step_versions == {SCHEMA_VERSION: len(live)} and head.upgraders_applied == ()
     assert messages_of(session_id) == fixture["v1_messages"]
     assert read_steps(session_id) == trace

@@ -18,7 +18,7 @@ from agent_runtime.state import (
 )
 from agent_runtime.store import LeaseLost
 from sessions_app.models import AgentSession, Checkpoint, Step
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import session_store
 
 pytestmark = pytest.mark.django_db
 
@@ -38,7 +38,7 @@ def _state() -> SessionState:
 
 
 def test_a_fenced_off_append_writes_neither_step_nor_checkpoint():
-    store = DjangoSessionStore()
+    store = session_store()
     sid = _session()
     old = store.claim(sid, "a", ttl=30)
     AgentSession.objects.filter(id=sid).update(lease_expires_at=timezone.now() - timedelta(1))
@@ -51,7 +51,7 @@ def test_a_fenced_off_append_writes_neither_step_nor_checkpoint():
 
 
 def test_append_inside_a_transaction_is_undone_with_it():
-    store = DjangoSessionStore()
+    store = session_store()
     sid = _session()
     lease = store.claim(sid, "a", ttl=30)
     with pytest.raises(RuntimeError), transaction.atomic():
@@ -64,7 +64,7 @@ def test_append_inside_a_transaction_is_undone_with_it():
 
 
 def test_several_steps_and_a_checkpoint_in_one_append():
-    store = DjangoSessionStore()
+    store = session_store()
     sid = _session()
     lease = store.claim(sid, "a", ttl=30)
     steps = [_step("one"), NewStep(kind=StepKind.SYSTEM, payload={"event": "two"}, tokens_in=4)]
@@ -81,7 +81,7 @@ def test_several_steps_and_a_checkpoint_in_one_append():
 
 
 def test_updated_at_moves_at_most_once_a_second_within_a_run_and_on_every_status_change():
-    store = DjangoSessionStore()
+    store = session_store()
     sid = _session()
     lease = store.claim(sid, "a", ttl=30)
     claimed_at = AgentSession.objects.get(id=sid).updated_at

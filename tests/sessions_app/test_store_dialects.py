@@ -1,17 +1,17 @@
-"""DjangoSessionStore() is the store of the default database's dialect (the contract tests
+"""session_store() is the store of the default database's dialect (the contract tests
 run each dialect on its own database)."""
 
 from __future__ import annotations
 
 from django.db import connection
 
-from sessions_app.store import DjangoSessionStore
-from sessions_app.store_portable import PortableSessionStore
-from sessions_app.store_postgresql import PostgreSQLSessionStore
+from sessions_app.store import DjangoSessionStore, session_store
+from sessions_app.store.portable import PortableSessionStore
+from sessions_app.store.postgresql import PostgreSQLSessionStore
 
 
 def test_the_store_is_the_default_databases_dialect():
-    store = DjangoSessionStore()
+    store = session_store()
     expected = PostgreSQLSessionStore if connection.vendor == "postgresql" else PortableSessionStore
     assert type(store) is expected
     assert isinstance(store, DjangoSessionStore)

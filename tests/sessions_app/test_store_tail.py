@@ -12,7 +12,7 @@ from agent_runtime.upgraders import IncompatibleSchemaError
 from demo_agents import demo_agents
 from sessions_app.models import AgentSession, Step
 from sessions_app.services import session_start
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import session_store
 
 from ..agent_runtime.helpers import Crash, CrashingStore
 
@@ -36,7 +36,7 @@ def _crashed_session(ticks: int = 6) -> AgentSession:
     (Not a transactional test: the session's dispatch on commit never happens.)"""
     session = session_start(agent="slow", input=f"count to {ticks}")
     try:
-        _run(CrashingStore(DjangoSessionStore(), crash_at=2 * ticks, after_commit=True), session.id)
+        _run(CrashingStore(session_store(), crash_at=2 * ticks, after_commit=True), session.id)
     except Crash:
         pass
     AgentSession.objects.filter(id=session.id).update(lease_expires_at=timezone.now())
@@ -46,7 +46,7 @@ def _crashed_session(ticks: int = 6) -> AgentSession:
 
 def test_the_tail_is_the_live_history_from_where_it_starts():
     session = _crashed_session()
-    store = DjangoSessionStore()
+    store = session_store()
     head, tail = store.load_head(str(session.id)), store.load_tail(str(session.id))
     assert 1 < tail.history_from <= head.last_seq
     assert tail.history == [s for s in head.history if s.seq >= tail.history_from]
@@ -59,7 +59,7 @@ def test_a_malformed_step_before_the_tail_stops_the_run_as_incompatible():
     session = _crashed_session()
     Step.objects.filter(session=session, seq=1).update(payload={"content": 5})
     last_seq = session.last_seq
-    result = _run(DjangoSessionStore(), session.id)
+    result = _run(session_store(), session.id)
     assert result.outcome == Outcome.INCOMPATIBLE, result
     assert "user step payload" in result.error, result.error
     session.refresh_from_db()
@@ -77,9 +77,9 @@ def test_a_step_newer_than_the_code_before_the_tail_is_refused_before_anything_i
     session = _crashed_session()
     Step.objects.filter(session=session, seq=1).update(schema_version=99)
     with pytest.raises(IncompatibleSchemaError, match="step seq 1"):
-        DjangoSessionStore().load_tail(str(session.id))
+        session_store().load_tail(str(session.id))
     last_seq = session.last_seq
-    result = _run(DjangoSessionStore(), session.id)
+    result = _run(session_store(), session.id)
     assert result.outcome == Outcome.INCOMPATIBLE
     session.refresh_from_db()
     assert session.last_seq == last_seq, "nothing written"

@@ -18,7 +18,7 @@ from agent_runtime.state import NewStep, StepKind, model_payload
 from sessions_app.models import AgentSession, Status
 from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services import checkpoint_rollback, session_cancel, session_start
-from sessions_app.store import DjangoEffects, DjangoSessionStore
+from sessions_app.store import DjangoEffects, session_store
 
 DEMO_USERS = [
     # username, password (outside production), group, superuser, what it may do
@@ -65,7 +65,7 @@ class Command(BaseCommand):
                 "demo_agents:agents); users checked, no demo sessions"
             )
             return
-        store, effects = DjangoSessionStore(), DjangoEffects()
+        store, effects = session_store(), DjangoEffects()
 
         def run(session, **kwargs):
             return run_session(

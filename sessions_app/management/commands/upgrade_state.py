@@ -12,7 +12,7 @@ from agent_runtime.upgraders import IncompatibleSchemaError
 from sessions_app.models import AgentSession, Checkpoint, Step
 from sessions_app.services import session_clear_incompatible
 from sessions_app.state_upgrade import DEFAULT_BATCH_SIZE, Summary, TableSummary, upgrade_blobs
-from sessions_app.store import DjangoSessionStore
+from sessions_app.store import session_store
 
 BAR_WIDTH = 30
 
@@ -122,7 +122,7 @@ class Command(BaseCommand):
     def clear_marks(self, *, dry_run: bool) -> None:
         """Sessions marked incompatible that load now get their mark cleared, so the
         reconciler dispatches them again."""
-        store = DjangoSessionStore()
+        store = session_store()
         cleared = []
         for session_id in AgentSession.objects.filter(incompatible_at__isnull=False).values_list(
             "id", flat=True

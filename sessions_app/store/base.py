@@ -4,11 +4,11 @@ Every write is one transaction that starts with a conditional UPDATE of the sess
 (id, fencing_token, lease_owner): a worker whose lease was taken over or fenced off by an
 operator action matches no row and writes nothing.
 
-One class per dialect, chosen by the default connection's vendor when a DjangoSessionStore
-is made: PostgreSQLSessionStore (sessions_app.store_postgresql), where an append is a
-single statement, so a durable step costs one round trip and one commit, and
-PortableSessionStore (sessions_app.store_portable), the ORM path SQLite takes in `make
-run`. The rules both follow live here, in DjangoSessionStore: what an append writes on the
+One class per dialect, chosen by the default connection's vendor in one factory,
+`sessions_app.store.session_store()`: PostgreSQLSessionStore (store/postgresql.py), where an
+append is a single statement, so a durable step costs one round trip and one commit, and
+PortableSessionStore (store/portable.py), the ORM path SQLite takes in `make run`. The rules
+both follow live here, in the abstract DjangoSessionStore: what an append writes on the
 session row and in the step and checkpoint rows (AppendRows), the fence, how a load reads
 rows into the engine's records, failed-call counting and branch results.
 
@@ -18,6 +18,7 @@ IncompatibleSchemaError naming the checkpoint or step, before anything is writte
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -59,7 +60,7 @@ from agent_runtime.store import (
 )
 from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_step_payload
 
-from .models import (
+from ..models import (
     AgentSession,
     AuditAction,
     AuditEvent,
@@ -267,22 +268,9 @@ class LiveStep(NamedTuple):
     idempotency_key: str | None
 
 
-class DjangoSessionStore:
-    """The store of the default database: `DjangoSessionStore()` makes the dialect's."""
-
-    def __new__(cls) -> DjangoSessionStore:
-        dialect: type[DjangoSessionStore] = cls
-        if cls is DjangoSessionStore:
-            # The one place the dialect is chosen. Imported here: both subclass this.
-            from .store_portable import PortableSessionStore
-            from .store_postgresql import PostgreSQLSessionStore
-
-            dialect = (
-                PostgreSQLSessionStore
-                if connection.vendor == "postgresql"
-                else PortableSessionStore
-            )
-        return super().__new__(dialect)
+class DjangoSessionStore(abc.ABC):
+    """The rules both dialects write by. `session_store()` (sessions_app.store) makes the
+    default database's dialect; a subclass of a dialect class keeps that dialect."""
 
     # --- The fence and the row -------------------------------------------------------------
 
@@ -311,25 +299,30 @@ class DjangoSessionStore:
 
     # --- What each dialect writes and reads in its own way --------------------------------
 
+    @abc.abstractmethod
     def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
         """Take a free lease (no crash to count) or an expired one (count the takeovers in
         a row with no progress in between: the dead run wrote at most its own run_started
         step)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _append(self, lease: Lease, rows: AppendRows) -> AppendResult:
         """Write `rows` if `lease` still holds the session (else raise LeaseLost), in one
         transaction; the steps are numbered from the session's last seq on."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _session_row(self, session_id: str) -> SessionRow:
         """The session's row and its head checkpoint's; SessionNotFound if it has none."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _live_step_rows(self, session_id: str, start: int) -> Iterable[Sequence[Any]]:
         """The live steps from seq `start` on, in seq order, as LiveStep's columns."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _hold(self, lease: Lease) -> bool:
         """Whether `lease` holds the session, keeping it held until the transaction ends."""
         raise NotImplementedError

@@ -14,8 +14,8 @@ from django.utils import timezone
 from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.store import AppendResult, Lease, SessionNotFound
 
-from .models import RUNNABLE, AgentSession, Checkpoint, ModelUsage, Status, Step
-from .store import AppendRows, DjangoSessionStore, LiveStep, SessionRow
+from ..models import RUNNABLE, AgentSession, Checkpoint, ModelUsage, Status, Step
+from .base import AppendRows, DjangoSessionStore, LiveStep, SessionRow
 
 
 class PortableSessionStore(DjangoSessionStore):

@@ -21,9 +21,9 @@ from psycopg.types.json import set_json_loads
 from agent_runtime.state import SCHEMA_VERSION, StepKind
 from agent_runtime.store import AppendResult, Lease, SessionHead, SessionNotFound, tail_start_at
 
-from .models import RUNNABLE, AgentSession, Checkpoint, ModelUsage, Status, Step
-from .redaction import scrubbed_json
-from .store import AppendRows, DjangoSessionStore, LiveStep, SessionRow
+from ..models import RUNNABLE, AgentSession, Checkpoint, ModelUsage, Status, Step
+from ..redaction import scrubbed_json
+from .base import AppendRows, DjangoSessionStore, LiveStep, SessionRow
 
 SESSION_TABLE = AgentSession._meta.db_table
 STEP_TABLE = Step._meta.db_table
