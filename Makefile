@@ -1,7 +1,8 @@
 # Respawn: two commands.
 #   make run   - a working Respawn on this machine (SQLite + embedded Redis unless
 #                DATABASE_URL / REDIS_URL say otherwise): web server, one worker, demo data.
-#   make test  - ruff, the type checker and the whole suite against real PostgreSQL and Redis.
+#   make test  - ruff, the import contracts (pyproject.toml), the type checker and the whole
+#                suite against real PostgreSQL and Redis.
 
 PYTHON ?= python3
 VENV   := .venv
@@ -43,6 +44,7 @@ MYPY := DEBUG=1 RESPAWN_PRODUCTION=0 DATABASE_URL= DATABASE_REPLICA_URL= $(BIN)/
 
 test: $(STAMP) services
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(MYPY)
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(BIN)/python -m pytest $(PYTEST_ARGS)
 	@echo "The store contract again, on SQLite (the portable path make run uses):"
@@ -53,6 +55,7 @@ test: $(STAMP) services
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(MYPY)
 
 clean:

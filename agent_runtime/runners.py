@@ -18,31 +18,39 @@ step and status, written from the `RunnerResult` the runner returns.
 
 A runner raises `RunnerCancelled` when it sees `context.cancel_requested()` (or its
 storage reports the cancel), and lets `LeaseLost` propagate: then nothing more is written.
-Any other exception fails the session with its message. Adapters for other frameworks
-(`sessions_app.langgraph.graph_agent`) are built on this.
+Any other exception fails the session with its message. This module is the protocol only:
+the run around a runner is agent_runtime.loop.foreign's. Adapters for other frameworks
+(`sessions_app.langgraph.saver.graph_agent`) are built on this.
 """
 
 from __future__ import annotations
 
 import enum
+import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-from .state import (
-    NewStep,
-    SessionStatus,
-    StepKind,
-    SystemEvent,
-    SystemPayload,
-    error_payload,
-    system_step,
-)
-from .store import Lease, LeaseLost, SessionHead, SessionStore, utcnow
+from .store import Lease, LeaseLost, SessionHead, SessionStore
 
-if TYPE_CHECKING:
-    from .agents import Agent
-    from .loop.heartbeat import Heartbeat
-    from .loop.run import RunConfig, RunResult
+
+class RunnerAgent(Protocol):
+    """What a runner sees of its agent (an agent_runtime.agents.Agent)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def version(self) -> str: ...
+
+
+class LeaseWatch(Protocol):
+    """What a runner sees of the run's heartbeat (agent_runtime.loop.heartbeat.Heartbeat)."""
+
+    @property
+    def cancel_requested(self) -> bool: ...
+
+    @property
+    def lost(self) -> threading.Event: ...
 
 
 class RunnerCancelled(Exception):
@@ -90,8 +98,8 @@ class RunContext:
     store: SessionStore
     head: SessionHead
     worker_id: str
-    agent: Agent
-    _heartbeat: Heartbeat | None = None
+    agent: RunnerAgent
+    _heartbeat: LeaseWatch | None = None
 
     def cancel_requested(self) -> bool:
         """True once someone asked the session to stop (seen by the heartbeat)."""
@@ -112,97 +120,3 @@ class RunContext:
 @runtime_checkable
 class Runner(Protocol):
     def run(self, context: RunContext) -> RunnerResult: ...
-
-
-_STATUS = {
-    RunnerStatus.COMPLETED: SessionStatus.COMPLETED,
-    RunnerStatus.WAITING_INPUT: SessionStatus.WAITING_INPUT,
-    RunnerStatus.FAILED: SessionStatus.FAILED,
-    RunnerStatus.CANCELLED: SessionStatus.CANCELLED,
-}
-
-
-def run_with_runner(
-    *,
-    store: SessionStore,
-    agent: Agent,
-    config: RunConfig,
-    lease: Lease,
-    head: SessionHead,
-) -> RunResult:
-    """The run of a runner agent's session, once `run_session` holds its lease."""
-    from .loop.heartbeat import Heartbeat
-    from .loop.run import Outcome, RunResult, run_started
-
-    runner = agent.runner
-    assert runner is not None  # run_session hands only runner agents' sessions here
-    session_id = head.session_id
-    last_ran = head.checkpoint.state.agent_version if head.checkpoint else None
-    refusal = agent.refusal(started=head.agent_version, last_ran=last_ran)
-    if refusal is not None:
-        store.release(lease)
-        return RunResult(session_id, Outcome.INCOMPATIBLE, error=refusal)
-    context = RunContext(
-        session_id=session_id,
-        lease=lease,
-        store=store,
-        head=head,
-        worker_id=config.worker_id,
-        agent=agent,
-    )
-    try:
-        store.append(
-            lease,
-            [
-                system_step(
-                    run_started(head, worker=config.worker_id, agent_version=agent.version)
-                    | SystemPayload(runner=type(runner).__name__),
-                    started_at=utcnow(),
-                )
-            ],
-        )
-        with Heartbeat(store, lease, config.lease_ttl, config.heartbeat_every) as heartbeat:
-            context._heartbeat = heartbeat
-            try:
-                result = runner.run(context)
-            except (LeaseLost, RunnerCancelled):
-                raise
-            except Exception as exc:  # the runner's own code failed: the session fails
-                result = RunnerResult.failed(f"{type(exc).__name__}: {exc}")
-            if not isinstance(result, RunnerResult):
-                result = RunnerResult.failed(
-                    f"runner of agent {agent.name!r} returned {type(result).__name__}, "
-                    "not a RunnerResult"
-                )
-    except RunnerCancelled:
-        result = RunnerResult(RunnerStatus.CANCELLED)
-    except LeaseLost as exc:
-        return RunResult(session_id, Outcome.LEASE_LOST, error=str(exc))
-    status = _STATUS[result.status]
-    if result.status == RunnerStatus.FAILED:
-        step = NewStep(
-            kind=StepKind.ERROR,
-            payload=error_payload("runner", result.error or "failed", **result.detail),
-        )
-    else:
-        finished = SystemPayload(
-            event=SystemEvent.RUN_FINISHED
-            if result.status != RunnerStatus.CANCELLED
-            else SystemEvent.CANCELLED,
-            outcome=result.status.value,
-            worker=config.worker_id,
-        )
-        if result.final_answer:
-            finished["final_answer"] = result.final_answer
-        # A runner's own details (a LangGraph runner's interrupts, say) go in as they are.
-        step = system_step(cast(SystemPayload, {**finished, **result.detail}))
-    try:
-        store.append(lease, [step], status=status, error=result.error, release=True)
-    except LeaseLost as exc:
-        return RunResult(session_id, Outcome.LEASE_LOST, error=str(exc))
-    return RunResult(
-        session_id,
-        Outcome(result.status.value),
-        final_answer=result.final_answer,
-        error=result.error,
-    )

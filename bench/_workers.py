@@ -1,6 +1,6 @@
 """Real `manage.py rqworker` processes for the worker benches (throughput, recovery).
 
-The workers run Respawn's own job (`sessions_app.jobs.run_session_job`), store, lease,
+The workers run Respawn's own job (`sessions_app.workers.jobs.run_session_job`), store, lease,
 heartbeat and reconciler, with the project's settings. The one addition is the bench
 agent: `BenchWorker` (given with --worker-class) adds it to the agents the job looks up, so
 that the workload is the benches' (a zero-latency scripted model, a tool that returns its
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from rq import Worker
 
-from sessions_app.worker import RespawnWorker
+from sessions_app.workers.worker import RespawnWorker
 from tests.servers import WorkerProcess
 
 AGENT = "bench"
@@ -47,7 +47,9 @@ def bench_agent():
 def install_bench_agent() -> None:
     """The demo agents plus the bench agent, where the job and session_start look them up."""
     from agent_runtime.agents import AgentRegistry
-    from sessions_app import jobs, runtime, services
+    from sessions_app import runtime
+    from sessions_app.services import core as services
+    from sessions_app.workers import jobs
 
     demo = runtime.agent_registry()
     registry = AgentRegistry([*(demo.get(name) for name in demo.names()), bench_agent()])
@@ -120,7 +122,7 @@ def wait_ready(workers: list[Worker], redis_url: str, timeout: float = 60) -> No
 def start_session(turns: int) -> str:
     """A session of the bench agent, dispatched the way the dashboard and the API do it
     (services.session_start: the row, the user step, enqueue after commit)."""
-    from sessions_app import services
+    from sessions_app.services import core as services
 
     session = services.session_start(agent=AGENT, input=f"count to {turns}")
     return str(session.id)

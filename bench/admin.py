@@ -415,7 +415,7 @@ def main() -> None:
     from django.urls import reverse
 
     from agent_runtime.state import SCHEMA_VERSION
-    from sessions_app.admin import AgentSessionAdmin, LargeTableAdmin, LargeTablePaginator
+    from sessions_app.admin.registry import AgentSessionAdmin, LargeTableAdmin, LargeTablePaginator
     from sessions_app.models import AgentSession, ApiToken, AuditEvent, Checkpoint, Step
 
     user, _ = User.objects.get_or_create(

@@ -248,7 +248,7 @@ def main() -> None:
     from django.test import Client
 
     from sessions_app.models import AgentSession, Step
-    from sessions_app.selectors import SessionFilters, session_page
+    from sessions_app.selectors.core import SessionFilters, session_page
 
     if big is None:
         big = AgentSession.objects.order_by("-step_count").values_list("id", flat=True).first()

@@ -61,7 +61,7 @@ def main() -> None:
     setup_django(url)
 
     from sessions_app.models import AgentSession, Status, Step
-    from sessions_app.services import session_start
+    from sessions_app.services.core import session_start
 
     def measure(parallel: int) -> list[tuple[float, float]]:
         env = {

@@ -202,7 +202,11 @@ def run(args, rng, env, web_env, token, webs, workers, log_dir, redis_set, free_
     def start_worker():
         # Respawn's own worker and the demo agents, not the bench agent of _workers.
         worker = Worker(
-            env, "fleet", f"fleet-w{len(workers)}", log_dir, "sessions_app.worker.RespawnWorker"
+            env,
+            "fleet",
+            f"fleet-w{len(workers)}",
+            log_dir,
+            "sessions_app.workers.worker.RespawnWorker",
         )
         workers.append(worker)
         return worker
@@ -333,7 +337,7 @@ def wait_registered(workers, timeout: float = 60) -> None:
     """Until every worker has registered with Redis (found through the Sentinels)."""
     from rq import Worker as RQWorker
 
-    from sessions_app.dispatch import redis_connection
+    from sessions_app.services.dispatch import redis_connection
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -117,7 +117,7 @@ def main() -> None:
     setup_django(respawn_url)
     from langgraph.checkpoint.postgres import PostgresSaver
 
-    from sessions_app.langgraph import RespawnSaver
+    from sessions_app.langgraph.saver import RespawnSaver
 
     warm(max(args.steps), args.payload_bytes)
     clock: dict[str, Timings] = {}

@@ -66,7 +66,7 @@ async def _conversation(session, turns: int) -> dict[str, list[float]]:
 
 
 def run_respawn(turns: int, name: str) -> dict[str, list[float]]:
-    from sessions_app.openai_agents import RespawnSession
+    from sessions_app.openai_agents.session import RespawnSession
 
     session = RespawnSession(name)
     try:

@@ -216,7 +216,7 @@ def main() -> None:
             )
     finally:
         bouncer.stop()
-        from sessions_app.dispatch import queue as get_queue
+        from sessions_app.services.dispatch import queue as get_queue
 
         for name in queues.values():
             settings.RESPAWN_QUEUE = name

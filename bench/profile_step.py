@@ -10,7 +10,7 @@
    and for a step without one, replayed (interleaved, 600 times each) on fresh databases
    with the full schema, without the foreign keys, and the floor's INSERT: the server's
    share. (The payload's full-text index left the append in migration 0018: the workers
-   index steps in batches, sessions_app.search.)
+   index steps in batches, sessions_app.upkeep.search.)
 3. with --profile: a pyinstrument profile of the same loop (needs the bench extra).
 """
 

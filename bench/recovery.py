@@ -88,7 +88,7 @@ def kill_round(workers, spawn, log: list[dict]) -> None:
         flush=True,
     )
     # Let it finish quickly: cancel, then wait for the lease to be released.
-    from sessions_app import services
+    from sessions_app.services import core as services
 
     services.session_cancel(session_id=sid, actor=None)
     workers.append(spawn())
@@ -233,7 +233,7 @@ def main() -> None:
         finally:
             for w in workers:
                 w.stop()
-            from sessions_app.dispatch import queue as get_queue
+            from sessions_app.services.dispatch import queue as get_queue
 
             get_queue().empty()
         worst = max(r["recovered"] for r in log)

@@ -101,7 +101,7 @@ def main() -> None:
     from django.db import connection
 
     from sessions_app.models import AgentSession, Checkpoint, Status, Step
-    from sessions_app.retention import apply_retention, parse_policy
+    from sessions_app.upkeep.retention import apply_retention, parse_policy
 
     def table_rows() -> dict[str, int]:
         with connection.cursor() as cursor:

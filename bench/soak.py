@@ -81,7 +81,7 @@ def main() -> None:
     from agent_runtime.store import InMemoryEffects, InMemoryStore
     from demo_agents import demo_agents
     from sessions_app.models import AgentSession, SideEffect, Status, Step
-    from sessions_app.services import session_start
+    from sessions_app.services.core import session_start
 
     env = {
         **os.environ,

@@ -88,7 +88,7 @@ class Respawn(Contender):
         steps = sum(AgentSession.objects.values_list("last_seq", flat=True))
         # What the workers' search indexer adds after the steps, off the append path:
         # its bytes count as the steps', its time is reported apart.
-        from sessions_app import search
+        from sessions_app.upkeep import search
 
         at = time.perf_counter()
         while search.index_pending(budget=60).behind:

@@ -35,7 +35,7 @@ DB_NAME = "respawn_bench_throughput"
 def _job_times(job_id: str):
     from rq.job import Job
 
-    from sessions_app.dispatch import queue
+    from sessions_app.services.dispatch import queue
 
     job = Job.fetch(job_id, connection=queue().connection)
     return job.enqueued_at, job.started_at
@@ -205,7 +205,7 @@ def main() -> None:
     finally:
         for w in workers:
             w.stop()
-        from sessions_app.dispatch import queue as get_queue
+        from sessions_app.services.dispatch import queue as get_queue
 
         get_queue().empty()
 

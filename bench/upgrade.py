@@ -161,7 +161,7 @@ def main() -> None:
 
     from agent_runtime.state import SCHEMA_VERSION
     from sessions_app.models import Checkpoint, Step
-    from sessions_app.state_upgrade import upgrade_blobs
+    from sessions_app.upkeep.state_upgrade import upgrade_blobs
 
     migration = importlib.import_module("sessions_app.migrations.0009_upgrade_state_blobs")
     migration.BATCH_SIZE = args.batch_size

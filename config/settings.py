@@ -80,7 +80,7 @@ SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = PRODUCTION
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = True  # htmx reads the token from hx-headers, never from the cookie
 # A refused form says so in the dashboard's style (Django's own page needs inline styles).
-CSRF_FAILURE_VIEW = "sessions_app.views.csrf_failure"
+CSRF_FAILURE_VIEW = "sessions_app.dashboard.views.csrf_failure"
 SESSION_COOKIE_SAMESITE = CSRF_COOKIE_SAMESITE = "Lax"
 SECURE_HSTS_SECONDS = int(env_float("RESPAWN_HSTS_SECONDS", 31536000 if PRODUCTION else 0))
 SECURE_HSTS_INCLUDE_SUBDOMAINS = PRODUCTION
@@ -88,7 +88,7 @@ SECURE_HSTS_PRELOAD = PRODUCTION
 SECURE_CONTENT_TYPE_NOSNIFF = True
 SECURE_REFERRER_POLICY = "same-origin"
 X_FRAME_OPTIONS = "DENY"
-# Content-Security-Policy on every response (sessions_app.middleware): no inline or
+# Content-Security-Policy on every response (sessions_app.web.middleware): no inline or
 # eval'd script anywhere, no framing.
 RESPAWN_CSP = os.environ.get(
     "RESPAWN_CSP",
@@ -98,8 +98,8 @@ RESPAWN_CSP = os.environ.get(
 )
 
 INSTALLED_APPS = [
-    # django.contrib.admin, with Respawn's roles on its site (sessions_app/admin_site.py)
-    "sessions_app.admin_config.RespawnAdminConfig",
+    # django.contrib.admin, with Respawn's roles on its site (sessions_app/admin/site.py)
+    "sessions_app.apps.RespawnAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -115,10 +115,10 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # A database that is down or out of connections: a quick 503 (JSON for the API).
-    "sessions_app.middleware.DatabaseUnavailableMiddleware",
-    "sessions_app.middleware.ContentSecurityPolicyMiddleware",
+    "sessions_app.web.middleware.DatabaseUnavailableMiddleware",
+    "sessions_app.web.middleware.ContentSecurityPolicyMiddleware",
     # Read-only pages from the read replica, when DATABASE_REPLICA_URL configures one.
-    "sessions_app.replicas.ReplicaReadsMiddleware",
+    "sessions_app.web.replicas.ReplicaReadsMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -169,7 +169,7 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
     # before the first query of each job (the server may have dropped it while idle).
     #
     # While the database is down, a request waits at most RESPAWN_DB_WAIT seconds for a
-    # connection (then answers 503, see sessions_app.middleware), and a connection attempt
+    # connection (then answers 503, see sessions_app.web.middleware), and a connection attempt
     # to a host that does not answer gives up after as long.
     _db_wait = env_float("RESPAWN_DB_WAIT", 3.0)
     _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", max(1, round(_db_wait)))
@@ -203,7 +203,7 @@ elif _db["ENGINE"] == "django.db.backends.sqlite3":
 DATABASES = {"default": _db}
 
 # A read replica (a streaming replica of the primary) for the dashboard's and the API's
-# read-only pages (sessions_app.replicas): everything else, and every page that must see
+# read-only pages (sessions_app.web.replicas): everything else, and every page that must see
 # its own writes, reads the primary.
 DATABASE_REPLICA_URL = os.environ.get("DATABASE_REPLICA_URL", "")
 if DATABASE_REPLICA_URL:
@@ -222,7 +222,7 @@ if DATABASE_REPLICA_URL:
     # The tests' replica is the test database itself.
     _replica["TEST"] = {"MIRROR": "default"}
     DATABASES["replica"] = _replica
-    DATABASE_ROUTERS = ["sessions_app.replicas.ReplicaRouter"]
+    DATABASE_ROUTERS = ["sessions_app.web.replicas.ReplicaRouter"]
 # Seconds after a write during which the client that wrote reads only from the primary.
 RESPAWN_REPLICA_STICKY = env_float("RESPAWN_REPLICA_STICKY", 10.0)
 # A replica further behind than this many seconds is not read from (the primary is).
@@ -256,8 +256,9 @@ def redis_sentinels(value: str) -> list[tuple[str, int]]:
 
 # Redis through Sentinel (a highly available Redis): the Sentinels to ask and the name of
 # the master they monitor; REDIS_URL is then not used. Every connection to Redis, in every
-# process, is made from RQ_QUEUES below by django-rq (sessions_app.dispatch.redis_connection):
-# after a failover, new connections go to the new master.
+# process, is made from RQ_QUEUES below by django-rq
+# (sessions_app.services.dispatch.redis_connection): after a failover, new connections go to
+# the new master.
 REDIS_SENTINELS = redis_sentinels(os.environ.get("REDIS_SENTINELS", ""))
 REDIS_SENTINEL_MASTER = os.environ.get("REDIS_SENTINEL_MASTER", "").strip()
 REDIS_PASSWORD = env_secret("REDIS_PASSWORD")
@@ -288,11 +289,11 @@ RQ_QUEUES = {
     name: {**REDIS_CONNECTION, "DEFAULT_TIMEOUT": 3600} for name in {"default", RESPAWN_QUEUE}
 }
 # The worker class runs jobs in a long-lived process under a supervisor that restarts it
-# when it dies, and the reconciler on a timer beside the job loop (sessions_app/worker.py).
-RQ = {"WORKER_CLASS": "sessions_app.worker.RespawnWorker"}
+# when it dies, and the reconciler on a timer beside the job loop (sessions_app/workers/worker.py).
+RQ = {"WORKER_CLASS": "sessions_app.workers.worker.RespawnWorker"}
 RESPAWN_WORKER_SUPERVISE = env_bool("RESPAWN_WORKER_SUPERVISE", True)
 # The queue dashboard is mounted once, under /admin/rq/, behind Respawn's roles
-# (sessions_app/queues_admin.py); the admin index links to it.
+# (sessions_app/admin/queues.py); the admin index links to it.
 RQ_SHOW_ADMIN_LINK = False
 
 # --- Respawn runtime --------------------------------------------------------------------
@@ -346,7 +347,7 @@ def _retention_policy() -> tuple[object, str]:
         return {}, f"the retention policy is not JSON: {exc}"
 
 
-# Retention policies (sessions_app/retention.py; the README's "Retention"): off by default.
+# Retention policies (sessions_app/upkeep/retention.py; the README's "Retention"): off by default.
 RESPAWN_RETENTION, RESPAWN_RETENTION_PROBLEM = _retention_policy()
 # A session whose worker dies this many times in a row at the same step is failed (a
 # poison session) instead of taking workers down forever.
@@ -408,9 +409,9 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LOGIN_URL = "login"
 # The throttle first: it refuses every log-in path (dashboard, admin, any other) while an
-# account or an address is locked, before a password is checked (sessions_app/auth.py).
+# account or an address is locked, before a password is checked (sessions_app/web/auth.py).
 AUTHENTICATION_BACKENDS = [
-    "sessions_app.auth.LoginThrottleBackend",
+    "sessions_app.web.auth.LoginThrottleBackend",
     "django.contrib.auth.backends.ModelBackend",
 ]
 # Log-in throttling: this many failures per account / per address within the window

@@ -3,16 +3,16 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from sessions_app import queues_admin
-from sessions_app import views as session_views
-from sessions_app.api import api
-from sessions_app.auth import ThrottledLoginView
+from sessions_app.admin import queues as queues_admin
+from sessions_app.api.routes import api
+from sessions_app.dashboard import views as session_views
+from sessions_app.web.auth import ThrottledLoginView
 
 urlpatterns = [
     path("", RedirectView.as_view(pattern_name="sessions:list", permanent=False)),
     path("login/", ThrottledLoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("sessions/", include("sessions_app.urls")),
+    path("sessions/", include("sessions_app.dashboard.urls")),
     path("audit/", session_views.audit_log, name="audit"),
     path("admin/rq/", include((queues_admin.urlpatterns(), queues_admin.APP_NAME))),
     path("admin/", admin.site.urls),
@@ -21,7 +21,7 @@ urlpatterns = [
 ]
 
 # Error pages in the dashboard's own style (and as fragments for htmx requests).
-handler400 = "sessions_app.views.bad_request"
-handler403 = "sessions_app.views.permission_denied"
-handler404 = "sessions_app.views.page_not_found"
-handler500 = "sessions_app.views.server_error"
+handler400 = "sessions_app.dashboard.views.bad_request"
+handler403 = "sessions_app.dashboard.views.permission_denied"
+handler404 = "sessions_app.dashboard.views.page_not_found"
+handler500 = "sessions_app.dashboard.views.server_error"

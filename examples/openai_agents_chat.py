@@ -19,7 +19,7 @@ import sys
 from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
 from openai import AsyncOpenAI
 
-from sessions_app.openai_agents import RespawnSession, openai_agent
+from sessions_app.openai_agents.session import RespawnSession, openai_agent
 
 
 @function_tool(needs_approval=True)

@@ -66,7 +66,7 @@ def check_agents(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
 @checks.register("respawn")
 def check_retention(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """A retention policy that cannot be applied is refused before anything runs."""
-    from .retention import PolicyError, parse_policy
+    from .upkeep.retention import PolicyError, parse_policy
 
     problem: str | None = settings.RESPAWN_RETENTION_PROBLEM
     if not problem:

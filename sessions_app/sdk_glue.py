@@ -1,5 +1,5 @@
-"""What the LangGraph saver (sessions_app.langgraph) and the OpenAI Agents session
-(sessions_app.openai_agents) share: Django set up from Respawn's settings for a program
+"""What the LangGraph saver (sessions_app.langgraph.saver) and the OpenAI Agents session
+(sessions_app.openai_agents.session) share: Django set up from Respawn's settings for a program
 that is not a Django project, Respawn session ids derived from an SDK's own ids, and a
 thread of their own for their database work.
 

@@ -22,11 +22,15 @@ from collections.abc import Callable
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
 
+from django.core.exceptions import ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from ninja.parser import Parser
 from pydantic import AfterValidator, Field, PlainValidator
 from typing_extensions import TypeAliasType
+
+from agent_runtime.state import StateError
+from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_step_payload
 
 MAX_INT = 2**31 - 1  # the range of an integer column
 MIN_DATE = date(1900, 1, 1)
@@ -295,22 +299,6 @@ def request_problem(request: HttpRequest, *, forms: bool = True) -> InvalidInput
     return None
 
 
-def api_query_problem(request: HttpRequest) -> InvalidInput | None:
-    """The API's query parameters: each one the operation declares, once. `?status=a&status=b`
-    is refused rather than read as one of them, `?stauts=a` rather than ignored."""
-    from .api import undeclared_query_parameter
-
-    for name, values in request.GET.lists():
-        if len(values) > 1:
-            return InvalidInput(f"query parameter {name!r}", f"given {len(values)} times (once)")
-    unknown = undeclared_query_parameter(request)
-    if unknown is not None:
-        return InvalidInput(
-            f"query parameter {unknown!r}", "this operation takes no such parameter"
-        )
-    return None
-
-
 def _form_body(request: HttpRequest) -> bool:
     if request.content_type not in ("multipart/form-data", "application/x-www-form-urlencoded"):
         return False
@@ -340,10 +328,9 @@ class InputGuardMiddleware:
                 },
                 status=415,
             )
-        # The API takes no form fields; reading them is the dashboard's check.
-        problem = request_problem(request, forms=not api) or (
-            api_query_problem(request) if api else None
-        )
+        # The API takes no form fields; reading them is the dashboard's check. Its query
+        # parameters are the API's own check (sessions_app.api.routes).
+        problem = request_problem(request, forms=not api)
         if problem is None:
             return self.get_response(request)
         if api:
@@ -361,3 +348,43 @@ def request_meta(request: HttpRequest, via: str) -> dict[str, Any]:
         "ip": request.META.get("REMOTE_ADDR"),
         "user_agent": request.headers.get("User-Agent", "")[:MAX_USER_AGENT],
     }
+
+
+# --- Blobs an edit writes: what the engine must still load ----------------------------------
+
+# What a broken blob can raise on its way through the upgraders and the state's from_dict.
+LOAD_ERRORS = (IncompatibleSchemaError, StateError, KeyError, TypeError, ValueError, AttributeError)
+
+
+def validate_step_payload_json(kind: str, payload: Any, schema_version: int) -> None:
+    """Refuse a payload that agent_runtime cannot load as a `kind` step stored at
+    `schema_version`. The one place the admin calls the engine's step loader."""
+    try:
+        load_step_payload(kind, payload, schema_version)
+    except LOAD_ERRORS as exc:
+        raise ValidationError(
+            "This %(kind)s payload does not load at schema version %(version)s: %(error)s",
+            code="schema",
+            params={"kind": kind, "version": schema_version, "error": exc},
+        ) from exc
+
+
+def validate_checkpoint_state_json(state: Any, schema_version: int) -> None:
+    """Refuse a state that agent_runtime cannot load, or whose own schema_version is not
+    the one the checkpoint is stored at (the version is history: not editable)."""
+    if not isinstance(state, dict):
+        raise ValidationError("A checkpoint state must be a JSON object.", code="schema")
+    if state.get("schema_version") != schema_version:
+        raise ValidationError(
+            "The state's schema_version must stay %(version)s (found %(found)r).",
+            code="schema_version",
+            params={"version": schema_version, "found": state.get("schema_version")},
+        )
+    try:
+        load_state(state)
+    except LOAD_ERRORS as exc:
+        raise ValidationError(
+            "This state does not load at schema version %(version)s: %(error)s",
+            code="schema",
+            params={"version": schema_version, "error": exc},
+        ) from exc

@@ -205,7 +205,7 @@ def users(db):
 @pytest.fixture
 def rq_queue():
     """The test run's own queue, emptied before and after each test."""
-    from sessions_app.dispatch import queue
+    from sessions_app.services.dispatch import queue
 
     q = queue()
     q.empty()

@@ -8,20 +8,18 @@ pause, a failure, a cancel, or a fan-out of the turn's tool calls to branch jobs
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 from ..agents import Agent, AgentRegistry, AgentStateError, UnknownAgent
-from ..pricing import PriceTable, load_price_table
+from ..pricing import PriceTable
 from ..providers import Message, ModelSettings, ModelTurn, Provider, ProviderError, ToolCall
 from ..providers import make_provider as default_make_provider
 from ..providers.base import Usage
 from ..records import RecordSource
-from ..redaction import NO_REDACTION, Redactor
 from ..state import (
     BranchLabel,
     NewCheckpoint,
@@ -47,17 +45,24 @@ from ..state import (
 )
 from ..store import EffectLedger, Lease, LeaseLost, SessionHead, SessionStore, utcnow
 from ..telemetry import (
-    NO_TELEMETRY,
     ModelCallRecord,
     RunRecord,
-    Telemetry,
     ToolCallRecord,
     guarded,
     observe,
 )
-from ..tools import Tool, ToolContext, ToolOutcome, TransientRetry
+from ..tools import Tool, ToolContext, ToolOutcome
 from ..upgraders import IncompatibleSchemaError
+from .config import (
+    BUDGET_REACHED,
+    Outcome,
+    ProviderFactory,
+    RunConfig,
+    RunResult,
+    run_started,
+)
 from .conversation import Conversation
+from .foreign import run_with_runner
 from .heartbeat import Heartbeat, fence_guard
 from .trace import (
     CallModel,
@@ -70,68 +75,6 @@ from .trace import (
 )
 
 log = logging.getLogger("respawn.loop")
-
-ProviderFactory = Callable[[str, dict[str, Any]], tuple[Provider, str]]
-
-# How the error of a session paused by a budget starts (the dashboard's "needs attention"
-# finds them by it).
-BUDGET_REACHED = "budget reached"
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    worker_id: str
-    lease_ttl: float = 10.0
-    heartbeat_interval: float | None = None  # default: a third of the lease TTL
-    model_retries: int = 3
-    model_backoff: float = 0.5
-    model_backoff_max: float = 8.0
-    model_timeout: float = 60.0
-    model_override: str | None = None  # RESPAWN_MODEL: replaces every agent's model
-    provider_options: dict[str, Any] = field(default_factory=dict)
-    tool_options: dict[str, Any] = field(default_factory=dict)
-    # Applied to every payload (and so every state) before it is stored.
-    redactor: Redactor = NO_REDACTION
-    # Fail a session whose worker died this many times in a row at the same step.
-    max_crashes: int = 5
-    # A fan-out branch dispatched this many times without a result (its worker kept dying)
-    # gets an error result the model sees instead of another try.
-    max_branch_attempts: int = 3
-    # What model calls cost when their provider does not say (agent_runtime.pricing).
-    prices: PriceTable = field(default_factory=lambda: load_price_table(""))
-    # Where runs, model and tool calls and writes are reported (agent_runtime.telemetry).
-    telemetry: Telemetry = NO_TELEMETRY
-    # How a tool call that failed on the infrastructure (database, Redis, network) is
-    # retried, and which errors count as such.
-    transient: TransientRetry = field(default_factory=TransientRetry)
-
-    @property
-    def heartbeat_every(self) -> float:
-        """Seconds between heartbeats: `heartbeat_interval`, or a third of the lease TTL."""
-        return self.heartbeat_interval or max(self.lease_ttl / 3, 0.05)
-
-
-class Outcome(enum.StrEnum):
-    COMPLETED = "completed"
-    FAILED = "failed"
-    WAITING_INPUT = "waiting_input"
-    CANCELLED = "cancelled"
-    LEASE_LOST = "lease_lost"
-    NOT_CLAIMED = "not_claimed"
-    INCOMPATIBLE = "incompatible"
-    # A budget was reached: paused with the reason until someone raises it and resumes.
-    PAUSED = "paused"
-    # The turn's tool calls were handed to branch jobs; `RunResult.branches` says which.
-    FANNED_OUT = "fanned_out"
-
-
-@dataclass(frozen=True)
-class RunResult:
-    session_id: str
-    outcome: Outcome
-    final_answer: str | None = None
-    error: str | None = None
-    branches: tuple[int, ...] = ()  # FANNED_OUT: seqs of the tool calls to run as branch jobs
 
 
 def start_agent_state(
@@ -777,19 +720,6 @@ class _Run:
         )
 
 
-def run_started(head: SessionHead, *, worker: str, agent_version: str) -> SystemPayload:
-    """What every run records first: what it loaded, and the agent version running it
-    beside the one the session started on."""
-    return SystemPayload(
-        event=SystemEvent.RUN_STARTED,
-        worker=worker,
-        checkpoint_seq=head.checkpoint.seq if head.checkpoint else None,
-        steps_after_checkpoint=len(head.steps_after_checkpoint),
-        agent_version=agent_version,
-        agent_started_on=head.agent_version or None,
-    )
-
-
 def usage_record(usage: Usage, prices: PriceTable, spec: str, model: str) -> UsagePayload:
     """A model step's `usage`: its tokens, cache tokens and cost. A call the price table
     has no price for (and whose provider reported none) is marked `unpriced`."""
@@ -999,8 +929,6 @@ def run_session(
     if agent.runner is not None:
         # A foreign turn loop (agent_runtime.runners): the lease, the run_started step, the
         # heartbeat and the closing status stay the engine's.
-        from ..runners import run_with_runner
-
         return run_with_runner(store=store, agent=agent, config=config, lease=lease, head=head)
     try:
         run = _Run(

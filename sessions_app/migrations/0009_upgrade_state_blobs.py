@@ -15,7 +15,7 @@ import sys
 
 from django.db import migrations
 
-from sessions_app.state_upgrade import downgrade_blobs, upgrade_blobs
+from sessions_app.upkeep.state_upgrade import downgrade_blobs, upgrade_blobs
 
 BATCH_SIZE = 500  # rows per transaction
 

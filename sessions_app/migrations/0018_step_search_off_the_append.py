@@ -1,5 +1,5 @@
 """Full-text search off the append path: steps are indexed in batches into StepSearch
-(one stripped tsvector per chunk of a session's steps, sessions_app.search), and the
+(one stripped tsvector per chunk of a session's steps, sessions_app.upkeep.search), and the
 per-step GIN index of 0004_step_search goes. On PostgreSQL only; the index rows are built
 by the workers' indexer after this migration (the session list says while it catches up),
 or at once by `manage.py index_search`. Reversible: the old index is built again.

@@ -1,4 +1,4 @@
-"""Log-in failures are kept by a keyed hash of the normalised username (sessions_app/auth.py),
+"""Log-in failures are kept by a keyed hash of the normalised username (sessions_app/web/auth.py),
 never the username; and the `admin` role: acts on the queues and issues API tokens for
 other users, beside superusers."""
 

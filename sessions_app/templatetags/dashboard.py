@@ -10,8 +10,7 @@ from django import template
 from django.utils import timezone
 from django.utils.html import format_html
 
-from ..models import Status
-from ..presenters import (
+from ..dashboard.presenters import (
     STATUS_TEXT,
     format_ago,
     format_cost,
@@ -19,6 +18,7 @@ from ..presenters import (
     format_duration,
     format_ms,
 )
+from ..models import Status
 
 register = template.Library()
 

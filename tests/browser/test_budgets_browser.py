@@ -8,7 +8,7 @@ import pytest
 
 from sessions_app import runtime
 from sessions_app.models import AgentSession
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 from ..conftest import run_inline, wait_for
 from .conftest import console_errors, login, screenshot

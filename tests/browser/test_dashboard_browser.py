@@ -7,7 +7,7 @@ import re
 import pytest
 
 from sessions_app.models import AgentSession, Status, Step
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 from ..conftest import run_inline, wait_for
 from .conftest import login, screenshot

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import Group
 
-from sessions_app import services
 from sessions_app.models import AgentSession, Status, Step
-from sessions_app.services import session_approve, session_start
+from sessions_app.services import core as services
+from sessions_app.services.core import session_approve, session_start
 
 from ..builders import build_long_session
 from ..conftest import wait_for

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sessions_app.models import Status
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 from ..builders import build_long_session
 from ..conftest import wait_for

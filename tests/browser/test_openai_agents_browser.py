@@ -23,7 +23,7 @@ def test_an_operator_approves_a_paused_sdk_run_in_the_dashboard(
 ):
     from acme_sdk import run_config, support
 
-    from sessions_app.openai_agents import RespawnSession
+    from sessions_app.openai_agents.session import RespawnSession
 
     settings.RESPAWN_AGENTS = ["acme_sdk:agents"]
     log = tmp_path / "tools.log"

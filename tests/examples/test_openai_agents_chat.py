@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from sessions_app.models import AgentSession, Status
-from sessions_app.openai_agents import session_id_for
-from sessions_app.services import session_approve
+from sessions_app.openai_agents.session import session_id_for
+from sessions_app.services.core import session_approve
 
 from ..conftest import ROOT, program_env, run_inline, run_python
 

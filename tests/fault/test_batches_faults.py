@@ -11,7 +11,7 @@ import pytest
 from django.db.models import Count
 
 from sessions_app.models import AgentSession, DemoBatch, DemoRecord, Status, Step
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 from ..conftest import wait_final
 from .conftest import assert_invariants, kill_worker_process_only, wait_for_tool_results

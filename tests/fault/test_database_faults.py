@@ -17,9 +17,9 @@ import pytest
 from django.db import connection
 from rq.registry import FailedJobRegistry
 
-from sessions_app.dispatch import queue
 from sessions_app.models import ApiToken, SideEffect, Status, Step
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
+from sessions_app.services.dispatch import queue
 
 from ..conftest import ROOT, wait_final, wait_for
 from ..servers import free_port

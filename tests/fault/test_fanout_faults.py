@@ -8,7 +8,7 @@ import time
 import pytest
 
 from sessions_app.models import SideEffect, Status, Step
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 from ..conftest import wait_final, wait_for
 from .conftest import assert_invariants, kill_busy_workers_at_random

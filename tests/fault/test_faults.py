@@ -14,7 +14,7 @@ import pytest
 from django.db import connection
 
 from sessions_app.models import AgentSession, ApiToken, SideEffect, Status, Step
-from sessions_app.services import checkpoint_rollback, session_cancel, session_start
+from sessions_app.services.core import checkpoint_rollback, session_cancel, session_start
 
 from ..conftest import wait_final, wait_for
 from .conftest import (
@@ -215,7 +215,7 @@ def test_only_the_worker_process_killed_comes_back_through_the_lease(fleet):
 
 
 def test_crash_between_commit_and_enqueue_is_dispatched_by_the_reconciler(fleet, monkeypatch):
-    from sessions_app import dispatch
+    from sessions_app.services import dispatch
 
     monkeypatch.setattr(
         dispatch, "enqueue", lambda session_id, job_id: False
@@ -294,7 +294,7 @@ def test_a_frozen_worker_continued_after_a_person_reran_its_call_sends_nothing(f
     the session completes. Then SIGCONT: the frozen worker's send is refused by the fence
     and reported, so there is one notification, and it is the one in the trace."""
     from sessions_app.models import AuditEvent
-    from sessions_app.services import session_resolve_uncertain
+    from sessions_app.services.core import session_resolve_uncertain
 
     session = session_start(agent="notify", input="deploy finished")
     stopped = fleet.start(RESPAWN_SLOW_DELAY="1.5")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from sessions_app.models import Status, Step
-from sessions_app.services import session_cancel
+from sessions_app.services.core import session_cancel
 
 from ..stubs.sdk_model import sdk_model  # noqa: F401
 

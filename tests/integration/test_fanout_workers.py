@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sessions_app.models import Status, Step
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 from ..conftest import wait_stopped
 from .test_workers import assert_consistent

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import pytest
 
-from sessions_app.graph_services import session_answer_interrupt
 from sessions_app.models import AgentSession, AuditEvent, GraphCheckpoint, Status, Step
-from sessions_app.services import (
+from sessions_app.services.core import (
     checkpoint_rollback,
     session_fork,
     session_resume,
     session_start,
 )
+from sessions_app.services.graphs import session_answer_interrupt
 
 from ..conftest import wait_for, wait_for_status
 from .conftest import assert_resumed_from_a_checkpoint, cancel_and_assert_nothing_lands

@@ -12,7 +12,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from prometheus_client.parser import text_string_to_metric_families
 
 from sessions_app.models import Status, Step
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 from ..conftest import wait_for, wait_for_status
 from ..servers import free_port

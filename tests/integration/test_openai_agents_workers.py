@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sessions_app.models import AgentSession, ApiToken, Checkpoint, Status, Step
-from sessions_app.services import session_fork, session_resume, session_start
+from sessions_app.services.core import session_fork, session_resume, session_start
 
 from ..conftest import wait_for, wait_for_status
 from .conftest import assert_resumed_from_a_checkpoint, cancel_and_assert_nothing_lands
@@ -116,7 +116,7 @@ def test_cancel_fork_and_resume_an_sdk_session(settings, start_worker, sdk_model
 def test_a_worker_killed_while_the_approved_call_runs_resumes_from_the_stored_run_state(
     settings, start_worker, sdk_model, tmp_path, users
 ):
-    from sessions_app.services import session_approve
+    from sessions_app.services.core import session_approve
 
     settings.RESPAWN_AGENTS = [AGENTS]
     log = tmp_path / "tools.log"

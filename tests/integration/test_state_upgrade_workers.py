@@ -10,9 +10,9 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from agent_runtime.state import SCHEMA_VERSION
-from sessions_app.dispatch import reconcile
 from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
-from sessions_app.services import session_approve, session_resume
+from sessions_app.services.core import session_approve, session_resume
+from sessions_app.services.dispatch import reconcile
 from tests.fixtures.loader import dump_blobs, insert_fixture, read_fixture
 
 from ..conftest import wait_for, wait_for_status, wait_stopped

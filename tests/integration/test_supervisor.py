@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from sessions_app.models import AgentSession, Status, Step
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 from ..conftest import wait_for
 

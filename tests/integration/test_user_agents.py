@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from sessions_app.models import AgentSession, Checkpoint, SideEffect, Status, Step
-from sessions_app.services import session_send_message, session_start
+from sessions_app.services.core import session_send_message, session_start
 
 from ..conftest import PACKAGES, wait_for, wait_for_status
 

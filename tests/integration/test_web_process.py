@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sessions_app.models import ApiToken
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 from ..servers import free_port
 

@@ -7,9 +7,9 @@ import time
 import pytest
 from rq.job import Job
 
-from sessions_app.dispatch import enqueue, new_job_id
 from sessions_app.models import Checkpoint, SideEffect, Status, Step
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
+from sessions_app.services.dispatch import enqueue, new_job_id
 
 from ..conftest import assert_invariants, live_conversation, wait_for, wait_for_status, wait_stopped
 
@@ -121,7 +121,7 @@ def test_two_workers_handed_the_same_session_one_advances_it(start_worker, rq_qu
 
 
 def test_approval_waits_for_a_person_then_finishes(start_worker):
-    from sessions_app.services import session_approve
+    from sessions_app.services.core import session_approve
 
     start_worker()
     session = session_start(agent="approval", input="pay invoice INV-1")

@@ -6,7 +6,7 @@ import pytest
 @pytest.fixture
 def make_saver(transactional_db):
     """RespawnSavers closed after the test (each holds a connection on its own thread)."""
-    from sessions_app.langgraph import RespawnSaver
+    from sessions_app.langgraph.saver import RespawnSaver
 
     made = []
 

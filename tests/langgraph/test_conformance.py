@@ -11,7 +11,7 @@ import pytest
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.conformance.capabilities import ALL_CAPABILITIES, Capability
 
-from sessions_app.langgraph import AsyncRespawnSaver, RespawnSaver
+from sessions_app.langgraph.saver import AsyncRespawnSaver, RespawnSaver
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

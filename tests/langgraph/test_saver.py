@@ -14,7 +14,7 @@ from langchain_core.messages import HumanMessage
 from langgraph.checkpoint.base import empty_checkpoint
 from langgraph.types import Command
 
-from sessions_app.langgraph import RespawnSaver, ThreadLeaseLost, session_id_for
+from sessions_app.langgraph.saver import RespawnSaver, ThreadLeaseLost, session_id_for
 from sessions_app.models import (
     AgentSession,
     AuditEvent,
@@ -247,13 +247,13 @@ def test_from_conn_string_uses_the_projects_database():
 def test_importing_without_langgraph_says_what_to_install():
     code = (
         "import sys; sys.modules['langgraph'] = None; sys.modules['langgraph.checkpoint'] = None\n"
-        "import sessions_app.langgraph"
+        "import sessions_app.langgraph.saver"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode != 0
     assert (
-        "sessions_app.langgraph needs LangGraph: install it with `pip install langgraph`"
+        "sessions_app.langgraph.saver needs LangGraph: install it with `pip install langgraph`"
         in done.stderr
     )

@@ -8,7 +8,7 @@ from ..stubs.sdk_model import sdk_model  # noqa: F401
 @pytest.fixture
 def make_session(transactional_db):
     """RespawnSessions closed after the test (each keeps a connection on its own thread)."""
-    from sessions_app.openai_agents import RespawnSession
+    from sessions_app.openai_agents.session import RespawnSession
 
     made = []
 

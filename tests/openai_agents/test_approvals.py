@@ -13,8 +13,8 @@ from agents import Runner
 from agents.run_state import CURRENT_SCHEMA_VERSION
 
 from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
-from sessions_app.openai_agents import RunStateVersionError, check_run_state_version
-from sessions_app.services import ActionError, session_approve, session_reject, session_start
+from sessions_app.openai_agents.session import RunStateVersionError, check_run_state_version
+from sessions_app.services.core import ActionError, session_approve, session_reject, session_start
 
 from ..conftest import run_inline
 
@@ -108,7 +108,7 @@ def test_a_session_started_on_the_workers_pauses_and_resumes(sdk_model, settings
     assert row.status == Status.WAITING_INPUT, row.last_error
     assert head_state(row)["pending_approval"]["arguments"] == {"order": "O-9", "amount": 30}
     with pytest.raises(ActionError, match="waiting for an approval"):
-        from sessions_app.services import session_resume
+        from sessions_app.services.core import session_resume
 
         session_resume(session_id=row.id, actor=users["operator"])
     session_approve(session_id=row.id, actor=users["operator"])
@@ -134,7 +134,7 @@ def test_a_session_started_on_the_workers_pauses_and_resumes(sdk_model, settings
 
 
 def test_messages_sent_from_the_dashboard_continue_the_conversation(sdk_model, settings, users):
-    from sessions_app.services import session_send_message
+    from sessions_app.services.core import session_send_message
 
     settings.RESPAWN_AGENTS = AGENTS
     row = run_inline(session_start(agent="acme-sdk", input="hello"))
@@ -237,7 +237,7 @@ def test_checkpoints_name_the_version_that_ran_so_an_older_worker_refuses(
 ):
     from agent_runtime.loop import Outcome, run_session
     from sessions_app.runtime import agent_registry, run_config
-    from sessions_app.services import session_send_message
+    from sessions_app.services.core import session_send_message
     from sessions_app.store import DjangoEffects, session_store
 
     settings.RESPAWN_AGENTS = AGENTS
@@ -280,7 +280,7 @@ def test_a_run_started_from_async_code_runs_its_loop_on_a_thread(sdk_model, sett
 
 
 def test_an_operators_instruction_and_correction_reach_the_sdk_model(sdk_model, settings, users):
-    from sessions_app.services import session_add_instruction, session_correct_result
+    from sessions_app.services.core import session_add_instruction, session_correct_result
 
     settings.RESPAWN_AGENTS = AGENTS
     row = run_inline(session_start(agent="acme-sdk", input="loop 1"))
@@ -340,7 +340,7 @@ def test_a_run_paused_by_sdk_schema_1_21_still_resumes(make_session, sdk_model, 
 
 
 def test_a_program_cannot_write_past_a_pending_approval(make_session, sdk_model):
-    from sessions_app.openai_agents import SessionBusy
+    from sessions_app.openai_agents.session import SessionBusy
 
     session, pending = paused_refund(make_session, sid="conv-pending")
     before = Step.objects.filter(session_id=session.respawn_id).count()

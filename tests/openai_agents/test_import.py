@@ -64,7 +64,7 @@ django.setup()
 import asyncio
 from agents import Runner
 from agents.tracing import get_trace_provider
-from sessions_app.openai_agents import RespawnSession
+from sessions_app.openai_agents.session import RespawnSession
 from acme_sdk import run_config, support
 
 session = RespawnSession("no-network")
@@ -94,12 +94,12 @@ def test_import_and_run_reach_only_loopback(sdk_model, tmp_path):
 
 
 def test_importing_without_the_sdk_says_what_to_install():
-    code = "import sys; sys.modules['agents'] = None\nimport sessions_app.openai_agents"
+    code = "import sys; sys.modules['agents'] = None\nimport sessions_app.openai_agents.session"
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
     assert done.returncode != 0
     assert (
-        "sessions_app.openai_agents needs the OpenAI Agents SDK: install it with "
+        "sessions_app.openai_agents.session needs the OpenAI Agents SDK: install it with "
         "`pip install openai-agents`" in done.stderr
     )

@@ -13,7 +13,7 @@ from agents.memory import Session
 from django.db import connections
 
 from sessions_app.models import AgentSession, Checkpoint, Step
-from sessions_app.openai_agents import RespawnSession, SessionBusy, session_id_for
+from sessions_app.openai_agents.session import RespawnSession, SessionBusy, session_id_for
 
 from ..stubs.sdk_model import sent_messages
 
@@ -252,7 +252,7 @@ def test_sync_methods_for_code_that_is_not_async(make_session):
 def test_an_sdk_conversation_is_found_by_the_dashboards_search(make_session, client, users):
     from django.urls import reverse
 
-    from sessions_app import search
+    from sessions_app.upkeep import search
 
     session = make_session("conv-search")
     run(session.add_items([user("my platypus is missing"), assistant("Let me look for it.")]))

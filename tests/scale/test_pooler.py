@@ -21,7 +21,7 @@ from django.db import connection
 
 from agent_runtime.state import NewCheckpoint, NewStep, SessionState, StepKind, model_payload
 from sessions_app.models import AgentSession
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 from sessions_app.store import DjangoSessionStore, session_store
 
 from ..conftest import ROOT, wait_final

@@ -13,8 +13,8 @@ import pytest
 from django.conf import settings
 from django.contrib.auth.models import User
 
-from sessions_app.dispatch import queue, redis_connection
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
+from sessions_app.services.dispatch import queue, redis_connection
 from tests.servers import RedisSentinelSet
 
 from ..conftest import ROOT, wait_final
@@ -83,7 +83,9 @@ def test_dispatch_reaches_the_master_the_sentinels_name(sentinel_redis, rq_queue
 
 @pytest.mark.django_db(transaction=True)  # enqueued at once, not after a test's transaction
 def test_the_queue_pages_read_the_master_the_sentinels_name(sentinel_redis, rq_queue, client):
-    queue().enqueue("sessions_app.jobs.run_session_job", "no-such-session", job_id="probe-job")
+    queue().enqueue(
+        "sessions_app.workers.jobs.run_session_job", "no-such-session", job_id="probe-job"
+    )
     client.force_login(User.objects.create_superuser("sue", password="pw"))
     index = sorted(settings.RQ_QUEUES).index(settings.RESPAWN_QUEUE)
     page = client.get(f"/admin/rq/queues/{index}/")

@@ -13,7 +13,7 @@ from django.db import DatabaseError, transaction
 from django.urls import reverse
 
 from sessions_app.models import AuditEvent, LoginFailure
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ from django.contrib.auth import authenticate
 from django.contrib.auth.models import User
 from django.utils import timezone
 
-from sessions_app.auth import account_key
 from sessions_app.models import LoginFailure
+from sessions_app.web.auth import account_key
 
 from .http import Browser
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sessions_app.models import AgentSession, ApiToken, Status
-from sessions_app.services import checkpoint_rollback, session_start
+from sessions_app.services.core import checkpoint_rollback, session_start
 from sessions_app.store import DjangoEffects, session_store
 from tests.sessions_app.test_dashboard import _uncertain_notify_session
 

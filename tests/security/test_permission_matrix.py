@@ -13,7 +13,7 @@ from django.contrib.auth.models import Group, Permission, User
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from sessions_app.models import ApiToken, AuditEvent, Checkpoint, Step
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 from ..conftest import run_inline
 
@@ -200,7 +200,7 @@ def test_admin_refuses_everyone_but_staff_with_a_role(client, world):
         client.force_login(world["users"]["superuser"])
         # Refused even to a superuser by design: autocomplete without its query parameters,
         # and adding or deleting a session's history, audit events or API tokens
-        # (sessions_app/admin.py).
+        # (sessions_app/admin/registry.py).
         by_design = url.endswith("/autocomplete/") or re.fullmatch(
             r"/admin/sessions_app/(agentsession|step|checkpoint|auditevent|apitoken)/"
             r"(add|[^/]+/delete)/",
@@ -268,7 +268,7 @@ def test_only_admins_act_on_the_queues(client, world, rq_queue):
     from rq import Queue
 
     queue = Queue(rq_queue.name, connection=rq_queue.connection)
-    job = queue.enqueue("sessions_app.jobs.run_session_job", str(world["session"].id))
+    job = queue.enqueue("sessions_app.workers.jobs.run_session_job", str(world["session"].id))
     index = _queue_index(rq_queue.name)
     reads = ["/admin/rq/", f"/admin/rq/queues/{index}/", f"/admin/rq/queues/{index}/{job.id}/"]
     acts = [

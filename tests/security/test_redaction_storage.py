@@ -10,7 +10,7 @@ from agent_runtime.agents import Agent, AgentRegistry
 from agent_runtime.providers import ModelTurn, ToolCall
 from agent_runtime.tools import ToolContext, tool
 from sessions_app.models import AgentSession
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 
 from ..conftest import run_inline
 

@@ -11,7 +11,7 @@ from django.db import connection, models
 from agent_runtime.providers import ProviderError
 from sessions_app.models import AgentSession, ApiToken, AuditEvent, SideEffect, Step
 from sessions_app.redaction import REPLACEMENT, _Scrubbed
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 from sessions_app.store import DjangoEffects
 
 from ..conftest import run_inline

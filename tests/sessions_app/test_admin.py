@@ -18,8 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from agent_runtime.state import SCHEMA_VERSION
-from sessions_app import admin_services
-from sessions_app.admin import LargeTablePaginator
+from sessions_app.admin.registry import LargeTablePaginator
 from sessions_app.models import (
     AgentSession,
     ApiToken,
@@ -30,7 +29,8 @@ from sessions_app.models import (
     Status,
     Step,
 )
-from sessions_app.services import ActionError, session_start
+from sessions_app.services import records as admin_services
+from sessions_app.services.core import ActionError, session_start
 from sessions_app.store import session_store
 
 from ..conftest import run_inline
@@ -432,7 +432,7 @@ def test_a_session_that_starts_running_after_validation_is_not_edited(
 ):
     """The race the form's check cannot close: the service refuses under the lock, the
     admin's transaction rolls back (no change, no log entry) and says why."""
-    from sessions_app import admin_forms
+    from sessions_app.admin import forms as admin_forms
 
     monkeypatch.setattr(
         admin_forms._SessionHistoryForm, "clean", lambda self: dict(self.cleaned_data)
@@ -895,7 +895,7 @@ def test_compatibility_check_action_marks_and_clears(client, db):
     from django.contrib.auth.models import User
 
     from sessions_app.models import AgentSession, AuditEvent, Checkpoint
-    from sessions_app.services import session_start
+    from sessions_app.services.core import session_start
 
     admin_user = User.objects.create_superuser("compat-admin", password="pw")
     good = session_start(agent="echo", input="hi")

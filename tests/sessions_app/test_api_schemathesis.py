@@ -12,7 +12,7 @@ from schemathesis.checks import CHECKS, load_all_checks
 from schemathesis.generation.modes import GenerationMode
 
 from sessions_app.models import AgentSession, ApiToken, Step
-from sessions_app.transfer import export_bytes
+from sessions_app.upkeep.transfer import export_bytes
 
 schema = schemathesis.openapi.from_wsgi("/api/openapi.json", get_wsgi_application())
 load_all_checks()

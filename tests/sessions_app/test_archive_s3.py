@@ -12,12 +12,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from sessions_app.archive import ArchiveError, S3Archive, S3Credentials, _sha256, sign_v4
 from sessions_app.checks import check_retention
 from sessions_app.models import AgentSession, AuditEvent, Step
-from sessions_app.retention import PolicyError, apply_retention, parse_policy
-from sessions_app.services import session_start
-from sessions_app.transfer import import_session
+from sessions_app.services.core import session_start
+from sessions_app.upkeep.archive import ArchiveError, S3Archive, S3Credentials, _sha256, sign_v4
+from sessions_app.upkeep.retention import PolicyError, apply_retention, parse_policy
+from sessions_app.upkeep.transfer import import_session
 
 from ..conftest import run_inline
 from ..stubs.s3_server import S3Stub

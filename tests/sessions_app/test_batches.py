@@ -7,7 +7,7 @@ import pytest
 from django.urls import reverse
 
 from sessions_app.models import ApiToken, Checkpoint, DemoBatch, DemoRecord
-from sessions_app.services import checkpoint_rollback, session_start
+from sessions_app.services.core import checkpoint_rollback, session_start
 from sessions_app.store import DjangoRecords
 
 from ..conftest import run_inline

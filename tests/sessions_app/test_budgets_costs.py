@@ -13,8 +13,8 @@ from django.utils import timezone
 
 from sessions_app import runtime
 from sessions_app.models import AgentSession, AuditEvent, ModelUsage, Step
-from sessions_app.selectors import attention_section, session_budgets
-from sessions_app.services import session_fork, session_start
+from sessions_app.selectors.core import attention_section, session_budgets
+from sessions_app.services.core import session_fork, session_start
 
 from ..conftest import run_inline
 

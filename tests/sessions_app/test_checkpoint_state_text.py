@@ -21,7 +21,7 @@ from agent_runtime.state import (
     user_payload,
 )
 from sessions_app.models import AgentSession, Checkpoint, Status
-from sessions_app.selectors import _attention_querysets
+from sessions_app.selectors.core import _attention_querysets
 from sessions_app.store import session_store
 from tests.fixtures.loader import V1_SESSIONS, dump_blobs, insert_fixture
 

@@ -6,7 +6,7 @@ import pytest
 from django.urls import reverse
 
 from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
-from sessions_app.services import session_add_instruction, session_start
+from sessions_app.services.core import session_add_instruction, session_start
 from sessions_app.store import session_store
 
 from ..conftest import run_inline
@@ -341,7 +341,7 @@ def test_trace_pages_and_live_tail(client, users, done):
 
 
 def test_long_trace_is_paged_and_superseded_steps_hidden(client, users, done):
-    from sessions_app.services import checkpoint_rollback
+    from sessions_app.services.core import checkpoint_rollback
 
     checkpoint_rollback(session_id=done.id, checkpoint_seq=7)
     client.force_login(users["viewer"])
@@ -364,7 +364,7 @@ def test_checkpoint_diff(client, users, done):
 
 
 def test_audit_log_filters(client, users, done, waiting):
-    from sessions_app.services import session_approve
+    from sessions_app.services.core import session_approve
 
     session_approve(session_id=waiting.id, actor=users["operator"])
     client.force_login(users["viewer"])

@@ -11,9 +11,9 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from sessions_app import selectors
 from sessions_app.models import AgentSession, Status, Step
-from sessions_app.services import session_start
+from sessions_app.selectors import core as selectors
+from sessions_app.services.core import session_start
 
 pytestmark = pytest.mark.django_db
 

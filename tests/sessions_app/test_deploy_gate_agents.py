@@ -8,7 +8,7 @@ import json
 import pytest
 
 from sessions_app.models import Status, Step
-from sessions_app.services import session_check_compat, session_send_message, session_start
+from sessions_app.services.core import session_check_compat, session_send_message, session_start
 
 from ..conftest import compat_gate, run_inline
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture(autouse=True)
 def _job_keeps_the_test_connection(monkeypatch):
-    monkeypatch.setattr("sessions_app.jobs.close_old_connections", lambda: None)
+    monkeypatch.setattr("sessions_app.workers.jobs.close_old_connections", lambda: None)
 
 
 @pytest.fixture

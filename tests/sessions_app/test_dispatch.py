@@ -8,9 +8,9 @@ from django.utils import timezone
 from rq.job import Job
 
 from agent_runtime.state import SCHEMA_VERSION
-from sessions_app.dispatch import reconcile
 from sessions_app.models import AgentSession, Status
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
+from sessions_app.services.dispatch import reconcile
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

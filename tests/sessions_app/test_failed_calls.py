@@ -15,7 +15,7 @@ from agent_runtime.providers import ModelTurn, ToolCall
 from agent_runtime.store import Lease
 from agent_runtime.tools import ToolContext, TransientRetry, tool
 from sessions_app.models import AgentSession, ApiToken, AuditEvent, Status
-from sessions_app.services import session_reject, session_start
+from sessions_app.services.core import session_reject, session_start
 from sessions_app.store import session_store
 
 from ..conftest import run_inline
@@ -92,7 +92,7 @@ def _down(*args, **kwargs):
 def test_a_database_outage_is_a_503_json_under_the_api(client, users, monkeypatch):
     session = session_start(agent="echo", input="hi")
     _, token = ApiToken.issue(users["viewer"])
-    monkeypatch.setattr("sessions_app.api._get", _down)
+    monkeypatch.setattr("sessions_app.api.routes._get", _down)
     response = client.get(f"/api/sessions/{session.id}", HTTP_AUTHORIZATION=f"Bearer {token}")
     assert response.status_code == 503
     assert response.json()["error"] == "unavailable"
@@ -102,7 +102,7 @@ def test_a_database_outage_is_a_503_json_under_the_api(client, users, monkeypatc
 def test_a_database_outage_is_a_503_page_in_the_dashboard(client, users, monkeypatch):
     session = session_start(agent="echo", input="hi")
     client.force_login(users["viewer"])
-    monkeypatch.setattr("sessions_app.views._get_session", _down)
+    monkeypatch.setattr("sessions_app.dashboard.views._get_session", _down)
     response = client.get(reverse("sessions:detail", args=[session.id]))
     assert response.status_code == 503
     assert "The database is unavailable" in response.content.decode()
@@ -117,12 +117,12 @@ def test_any_other_error_is_still_a_500(client, users, monkeypatch):
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setattr("sessions_app.views._get_session", broken)
+    monkeypatch.setattr("sessions_app.dashboard.views._get_session", broken)
     assert client.get(reverse("sessions:detail", args=[session.id])).status_code == 500
 
 
 def test_a_server_error_is_a_styled_page_that_needs_no_database(rf, django_assert_num_queries):
-    from sessions_app.views import server_error
+    from sessions_app.dashboard.views import server_error
 
     with django_assert_num_queries(0):
         response = server_error(rf.get("/sessions/"))

@@ -13,7 +13,7 @@ from django.urls import reverse
 from agent_runtime.loop import BranchOutcome, Outcome, RunConfig, run_branch
 from demo_agents import demo_agents
 from sessions_app.models import Checkpoint, SideEffect, Step
-from sessions_app.services import session_cancel, session_start
+from sessions_app.services.core import session_cancel, session_start
 from sessions_app.store import DjangoEffects, session_store
 
 from ..conftest import run_session_inline

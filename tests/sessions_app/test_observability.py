@@ -21,7 +21,7 @@ from agent_runtime.telemetry import combine
 from sessions_app import telemetry
 from sessions_app.models import AgentSession, ApiToken, ModelUsage, Step
 from sessions_app.runtime import run_config
-from sessions_app.services import session_approve, session_start
+from sessions_app.services.core import session_approve, session_start
 from sessions_app.store import DjangoEffects, session_store
 
 from ..conftest import run_session_inline

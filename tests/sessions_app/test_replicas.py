@@ -1,4 +1,4 @@
-"""Which reads may go to the read replica (sessions_app.replicas); the real replica, lagging
+"""Which reads may go to the read replica (sessions_app.web.replicas); the real replica, lagging
 and down, is in tests/scale/test_replica.py."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from django.db import transaction
 from django.http import HttpResponse
 from django.test import RequestFactory
 
-from sessions_app import replicas
 from sessions_app.models import AgentSession, ApiToken, AuditEvent, LoginFailure, Step
+from sessions_app.web import replicas
 
 router = replicas.ReplicaRouter()
 

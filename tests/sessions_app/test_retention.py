@@ -18,15 +18,15 @@ from django.urls import reverse
 from django.utils import timezone
 
 from sessions_app.models import AgentSession, ApiToken, AuditEvent, Checkpoint, Status, Step
-from sessions_app.retention import PolicyError, apply_retention, parse_policy
-from sessions_app.services import (
+from sessions_app.services.core import (
     checkpoint_rollback,
     session_resume,
     session_set_legal_hold,
     session_start,
 )
 from sessions_app.store import session_store
-from sessions_app.transfer import import_session
+from sessions_app.upkeep.retention import PolicyError, apply_retention, parse_policy
+from sessions_app.upkeep.transfer import import_session
 
 from ..conftest import ROOT, run_inline, wait_for
 
@@ -151,7 +151,7 @@ def test_old_checkpoints_are_thinned_to_the_last_and_one_a_day(settings):
     assert event.after["deleted"] == summary.checkpoints.rows
     # What is left still loads and runs on.
     session_store().load_head(str(session.id))
-    from sessions_app.services import session_send_message
+    from sessions_app.services.core import session_send_message
 
     session_send_message(session_id=session.id, content="count to 2")
     assert run_inline(session).status == Status.COMPLETED

@@ -8,10 +8,10 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from sessions_app import search
 from sessions_app.models import AgentSession, SearchCursor, Step, StepSearch
-from sessions_app.retention import apply_retention, parse_policy
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
+from sessions_app.upkeep import search
+from sessions_app.upkeep.retention import apply_retention, parse_policy
 
 from ..conftest import _database_url, wait_for
 

@@ -6,7 +6,7 @@ import pytest
 
 from agent_runtime.state import SCHEMA_VERSION
 from sessions_app.models import AgentSession, AuditEvent, Checkpoint, Status, Step
-from sessions_app.services import (
+from sessions_app.services.core import (
     BULK_DISPATCH_NOW,
     ActionError,
     checkpoint_rollback,

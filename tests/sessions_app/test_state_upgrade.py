@@ -16,11 +16,10 @@ from django.urls import reverse
 from agent_runtime.loop import build_messages
 from agent_runtime.state import SCHEMA_VERSION, describe_step, step_text
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
-from sessions_app.jobs import run_session_job
 from sessions_app.models import AgentSession, Checkpoint, Status, Step
 from sessions_app.runtime import agent_registry
-from sessions_app.selectors import incompatible_sessions
-from sessions_app.services import (
+from sessions_app.selectors.core import incompatible_sessions
+from sessions_app.services.core import (
     checkpoint_rollback,
     session_approve,
     session_fork,
@@ -29,6 +28,7 @@ from sessions_app.services import (
     session_send_message,
 )
 from sessions_app.store import session_store
+from sessions_app.workers.jobs import run_session_job
 from tests.agent_runtime.test_upgraders import UPGRADES_FROM_V1, as_dicts
 from tests.fixtures.loader import V1_SESSIONS, dump_blobs, dump_tables, insert_fixture, read_fixture
 
@@ -40,7 +40,7 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture(autouse=True)
 def _job_keeps_the_test_connection(monkeypatch):
     # The job closes stale connections first; inside a test's transaction it must not.
-    monkeypatch.setattr("sessions_app.jobs.close_old_connections", lambda: None)
+    monkeypatch.setattr("sessions_app.workers.jobs.close_old_connections", lambda: None)
 
 
 DEMO_ANSWER = "(12*7)+3 = 87. Saved as note note-{id}-call_1_1."
@@ -404,7 +404,7 @@ def test_check_state_compat_json():
 
 
 def test_writers_emit_only_the_current_version():
-    from sessions_app.services import session_start
+    from sessions_app.services.core import session_start
 
     session = session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
     run_session_inline(str(session.id))

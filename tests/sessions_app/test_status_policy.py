@@ -12,9 +12,9 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 from django.utils import timezone
 
-from sessions_app import services
 from sessions_app.models import AgentSession, Status
-from sessions_app.services import ActionError, session_start
+from sessions_app.services import core as services
+from sessions_app.services.core import ActionError, session_start
 from tests.conftest import run_inline
 
 pytestmark = pytest.mark.django_db
@@ -125,7 +125,7 @@ def test_a_paused_by_budget_session_is_one_query_and_one_property():
 def test_the_status_hints_say_what_the_policy_allows():
     """A status's hint names the ways back the policy leaves (a cancelled session: only a
     rollback; a failed one: a resume), and no way it refuses."""
-    from sessions_app.presenters import STATUS_TEXT
+    from sessions_app.dashboard.presenters import STATUS_TEXT
 
     for status, (_, hint) in STATUS_TEXT.items():
         session = AgentSession(agent="demo", status=status)

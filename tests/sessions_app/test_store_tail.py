@@ -11,7 +11,7 @@ from agent_runtime.store import InMemoryEffects
 from agent_runtime.upgraders import IncompatibleSchemaError
 from demo_agents import demo_agents
 from sessions_app.models import AgentSession, Step
-from sessions_app.services import session_start
+from sessions_app.services.core import session_start
 from sessions_app.store import session_store
 
 from ..agent_runtime.helpers import Crash, CrashingStore

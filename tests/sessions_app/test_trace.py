@@ -10,9 +10,8 @@ import pytest
 from django.db import connection
 from django.urls import reverse
 
-from sessions_app import trace
-from sessions_app.models import STEP_FAILED, AgentSession, Step
-from sessions_app.presenters import (
+from sessions_app.dashboard import trace
+from sessions_app.dashboard.presenters import (
     ActiveAxis,
     RunHeader,
     StepItem,
@@ -25,7 +24,8 @@ from sessions_app.presenters import (
     present_step,
     run_reason,
 )
-from sessions_app.services import session_start
+from sessions_app.models import STEP_FAILED, AgentSession, Step
+from sessions_app.services.core import session_start
 
 from ..builders import build_long_session
 from ..conftest import run_inline

@@ -18,13 +18,13 @@ from django.urls import reverse
 from agent_runtime.providers import ProviderError
 from agent_runtime.state import SCHEMA_VERSION
 from sessions_app.models import AgentSession, ApiToken, AuditEvent, Checkpoint, Status, Step
-from sessions_app.services import (
+from sessions_app.services.core import (
     checkpoint_rollback,
     session_cancel,
     session_fork,
     session_start,
 )
-from sessions_app.transfer import TransferError, export_bytes, import_session
+from sessions_app.upkeep.transfer import TransferError, export_bytes, import_session
 from tests.fixtures.loader import insert_fixture, read_fixture
 
 from ..conftest import run_inline
@@ -129,7 +129,7 @@ def test_an_imported_session_runs_on_in_its_new_home(every_kind):
     waiting = every_kind[1]
     imported = import_session(export_bytes(waiting), new_ids=True).session
     assert imported.status == Status.WAITING_INPUT
-    from sessions_app.services import session_approve
+    from sessions_app.services.core import session_approve
 
     session_approve(session_id=imported.id)
     run_inline(imported)
@@ -171,7 +171,7 @@ def test_a_v1_export_imports_through_the_upgraders_and_resumes():
     old = read_fixture("mid_run")
     expected = json.loads(json.dumps(old["v1_messages"]).replace(old["session"]["id"], new_id))
     assert messages_of(new_id) == expected
-    from sessions_app.services import session_resume
+    from sessions_app.services.core import session_resume
 
     session_resume(session_id=new_id)
     finished = run_inline(imported.session)

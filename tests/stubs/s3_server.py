@@ -10,7 +10,7 @@ import hashlib
 import re
 from urllib.parse import unquote, urlsplit
 
-from sessions_app.archive import sign_v4
+from sessions_app.upkeep.archive import sign_v4
 
 from .loopback import QuietHandler, loopback_server, serve_in_background
 

@@ -1,4 +1,4 @@
-"""Apply the retention policies (sessions_app.retention) in short batches."""
+"""Apply the retention policies (sessions_app.upkeep.retention) in short batches."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from sessions_app.archive import ArchiveError
-from sessions_app.retention import (
+from sessions_app.upkeep.archive import ArchiveError
+from sessions_app.upkeep.retention import (
     DEFAULT_BATCH_SIZE,
     Part,
     PolicyError,

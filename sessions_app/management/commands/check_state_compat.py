@@ -6,7 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
-from sessions_app.selectors import CompatReport, state_compat_report
+from sessions_app.selectors.core import CompatReport, state_compat_report
 
 
 def _versions_line(report: CompatReport) -> str:

@@ -1,7 +1,7 @@
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from sessions_app.admin_services import api_token_issue
+from sessions_app.services.records import api_token_issue
 
 
 class Command(BaseCommand):

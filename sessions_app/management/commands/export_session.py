@@ -1,4 +1,4 @@
-"""Export one session to a file (gzip-compressed JSON lines; sessions_app.transfer)."""
+"""Export one session to a file (gzip-compressed JSON lines; sessions_app.upkeep.transfer)."""
 
 import sys
 import uuid
@@ -6,7 +6,7 @@ import uuid
 from django.core.management.base import BaseCommand, CommandError
 
 from sessions_app.models import AgentSession
-from sessions_app.transfer import export_session
+from sessions_app.upkeep.transfer import export_session
 
 
 class Command(BaseCommand):

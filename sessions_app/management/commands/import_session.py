@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand, CommandError
 
-from sessions_app.transfer import TransferError, import_session
+from sessions_app.upkeep.transfer import TransferError, import_session
 
 
 class Command(BaseCommand):

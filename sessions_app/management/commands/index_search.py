@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
-from sessions_app import search
+from sessions_app.upkeep import search
 
 
 class Command(BaseCommand):

@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from sessions_app.dispatch import reconcile
+from sessions_app.services.dispatch import reconcile
 
 
 class Command(BaseCommand):

@@ -2,7 +2,7 @@ import uuid
 
 from django.core.management.base import BaseCommand, CommandError
 
-from sessions_app.services import ActionError, session_resume
+from sessions_app.services.core import ActionError, session_resume
 
 
 class Command(BaseCommand):

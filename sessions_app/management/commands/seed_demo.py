@@ -17,7 +17,7 @@ from agent_runtime.providers import ProviderError
 from agent_runtime.state import NewStep, StepKind, model_payload
 from sessions_app.models import AgentSession, Status
 from sessions_app.runtime import agent_registry, run_config
-from sessions_app.services import checkpoint_rollback, session_cancel, session_start
+from sessions_app.services.core import checkpoint_rollback, session_cancel, session_start
 from sessions_app.store import DjangoEffects, session_store
 
 DEMO_USERS = [

@@ -3,7 +3,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError
 
 from sessions_app.models import FINAL, Status
-from sessions_app.services import ActionError, session_start
+from sessions_app.services.core import ActionError, session_start
 
 STOPPED = (*FINAL, Status.WAITING_INPUT, Status.PAUSED)
 

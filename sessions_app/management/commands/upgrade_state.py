@@ -10,9 +10,14 @@ from django.db.migrations.executor import MigrationExecutor
 from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.upgraders import IncompatibleSchemaError
 from sessions_app.models import AgentSession, Checkpoint, Step
-from sessions_app.services import session_clear_incompatible
-from sessions_app.state_upgrade import DEFAULT_BATCH_SIZE, Summary, TableSummary, upgrade_blobs
+from sessions_app.services.core import session_clear_incompatible
 from sessions_app.store import session_store
+from sessions_app.upkeep.state_upgrade import (
+    DEFAULT_BATCH_SIZE,
+    Summary,
+    TableSummary,
+    upgrade_blobs,
+)
 
 BAR_WIDTH = 30
 

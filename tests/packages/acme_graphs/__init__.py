@@ -1,5 +1,5 @@
 """A team's own LangGraph graph, outside Respawn, registered as an agent with
-`sessions_app.langgraph.graph_agent` (RESPAWN_AGENTS=acme_graphs:agents).
+`sessions_app.langgraph.saver.graph_agent` (RESPAWN_AGENTS=acme_graphs:agents).
 
 A model node and a tool node in a loop, with no LLM: "loop N" makes the model call the
 `work` tool N times, then answer "Worked N steps."; "approve X" makes it ask a person
@@ -19,7 +19,7 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.types import interrupt
 
-from sessions_app.langgraph import graph_agent
+from sessions_app.langgraph.saver import graph_agent
 
 
 class State(TypedDict):

@@ -1,5 +1,5 @@
 """A team's own OpenAI Agents SDK agent, outside Respawn, registered as an agent with
-`sessions_app.openai_agents.openai_agent` (RESPAWN_AGENTS=acme_sdk:agents).
+`sessions_app.openai_agents.session.openai_agent` (RESPAWN_AGENTS=acme_sdk:agents).
 
 Its model is whatever speaks the OpenAI Chat Completions protocol at ACME_SDK_BASE_URL
 (read at each model call, so a test's local stub server can change between tests).
@@ -22,7 +22,7 @@ from agents import (
 )
 from openai import AsyncOpenAI
 
-from sessions_app.openai_agents import openai_agent
+from sessions_app.openai_agents.session import openai_agent
 
 
 class EnvModelProvider(ModelProvider):

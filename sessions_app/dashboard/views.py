@@ -1,0 +1,1050 @@
+"""The operator dashboard. Function views; one view serves a page and its fragments
+(`template.html#partial` when the request comes from htmx); links keep their hrefs so
+reading works without JavaScript; mutations are POST only and go through `services`."""
+
+from __future__ import annotations
+
+import sys
+from datetime import timedelta
+from typing import Any
+from urllib.parse import quote
+from uuid import UUID
+
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.http import (
+    HttpResponseClientRedirect,
+    HttpResponseStopPolling,
+    trigger_client_event,
+)
+
+from agent_runtime.state import OperatorAction
+
+from ..models import AgentSession, AuditAction, Checkpoint, Status
+from ..permissions import can_operate, can_view
+from ..selectors import core as selectors
+from ..services import core as services
+from ..services.graphs import pending_interrupts
+from ..upkeep import search
+from ..validation import InvalidInput, load_json, parse_date, parse_int
+from ..web.http import (
+    BULK_LIMIT,
+    DASHBOARD,
+    HtmxRequest,
+    bearer_token,
+    parse_uuid,
+    positive_int,
+    request_meta,
+)
+from . import charts, trace
+from .presenters import TraceContext, diff_states, status_view
+
+PAGE_SIZE = 50
+LIVE_POLL = "2s"
+TRACE_REFRESH_MAX = 500  # steps a trace re-renders in place after an action
+
+
+# --- Access -----------------------------------------------------------------------------
+
+
+def _require_view(request: HtmxRequest) -> None:
+    if not can_view(request.user):
+        raise PermissionDenied("your account has no role here (viewer or operator)")
+
+
+def _require_operate(request: HtmxRequest) -> None:
+    if not can_operate(request.user):
+        raise PermissionDenied("only operators can change sessions")
+
+
+def _get_session(request: HtmxRequest, session_id: UUID) -> AgentSession:
+    _require_view(request)
+    session = selectors.session_by_id(session_id)
+    if session is None:
+        raise Http404("no such session")
+    return session
+
+
+def _meta(request: HtmxRequest) -> dict[str, Any]:
+    return request_meta(request, DASHBOARD)
+
+
+def _fragment(
+    request: HtmxRequest, template: str, context: dict[str, Any], *, title: str, target: str
+) -> HttpResponse:
+    """A fragment the page loads into `target`; opened by its own address (a link followed
+    without JavaScript), the same inside a full page."""
+    if request.htmx:
+        return render(request, template, context)
+    page = {
+        **context,
+        "fragment_template": template,
+        "page_title": title,
+        "fragment_id": target,
+    }
+    return render(request, "sessions/fragment_page.html", page)
+
+
+def _error(request: HtmxRequest, text: str, status: int) -> HttpResponse:
+    """An error an htmx request shows next to what the operator clicked (static/js reads
+    the `data-error` text); a full page for anything else."""
+    if request.htmx:
+        response = render(request, "sessions/error.html#fragment", {"text": text}, status=status)
+        # Read by static/js from the header, so no page is ever parsed to find it.
+        response["X-Respawn-Error"] = quote(text[:500])
+        return response
+    return render(request, "sessions/error.html", {"text": text, "status": status}, status=status)
+
+
+# --- Session list -----------------------------------------------------------------------
+
+
+def _list_context(request: HtmxRequest) -> dict[str, Any]:
+    filters = selectors.SessionFilters.from_query(request.GET)
+    cursor = request.GET.get("cursor") or None
+    before = request.GET.get("before") or None
+    position = positive_int(request.GET.get("pos"))
+    try:
+        page = selectors.session_page(filters, cursor, PAGE_SIZE, before=before, position=position)
+    except selectors.BadFilter as exc:
+        filters.errors.append(str(exc))
+        page = selectors.session_page(filters, None, PAGE_SIZE, position=1)
+    # Counted here only when the counts are cached; otherwise the counts fragment loads
+    # them after the page (a GROUP BY over every session takes ~150 ms at 1,000,000) and
+    # fills in the pager's total as it swaps in.
+    totals = selectors.status_totals(filters, cached_only=True)
+    end = page.start + len(page.rows) - 1 if page.rows else 0
+    query = filters.as_query()
+    here = filters.as_query(
+        cursor=cursor if not before else None, before=before, pos=page.start or None
+    )
+    return {
+        "sessions": page.rows,
+        "page": page,
+        "filters": filters,
+        "query": query,
+        "here": here,
+        "next_query": filters.as_query(cursor=page.next_cursor, pos=end + 1)
+        if page.next_cursor
+        else None,
+        "prev_query": filters.as_query(before=page.prev_cursor, pos=max(page.start - PAGE_SIZE, 1))
+        if page.prev_cursor
+        else None,
+        "first_page": not page.prev_cursor,
+        "position": {"start": page.start, "end": end},
+        **_counts_context(filters, totals),
+        "statuses": Status.choices,
+        "agents": selectors.agent_names(),
+        "sorts": [
+            ("-updated", "latest activity"),
+            ("updated", "oldest activity"),
+            ("-created", "newest"),
+            ("created", "oldest"),
+        ],
+        "can_operate": can_operate(request.user),
+        "now": timezone.now(),
+        # Step ids the search index has not reached yet (steps are indexed off the append).
+        "search_lag": search.lag() if filters.q else 0,
+    }
+
+
+def _counts_context(
+    filters: selectors.SessionFilters, totals: selectors.StatusTotals | None
+) -> dict[str, Any]:
+    """The count chips, and the total the pager shows: None until counted."""
+    context: dict[str, Any] = {
+        "counts": None,
+        "listed": None,
+        "counts_query": filters.as_query(status=""),
+        # The fragment is asked for with the status too: the pager's total is its count.
+        "counts_url_query": filters.as_query(sort=""),
+        "filters": filters,
+    }
+    if totals is not None:
+        listed = totals.of(filters.status)
+        context.update(
+            {
+                "counts": [(value, label, totals.counts[value]) for value, label in Status.choices],
+                "total": totals.total,
+                "counts_capped": totals.capped,
+                "listed": {
+                    "n": listed,
+                    # Counts are cached for seconds; a search is counted up to a cap.
+                    "about": listed >= 1000 and not totals.capped,
+                    "capped": totals.capped,
+                },
+            }
+        )
+    return context
+
+
+@login_required
+@require_GET
+def session_list(request: HtmxRequest) -> HttpResponse:
+    _require_view(request)
+    context = _list_context(request)
+    target = request.htmx.target if request.htmx else None
+    template = {
+        "results": "sessions/list.html#results",
+        "rows": "sessions/list.html#rows",
+    }.get(target or "", "sessions/list.html")
+    return render(request, template, context)
+
+
+@login_required
+@require_GET
+def status_counts(request: HtmxRequest) -> HttpResponse:
+    """The count chips under the list's filters (polled, and redrawn when a row settles)."""
+    _require_view(request)
+    filters = selectors.SessionFilters.from_query(request.GET)
+    totals = selectors.status_totals(filters, fresh=request.GET.get("fresh") == "1")
+    context = {**_counts_context(filters, totals), "oob": True}
+    return render(request, "sessions/list.html#counts", context)
+
+
+@login_required
+@require_GET
+def session_row(request: HtmxRequest, session_id: UUID) -> HttpResponse:
+    _require_view(request)
+    session = selectors.session_by_id(session_id)
+    context = {
+        "s": session,
+        "gone_id": session_id,
+        "can_operate": can_operate(request.user),
+        "now": timezone.now(),
+    }
+    response = render(request, "sessions/list.html#row", context)
+    if session is None or not session.is_runnable:
+        # Settled (or deleted): render it once more, stop polling, and let the counts know.
+        response.status_code = HttpResponseStopPolling.status_code
+        trigger_client_event(response, "sessions-settled", after="swap")
+    return response
+
+
+@login_required
+@require_POST
+def bulk_action(request: HtmxRequest) -> HttpResponse:
+    _require_operate(request)
+    action = request.POST.get("action", "")
+    if action not in (AuditAction.RESUME, AuditAction.CANCEL):
+        return _error(request, f"unknown bulk action {action!r}", 400)
+    raw_ids = request.POST.getlist("ids")[: BULK_LIMIT + 1]
+    if len(raw_ids) > BULK_LIMIT:
+        return _error(request, f"at most {BULK_LIMIT} sessions at once", 400)
+    ids = [parse_uuid(raw) for raw in raw_ids]
+    for raw, session_id in zip(raw_ids, ids, strict=True):
+        if session_id is None:
+            return _error(request, f"not a session id: {raw[:60]!r}", 400)
+    sessions = selectors.sessions_by_ids([i for i in ids if i is not None])
+    if not sessions:
+        return _error(request, "select at least one session first", 400)
+    if request.POST.get("confirm") != "yes":
+        return render(
+            request, "sessions/bulk.html", {"action": action, "sessions": sessions, "preview": True}
+        )
+    results = []
+    for index, session in enumerate(sessions):
+        try:
+            if action == AuditAction.RESUME:
+                outcome = services.session_resume_in_bulk(
+                    session_id=session.id,
+                    position=index,
+                    actor=request.user,
+                    request_meta=_meta(request),
+                )
+            else:
+                services.session_cancel(
+                    session_id=session.id, actor=request.user, request_meta=_meta(request)
+                )
+                outcome = "cancelled"
+            results.append((session, True, outcome))
+        except services.ActionError as exc:
+            results.append((session, False, str(exc)))
+    done = sum(1 for _, ok, _ in results if ok)
+    response = render(
+        request,
+        "sessions/bulk.html",
+        {"action": action, "results": results, "done": done, "failed": len(results) - done},
+    )
+    if done:
+        # The rows and the counts redraw themselves from the database.
+        trigger_client_event(response, "sessions-changed", after="swap")
+    return response
+
+
+@login_required
+@require_GET
+def list_charts(request: HtmxRequest) -> HttpResponse:
+    _require_view(request)
+    span = request.GET.get("span", "24h")
+    if span not in charts.SPANS:
+        return _error(
+            request, f"unknown span {span[:20]!r} (one of: {', '.join(charts.SPANS)})", 400
+        )
+    return _fragment(
+        request,
+        "sessions/charts.html",
+        {
+            "activity": charts.activity(span),
+            "latency": charts.latency(span),
+            "span": span,
+            "spans": list(charts.SPANS),
+        },
+        title="Activity",
+        target="charts",
+    )
+
+
+# --- Session detail ---------------------------------------------------------------------
+
+
+def _trace_context(
+    request: HtmxRequest,
+    session: AgentSession,
+    params: Any,
+    *,
+    limit: int | None = None,
+    failures: trace.Failures | None = None,
+) -> dict[str, Any]:
+    """The trace as the page (or its #trace part) shows it: from `from`, with filters."""
+    filters = trace.TraceFilters.from_query(params)
+    start = positive_int(params.get("from"))
+    after = start - 1 if start else 0
+    page = trace.trace_page(session, after=after, filters=filters, limit=limit or trace.TRACE_PAGE)
+    failures = failures or trace.failures(session)
+    return {
+        "trace": page,
+        "items": page.items,
+        "more": page.more,
+        "last_seq_shown": page.last_seq,
+        "next_context": page.context,
+        "tf": filters,
+        "trace_errors": filters.errors,
+        "show_superseded": filters.superseded,
+        "superseded_count": selectors.superseded_count(session),
+        "from_seq": start,
+        "earlier_from": max(start - trace.TRACE_PAGE, 1) if start and start > 1 else None,
+        "failures": failures,
+        "first_error": failures.first,
+        "latest_from": max(session.last_seq - trace.TRACE_PAGE + 1, 1),
+        "trace_query": filters.query(**{"from": start}),
+        "filter_query": filters.query(),
+        "kinds": list(trace.KIND_FILTERS),
+        "is_live": session.is_runnable,
+        "live_poll": LIVE_POLL,
+        "can_operate": can_operate(request.user),
+        "session": session,
+    }
+
+
+def _detail_context(
+    request: HtmxRequest, session: AgentSession, part: str = "page"
+) -> dict[str, Any]:
+    """What the page (or one of its parts: panel, header, actions) needs, and no more:
+    each part is polled or re-rendered on its own, and a 100,000-step trace must not make
+    a header refresh slow."""
+    operate = can_operate(request.user)
+    state = selectors.head_state(session)
+    context: dict[str, Any] = {
+        "session": session,
+        "state": state,
+        "status": status_view(session),
+        "plan": trace.current_plan(session, state) if state or session.head else [],
+        "can_operate": operate,
+        "is_live": session.is_runnable,
+        "live_poll": LIVE_POLL,
+        "now": timezone.now(),
+        "duration": (session.updated_at - session.created_at) if session.updated_at else None,
+        "schema_version": state.get("schema_version"),
+        "model": _model_name(session),
+        "pending": state.get("pending_approval") if session.can_decide() else None,
+        "uncertain": selectors.uncertain_call(session, state),
+        # A LangGraph session stopped in interrupt(): what the graph asked.
+        "interrupts": pending_interrupts(session),
+    }
+    if part in ("page", "panel", "actions") and operate:
+        context["tool_results"] = selectors.live_tool_results(session)
+    if part in ("page", "panel", "header", "actions"):
+        context["budgets"] = selectors.session_budgets(session, state)
+        context["paused_by_budget"] = session.paused_by_budget
+    if part in ("page", "panel", "header"):
+        context["failures"] = trace.failures(session)
+    if part != "page":
+        return context
+    context.update(_trace_context(request, session, request.GET, failures=context["failures"]))
+    checkpoints, older_checkpoints = selectors.latest_checkpoints(session)
+    context.update(
+        {
+            "checkpoints": checkpoints,
+            "older_checkpoints": older_checkpoints,
+            "audit": selectors.recent_audit(session),
+        }
+    )
+    return context
+
+
+def _model_name(session: AgentSession) -> str:
+    if settings.RESPAWN_MODEL:
+        return settings.RESPAWN_MODEL
+    try:
+        from ..runtime import agent_registry
+
+        return agent_registry().get(session.agent).model
+    except KeyError:
+        return "unknown agent"
+
+
+@login_required
+@require_GET
+def session_detail(request: HtmxRequest, session_id: UUID) -> HttpResponse:
+    session = _get_session(request, session_id)
+    if request.htmx and request.htmx.target == "trace":
+        # The trace's own navigation (filters, jumps, the refresh after an action).
+        upto = positive_int(request.GET.get("upto"))
+        start = positive_int(request.GET.get("from")) or 1
+        limit = min(max(upto - start + 1, trace.TRACE_PAGE), TRACE_REFRESH_MAX) if upto else None
+        return render(
+            request,
+            "sessions/detail.html#trace",
+            _trace_context(request, session, request.GET, limit=limit),
+        )
+    return render(request, "sessions/detail.html", _detail_context(request, session))
+
+
+@login_required
+@require_GET
+def session_header(request: HtmxRequest, session_id: UUID) -> HttpResponse:
+    """The header (polled while the session is live), the actions, or both."""
+    session = _get_session(request, session_id)
+    part = request.GET.get("part", "panel")
+    if part not in ("panel", "header", "actions"):
+        raise Http404("no such part")
+    response = render(
+        request, f"sessions/detail.html#{part}", _detail_context(request, session, part)
+    )
+    if part == "header" and not session.is_runnable:
+        # Settled: stop polling, and tell the actions to redraw for the new status.
+        response.status_code = HttpResponseStopPolling.status_code
+        trigger_client_event(response, "session-settled", after="swap")
+    return response
+
+
+@login_required
+@require_GET
+def session_steps(request: HtmxRequest, session_id: UUID) -> HttpResponse:
+    """The next page of the trace after `after` (lazy load on scroll, and the live tail).
+    The page before says how many turns and runs it showed, and the worker of its run."""
+    session = _get_session(request, session_id)
+    try:
+        after = parse_int(request.GET.get("after", "0"), "after", maximum=999_999_999)
+    except InvalidInput as exc:
+        return _error(request, f"{exc} (a step number)", 400)
+    filters = trace.TraceFilters.from_query(request.GET)
+    context = None
+    turns, runs = positive_int(request.GET.get("turns")), positive_int(request.GET.get("runs"))
+    if turns is not None and runs is not None:
+        context = TraceContext(turns, runs, request.GET.get("worker", "")[:200])
+    page = trace.trace_page(session, after=after, filters=filters, context=context)
+    if not page.views and not page.more and not session.is_runnable:
+        # Caught up with a session that will not change: nothing to add, stop asking.
+        return HttpResponseStopPolling()
+    return render(
+        request,
+        "sessions/detail.html#steps",
+        {
+            "session": session,
+            "items": page.items,
+            "more": page.more,
+            "last_seq_shown": page.last_seq,
+            "next_context": page.context,
+            "tf": filters,
+            "filter_query": filters.query(),
+            "show_superseded": filters.superseded,
+            "can_operate": can_operate(request.user),
+            "is_live": session.is_runnable,
+            "live_poll": LIVE_POLL,
+        },
+    )
+
+
+@login_required
+@require_GET
+def session_timeline(request: HtmxRequest, session_id: UUID) -> HttpResponse:
+    """The timeline: every step on an axis of active time; a long session as an overview,
+    with a window of steps drawn one row each (`from`, `to`)."""
+    session = _get_session(request, session_id)
+    filters = trace.TraceFilters.from_query(request.GET)
+    start, end = positive_int(request.GET.get("from")), positive_int(request.GET.get("to"))
+    window = (start, end or start + trace.TIMELINE_WINDOW - 1) if start else None
+    return _fragment(
+        request,
+        "sessions/timeline.html",
+        {
+            "session": session,
+            "t": trace.timeline(session, filters, window=window),
+            "tf": filters,
+            "filter_query": filters.query(),
+            "is_live": session.is_runnable,
+        },
+        title="Timeline",
+        target="timeline",
+    )
+
+
+@login_required
+@require_GET
+def session_usage(request: HtmxRequest, session_id: UUID) -> HttpResponse:
+    """Tokens and cost per turn."""
+    session = _get_session(request, session_id)
+    filters = trace.TraceFilters.from_query(request.GET)
+    return _fragment(
+        request,
+        "sessions/usage.html",
+        {"session": session, "u": trace.usage_per_turn(session, filters), "tf": filters},
+        title="Tokens and cost per turn",
+        target="usage",
+    )
+
+
+@login_required
+@require_GET
+def checkpoint_diff(request: HtmxRequest, session_id: UUID) -> HttpResponse:
+    session = _get_session(request, session_id)
+    checkpoints = selectors.checkpoints_of(session)
+
+    def pick(raw: str | None, default: Checkpoint | None) -> Checkpoint | None:
+        if raw is None or raw in ("", "head"):
+            return session.head_checkpoint() if raw == "head" else default
+        try:
+            pk = parse_int(raw, "checkpoint", maximum=2**63 - 1)
+        except InvalidInput:
+            return None
+        return selectors.checkpoint_by_id(session, pk)
+
+    first = checkpoints[0] if checkpoints else None
+    a = pick(request.GET.get("a"), first)
+    b = pick(request.GET.get("b") or "head", None)
+    error = None
+    lines = []
+    if a is None or b is None:
+        error = "pick two checkpoints of this session"
+    else:
+        # Both sides at the current schema, so a diff across an upgrade shows real changes.
+        lines = diff_states(selectors.upgraded_state(a.state), selectors.upgraded_state(b.state))
+    if error and checkpoints and request.htmx:
+        return _error(request, error, 400)
+    context = {
+        "session": session,
+        "checkpoints": checkpoints,
+        "a": a,
+        "b": b,
+        "lines": lines,
+        "error": error,
+        "steps_between": selectors.steps_between(session, a.seq, b.seq) if a and b else 0,
+    }
+    template = "sessions/diff.html#diff" if request.htmx else "sessions/diff.html"
+    return render(request, template, context, status=400 if error and checkpoints else 200)
+
+
+# --- Previews and actions ---------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def action_preview(request: HtmxRequest, session_id: UUID, action: str) -> HttpResponse:
+    session = _get_session(request, session_id)
+    _require_operate(request)
+    if action == AuditAction.RESUME:
+        preview = selectors.preview_resume(session)
+    elif action == AuditAction.ROLLBACK:
+        seq = positive_int(request.GET.get("seq"))
+        if seq is None:
+            return _error(request, "choose a checkpoint (a step number) to roll back to", 400)
+        preview = selectors.preview_rollback(session, seq)
+    else:
+        raise Http404("no preview for that action")
+    return render(request, "sessions/preview.html", {"session": session, "preview": preview})
+
+
+def _action_response(
+    request: HtmxRequest, session: AgentSession, *, ok: bool, text: str, status: int = 200
+) -> HttpResponse:
+    """After an action: the panel redrawn with the outcome, and the trace and timeline told
+    to redraw in place. A refused action keeps the form as the operator filled it and says
+    why next to it (an htmx request), or on the page it redirects to."""
+    if not request.htmx:
+        (messages.success if ok else messages.error)(request, text)
+        return redirect("sessions:detail", session_id=session.id)
+    if not ok:
+        return _error(request, text, status)
+    messages.success(request, text)
+    session.refresh_from_db()
+    response = render(
+        request,
+        "sessions/detail.html#panel",
+        _detail_context(request, session, "panel"),
+        status=status,
+    )
+    trigger_client_event(response, "trace-changed", after="swap")
+    trigger_client_event(response, "respawn-notice", {"text": text}, after="swap")
+    return response
+
+
+@login_required
+@require_POST
+def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpResponse:
+    session = _get_session(request, session_id)
+    _require_operate(request)
+    who, meta = request.user, _meta(request)
+    post = request.POST
+    try:
+        if action == AuditAction.RESUME:
+            services.session_resume(session_id=session.id, actor=who, request_meta=meta)
+            text = "Resumed: queued for a worker from its head checkpoint."
+        elif action == AuditAction.CANCEL:
+            # Read before the cancel, which ends the lease: the worker learns of it at its
+            # next write.
+            stops_worker = session.has_live_worker()
+            services.session_cancel(session_id=session.id, actor=who, request_meta=meta)
+            text = "Cancelled: the worker stops at its next step." if stops_worker else "Cancelled."
+        elif action == AuditAction.ROLLBACK:
+            seq = _int(post.get("checkpoint_seq"), "checkpoint")
+            services.checkpoint_rollback(
+                session_id=session.id, checkpoint_seq=seq, actor=who, request_meta=meta
+            )
+            text = (
+                f"Rolled back to checkpoint {seq}; later steps are superseded. "
+                "Paused until resumed."
+            )
+        elif action == AuditAction.FORK:
+            seq = _int(post.get("checkpoint_seq"), "checkpoint")
+            fork = services.session_fork(
+                session_id=session.id, checkpoint_seq=seq, actor=who, request_meta=meta
+            )
+            messages.success(request, f"Forked from checkpoint {seq} of {session.id}.")
+            url = reverse("sessions:detail", args=[fork.id])
+            return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
+        elif action == AuditAction.APPROVE:
+            services.session_approve(
+                session_id=session.id, actor=who, reason=post.get("reason", ""), request_meta=meta
+            )
+            text = "Approved: the tool call runs now."
+        elif action == AuditAction.REJECT:
+            services.session_reject(
+                session_id=session.id, actor=who, reason=post.get("reason", ""), request_meta=meta
+            )
+            text = "Rejected: the model is told, and the session goes on."
+        elif action == "answer":
+            from ..services.graphs import session_answer_interrupt
+
+            value = _json(post.get("value", ""), "the answer", text_allowed=True)
+            session_answer_interrupt(
+                session_id=session.id, value=value, actor=who, request_meta=meta
+            )
+            text = "Answered: the graph resumes with it."
+        elif action == "uncertain":
+            resolution = post.get("resolution", "")
+            output = None
+            if resolution == OperatorAction.RECORD_RESULT:
+                output = _json(post.get("output", ""), "the recorded result")
+            services.session_resolve_uncertain(
+                session_id=session.id,
+                resolution=resolution,
+                output=output,
+                note=post.get("note", ""),
+                actor=who,
+                request_meta=meta,
+            )
+            text = {
+                OperatorAction.RERUN: "The tool call runs again, with the same idempotency key.",
+                OperatorAction.RECORD_RESULT: "Result recorded by hand; the session goes on.",
+                OperatorAction.FAIL: "Session failed: the side effect stays uncertain, on record.",
+            }[OperatorAction(resolution)]  # checked by the service above
+        elif action == AuditAction.MESSAGE:
+            services.session_send_message(
+                session_id=session.id, content=post.get("content", ""), actor=who, request_meta=meta
+            )
+            text = "Message sent; the session is queued."
+        elif action == "instruct":
+            services.session_add_instruction(
+                session_id=session.id, text=post.get("text", ""), actor=who, request_meta=meta
+            )
+            text = "Instruction added as an operator step; the session is queued."
+        elif action == "correct":
+            seq = _int(post.get("result_seq"), "tool result")
+            output = _json(post.get("output", ""), "the corrected output")
+            services.session_correct_result(
+                session_id=session.id,
+                result_seq=seq,
+                output=output,
+                note=post.get("note", ""),
+                actor=who,
+                request_meta=meta,
+            )
+            text = f"Result of step {seq} corrected (an operator step); the session is queued."
+        elif action == "budgets":
+            changes = _budget_fields(post)
+            services.session_set_budgets(
+                session_id=session.id,
+                budgets=changes,
+                resume=post.get("resume") == "on",
+                actor=who,
+                request_meta=meta,
+            )
+            text = "Budgets set" + (
+                "; the session is queued." if post.get("resume") == "on" else "."
+            )
+        elif action in ("hold", "release"):
+            services.session_set_legal_hold(
+                session_id=session.id,
+                hold=action == "hold",
+                note=post.get("note", ""),
+                actor=who,
+                request_meta=meta,
+            )
+            text = (
+                "On legal hold: no retention policy deletes anything of it."
+                if action == "hold"
+                else "Legal hold released: retention policies apply to it again."
+            )
+        else:
+            raise Http404("no such action")
+    except services.ActionError as exc:
+        return _action_response(request, session, ok=False, text=str(exc), status=exc.status)
+    return _action_response(request, session, ok=True, text=text)
+
+
+def _budget_fields(post: Any) -> dict[str, Any]:
+    """The budgets a form gives: a field left empty is unchanged, `none` lifts the limit."""
+    changes: dict[str, Any] = {}
+    for name in services.BUDGET_FIELDS:
+        raw = (post.get(name) or "").strip()
+        if not raw:
+            continue
+        if raw.lower() == "none":
+            changes[name] = None
+            continue
+        try:
+            changes[name] = int(raw) if name in ("max_steps", "max_tokens") else float(raw)
+        except ValueError:
+            kind = "a whole number" if name in ("max_steps", "max_tokens") else "a number"
+            raise services.ActionError(
+                f"{name.replace('_', ' ')}: expected {kind} or 'none', got {raw[:40]!r}"
+            ) from None
+    return changes
+
+
+def _int(raw: str | None, what: str) -> int:
+    try:
+        return parse_int(raw if raw is not None else "", what)
+    except InvalidInput:
+        raise services.ActionError(f"choose a {what} (a step number)", code="invalid") from None
+
+
+def _json(raw: str, what: str, *, text_allowed: bool = False) -> Any:
+    """JSON from a form field (depth-checked first); with `text_allowed`, what does not
+    parse as JSON is taken as plain text."""
+    try:
+        return load_json(raw, what)
+    except InvalidInput as exc:
+        if text_allowed and exc.problem.startswith("not valid JSON"):
+            return raw
+        raise services.ActionError(str(exc), code="invalid") from None
+
+
+# --- Audit log and attention ------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def audit_log(request: HtmxRequest) -> HttpResponse:
+    _require_view(request)
+    actor = (request.GET.get("actor") or "").strip()
+    action = (request.GET.get("action") or "").strip()
+    session_q = (request.GET.get("session") or "").strip()
+    error = None
+    session_id = parse_uuid(session_q)
+    if session_q and session_id is None:
+        error = f"not a session id: {session_q!r}"
+    before = None
+    if request.GET.get("before"):
+        try:
+            before = parse_int(request.GET["before"], "before", maximum=2**63 - 1)
+        except InvalidInput as exc:
+            error = str(exc)
+    page, more = selectors.audit_page(
+        actor=actor, action=action, session_id=session_id, before=before, size=PAGE_SIZE
+    )
+    query = {k: v for k, v in {"actor": actor, "action": action, "session": session_q}.items() if v}
+    return render(
+        request,
+        "sessions/audit.html",
+        {
+            "events": page,
+            "next_query": {**query, "before": page[-1].id} if more and page else None,
+            "query": query,
+            "error": error,
+            "actions": AuditAction.choices,
+        },
+    )
+
+
+# --- Export and import ------------------------------------------------------------------
+
+
+@login_required
+@require_GET
+def session_export(request: HtmxRequest, session_id: UUID) -> HttpResponse:
+    """The session as a file (viewers may export: it is what they can read anyway)."""
+    from ..upkeep.transfer import export_bytes
+
+    session = _get_session(request, session_id)
+    data = export_bytes(session, actor=request.user, request_meta=_meta(request))
+    response = HttpResponse(data, content_type="application/gzip")
+    response["Content-Disposition"] = f'attachment; filename="session-{session.id}.jsonl.gz"'
+    return response
+
+
+MAX_IMPORT_BYTES = 64 * 1024 * 1024  # through the browser; bigger files: manage.py import_session
+
+
+@login_required
+def session_import(request: HtmxRequest) -> HttpResponse:
+    """Upload an export (operators): checked whole, then written at once, or not at all."""
+    from ..upkeep.transfer import TransferError, import_session
+
+    _require_view(request)
+    _require_operate(request)
+    error = ""
+    if request.method == "POST":
+        upload = request.FILES.get("file")
+        if upload is None:
+            error = "choose an exported session file (.jsonl.gz)"
+        elif (upload.size or 0) > MAX_IMPORT_BYTES:
+            error = (
+                f"the file is larger than {MAX_IMPORT_BYTES // 2**20} MB: "
+                "use python manage.py import_session"
+            )
+        else:
+            try:
+                result = import_session(
+                    upload.read(),
+                    new_ids=request.POST.get("new_ids") == "1",
+                    actor=request.user,
+                    request_meta=_meta(request),
+                )
+            except TransferError as exc:
+                error = str(exc)
+            else:
+                messages.success(
+                    request,
+                    f"Imported: {result.steps} steps, {result.checkpoints} checkpoints, "
+                    f"{result.audit} audit records"
+                    + (
+                        f" (a new id; it was {result.remapped_from})"
+                        if result.remapped_from
+                        else ""
+                    ),
+                )
+                return redirect("sessions:detail", session_id=result.session.id)
+    elif request.method != "GET":
+        return HttpResponse(status=405)
+    return render(request, "sessions/import.html", {"error": error}, status=400 if error else 200)
+
+
+@login_required
+@require_GET
+def agents(request: HtmxRequest) -> HttpResponse:
+    """The agents this deployment runs, their tools, and their live sessions per version."""
+    _require_view(request)
+    return render(
+        request,
+        "sessions/agents.html",
+        {
+            "overview": selectors.agents_overview(),
+            "model_override": settings.RESPAWN_MODEL,
+        },
+    )
+
+
+COST_WINDOW_DAYS = 30
+
+
+@login_required
+@require_GET
+def costs(request: HtmxRequest) -> HttpResponse:
+    """What model calls cost: by day, agent or model, over a window of days (the last
+    COST_WINDOW_DAYS by default), with the totals; kept when sessions are deleted."""
+    _require_view(request)
+    group = request.GET.get("group", "day")
+    today = timezone.now().date()
+    error = None
+    try:
+        since = parse_date(request.GET["since"], "since") if request.GET.get("since") else None
+        until = parse_date(request.GET["until"], "until") if request.GET.get("until") else None
+        if since is None:
+            since = (until or today) - timedelta(days=COST_WINDOW_DAYS - 1)
+        rows, total = selectors.usage_totals(
+            group=group, since=since, until=until, agent=request.GET.get("agent") or None
+        )
+    except (InvalidInput, selectors.BadFilter) as exc:
+        error, rows, total, since, until = str(exc), [], {}, None, None
+        group = "day"
+    peak = max((row["cost"] for row in rows), default=0) or 1
+    for row in rows:
+        row["share"] = round(row["cost"] * 100 / peak)
+    return render(
+        request,
+        "sessions/costs.html",
+        {
+            "group": group,
+            "groups": list(selectors.USAGE_GROUPS),
+            "rows": rows,
+            "total": total,
+            "since": since,
+            "until": until or today,
+            "agent": request.GET.get("agent", ""),
+            "error": error,
+            "prices_overridden": bool(settings.RESPAWN_PRICES),
+        },
+        status=400 if error else 200,
+    )
+
+
+@login_required
+@require_GET
+def attention(request: HtmxRequest) -> HttpResponse:
+    """Sessions a person should look at, in sections, each paged on its own (`?<key>=cursor`);
+    an htmx request for one section (`?section=key`) gets just that section."""
+    _require_view(request)
+    now = timezone.now()
+    errors = []
+    sections = {}
+    only = request.GET.get("section")
+    keys = [only] if only in selectors.ATTENTION_SECTIONS else list(selectors.ATTENTION_SECTIONS)
+    for key in keys:
+        try:
+            sections[key] = selectors.attention_section(key, cursor=request.GET.get(key), now=now)
+        except selectors.BadFilter as exc:
+            errors.append(f"{key}: {exc}")
+            sections[key] = selectors.attention_section(key, now=now)
+    context = {
+        "sections": list(sections.values()),
+        "errors": errors,
+        "can_operate": can_operate(request.user),
+        "now": now,
+    }
+    if only in sections and request.htmx:
+        extra: dict[str, Any] = {}
+        if only == "failed":
+            extra["failures"] = selectors.repeated_failures()
+        if only == "incompatible":
+            extra["old_schema"] = selectors.old_schema_sessions()
+        return render(
+            request,
+            "sessions/attention.html#section",
+            {**context, **extra, "sec": sections[only]},
+        )
+    counts = selectors.status_counts()
+    activity = selectors.activity_last_24h()
+    context.update(
+        {
+            "stuck": sections["stuck"].rows,
+            "approvals": sections["approvals"].rows,
+            "uncertain": sections["uncertain"].rows,
+            "incompatible": sections["incompatible"].rows,
+            "failures": selectors.repeated_failures(),
+            "old_schema": selectors.old_schema_sessions(),
+            "counts": [(value, label, counts[value]) for value, label in Status.choices],
+            "chart": charts.activity_chart(activity),
+        }
+    )
+    return render(request, "sessions/attention.html", context)
+
+
+# --- Error pages ------------------------------------------------------------------------
+# Styled like every other page, and for an htmx request a fragment the page shows next to
+# what was clicked: never Django's bare pages swapped into the middle of the dashboard.
+
+
+def permission_denied(request: HtmxRequest, exception: Exception) -> HttpResponse:
+    text = str(exception) or "you are not allowed to do this"
+    return _error(request, f"Refused: {text}", 403)
+
+
+def page_not_found(request: HtmxRequest, exception: Exception) -> HttpResponse:
+    text = str(exception) if isinstance(exception, Http404) and exception.args else ""
+    return _error(request, f"Not found: {text or 'nothing lives at this address'}", 404)
+
+
+def bad_request(request: HtmxRequest, exception: Exception) -> HttpResponse:
+    return _error(request, "Bad request: the server could not read what was sent", 400)
+
+
+def server_error(request: HtmxRequest) -> HttpResponse:
+    # No database, no session, no user: whatever failed may fail again here. Called while
+    # the exception is being handled: a database outage met outside a view (a middleware)
+    # is a 503, as the middleware makes it in views.
+    from ..web.middleware import database_unavailable, unavailable_response
+
+    if database_unavailable(sys.exc_info()[1]):
+        return unavailable_response(request)
+    return render(request, "500.html", status=500, context={})
+
+
+def csrf_failure(request: HtmxRequest, reason: str = "") -> HttpResponse:
+    return _error(
+        request,
+        "Refused: this form's security token is missing or expired. Reload the page and "
+        "try again (nothing was changed).",
+        403,
+    )
+
+
+# --- Prometheus ------------------------------------------------------------------------
+
+
+@never_cache
+@require_GET
+def metrics(request: HtmxRequest) -> HttpResponse:
+    """The deployment's metrics for Prometheus (sessions_app.telemetry). Scraped with
+    `Authorization: Bearer <RESPAWN_METRICS_TOKEN>` or an API token of a user who may view
+    sessions; a logged-in viewer may read it in a browser."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    from .metrics import deployment_metrics
+
+    if request.user.is_authenticated and not can_view(request.user):
+        raise PermissionDenied("metrics are for users who may view sessions")
+    if not _may_scrape(request):
+        response = HttpResponse(
+            "metrics need a bearer token (RESPAWN_METRICS_TOKEN or an API token)\n",
+            status=401,
+            content_type="text/plain",
+        )
+        response["WWW-Authenticate"] = 'Bearer realm="respawn metrics"'
+        return response
+    return HttpResponse(deployment_metrics(), content_type=CONTENT_TYPE_LATEST)
+
+
+def _may_scrape(request: HtmxRequest) -> bool:
+    from hmac import compare_digest
+
+    if request.user.is_authenticated and can_view(request.user):
+        return True
+    token = bearer_token(request)
+    if token is None:
+        return False
+    configured = settings.RESPAWN_METRICS_TOKEN
+    if configured and compare_digest(configured.encode(), token.encode()):
+        return True
+    found = selectors.active_api_token(token)
+    return found is not None and found.user.is_active and can_view(found.user)

@@ -1,0 +1,1302 @@
+"""LangGraph on Respawn: a checkpointer that writes a graph's threads as Respawn sessions,
+and graphs run by Respawn's workers.
+
+    from sessions_app.langgraph.saver import RespawnSaver
+
+    with RespawnSaver.from_conn_string(DATABASE_URL) as saver:
+        saver.setup()
+        graph = builder.compile(checkpointer=saver)
+        graph.invoke(inputs, {"configurable": {"thread_id": "ticket-42"}})
+
+A thread is a session (its id is the thread id when that is a UUID, else derived from
+it), each LangGraph checkpoint a Respawn checkpoint with a `graph_checkpoint` step, each
+task's writes a `graph_writes` step: the dashboard shows a thread's trace, checkpoints,
+diffs and audit like any session's. Channel values are stored once per version, and a list
+that grows by appending (messages) as what was appended: storage grows with the steps.
+
+One writer per thread: a saver's writes carry a lease and fencing token, as Respawn's
+workers' do. A saver takes a thread's lease at its first write there (from another saver
+whose run it supersedes, never from a worker running the session); a writer that was
+superseded has its next write refused with `ThreadLeaseLost`, and that write leaves
+nothing behind. `graph_agent` registers a compiled graph as a Respawn agent, run by the
+workers with a saver bound to the session's lease.
+
+langgraph and langgraph-checkpoint are needed (`pip install langgraph`); this module says
+so when they are missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import functools
+import json
+import os
+import random
+import socket
+import threading
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from datetime import datetime, timedelta
+from typing import Any
+
+try:
+    from langchain_core.runnables import RunnableConfig
+    from langgraph.checkpoint.base import (
+        WRITES_IDX_MAP,
+        BaseCheckpointSaver,
+        ChannelVersions,
+        Checkpoint,
+        CheckpointMetadata,
+        CheckpointTuple,
+        get_checkpoint_id,
+        get_serializable_checkpoint_metadata,
+    )
+    from langgraph.checkpoint.serde.base import SerializerProtocol
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
+    raise ImportError(
+        "sessions_app.langgraph.saver needs LangGraph: install it with `pip install langgraph` "
+        "(it brings langgraph-checkpoint), or Respawn's `langgraph` extra "
+        f"(`pip install 'respawn[langgraph]'`). ({exc})"
+    ) from exc
+
+from agent_runtime.agents import Agent
+from agent_runtime.runners import RunContext, RunnerCancelled, RunnerResult
+from agent_runtime.state import (
+    SCHEMA_VERSION,
+    OperatorAction,
+    SessionState,
+    StepKind,
+    as_operator,
+    step_text,
+)
+from agent_runtime.store import Lease, LeaseLost
+
+from ..sdk_glue import DatabaseThread, ensure_django, session_id_in
+from ..sdk_glue import now as _now
+
+__all__ = [
+    "AsyncRespawnSaver",
+    "GraphRunner",
+    "RespawnSaver",
+    "ThreadLeaseLost",
+    "graph_agent",
+    "session_id_for",
+]
+
+# Thread ids that are not UUIDs map to session ids in this namespace (uuid5).
+THREAD_NAMESPACE = uuid.UUID("6f1c8f0e-3c55-4c3e-9a4e-2d1f0b7f5a10")
+STANDALONE_OWNER = "langgraph:"  # lease owners of savers that are not a worker's run
+GRAPH_STATE_VERSION = 1  # version of the graph summary a Respawn checkpoint carries
+SUMMARY_CHARS = 200
+
+
+class ThreadLeaseLost(LeaseLost):
+    """This writer does not hold the thread's lease (another writer superseded it, or a
+    worker runs the thread); the refused write wrote nothing."""
+
+
+def session_id_for(thread_id: str) -> uuid.UUID:
+    """The session of a LangGraph thread: the thread id itself when it is a UUID in its
+    canonical form (a session started from the dashboard or API), else derived from it."""
+    return session_id_in(THREAD_NAMESPACE, thread_id, what="thread_id")
+
+
+# --- Django, for a LangGraph program that is not a Django project ------------------------
+
+
+def _database_alias(conn_string: str) -> str:
+    """The Django database alias for `conn_string`: "default" when it is the project's
+    own database, else an alias added for it."""
+    import dj_database_url
+    from django.db import connections
+
+    ensure_django(conn_string)
+    wanted = dj_database_url.parse(conn_string, conn_max_age=0)
+    key = ("ENGINE", "NAME", "HOST", "PORT", "USER")
+    for alias in connections:
+        current = connections.settings[alias]
+        if all(str(current.get(k) or "") == str(wanted.get(k) or "") for k in key):
+            return alias
+    alias = "langgraph_" + uuid.uuid5(THREAD_NAMESPACE, conn_string).hex[:12]
+    base = dict(connections.settings["default"])
+    base.update(wanted)
+    connections.settings[alias] = base
+    return alias
+
+
+# --- summaries a person reads in the trace ----------------------------------------------
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+def _summary(value: Any) -> str:
+    """One line for a channel value or a write: a message's role and text, a list's length
+    and last item, else a shortened repr."""
+    content = getattr(value, "content", None)
+    if content is not None and hasattr(value, "type"):
+        text = content if isinstance(content, str) else json.dumps(content, default=str)
+        calls = getattr(value, "tool_calls", None) or []
+        names = ", ".join(c.get("name", "?") for c in calls if isinstance(c, dict))
+        return _short(f"{value.type}: {text}" + (f" [calls {names}]" if names else ""))
+    if isinstance(value, list | tuple):
+        if not value:
+            return "[]"
+        return _short(f"{len(value)} item(s); last: {_summary(value[-1])}")
+    if isinstance(value, str):
+        return _short(value)
+    return _short(repr(value))
+
+
+def _node_of(task_id: str, task_path: str) -> str:
+    if task_path:
+        return task_path.split(", ")[-1] if task_path.startswith("~__pregel_pull") else task_path
+    return "input" if task_id.strip("0-") == "" else task_id
+
+
+def _json_safe(value: Any) -> Any:
+    """Checkpoint metadata as JSON (PostgreSQL's jsonb has no NUL character)."""
+    return json.loads(json.dumps(value, default=str).replace("\\u0000", ""))
+
+
+# --- the saver ---------------------------------------------------------------------------
+
+
+def _on_saver_thread(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a saver method on the saver's own thread: LangGraph calls a checkpointer from
+    its task threads, and Django keeps a connection per thread; one thread keeps it to one
+    connection (closed by `close()`) and one writer."""
+
+    @functools.wraps(method)
+    def wrapper(self: RespawnSaver, *args: Any, **kwargs: Any) -> Any:
+        return self._thread.call(method, self, *args, **kwargs)
+
+    return wrapper
+
+
+class RespawnSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer on Respawn's tables. Sync methods for `graph.invoke`,
+    async ones (run on a thread of the saver's own) for `await graph.ainvoke`.
+
+    database: the Django alias to write through (from_conn_string picks it).
+    agent: the agent name of sessions this saver starts (name a `graph_agent` to let
+    the workers resume and run those threads from the dashboard).
+    lease: a worker's lease: the saver writes only that session, under that lease.
+    lease_ttl: how long a standalone saver's lease outlives its last write.
+    """
+
+    def __init__(
+        self,
+        *,
+        database: str = "default",
+        agent: str = "langgraph",
+        lease: Lease | None = None,
+        lease_ttl: float = 30.0,
+        serde: SerializerProtocol | None = None,
+    ) -> None:
+        super().__init__(serde=serde)
+        ensure_django()
+        self._db = database
+        self._agent = agent
+        self._bound = lease
+        self._ttl = lease_ttl
+        self._owner = (
+            lease.owner
+            if lease is not None
+            else f"{STANDALONE_OWNER}{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        )
+        self._lock = threading.RLock()
+        self._leases: dict[uuid.UUID, Lease] = {}
+        # Which lease token wrote a checkpoint (this process): a write that continues a
+        # chain this saver wrote must carry that lease, and is refused once it is gone.
+        self._chains: dict[tuple[uuid.UUID, str, str], int] = {}
+        # The checkpoint get_tuple returned as a thread's latest: a run that read it and
+        # finds the thread moved on when it takes the lease was raced by another writer.
+        self._read_latest: dict[tuple[uuid.UUID, str], str] = {}
+        # The last list stored per channel, to store the next version as what was added.
+        self._lists: dict[tuple[uuid.UUID, str, str], tuple[str, list[Any]]] = {}
+        self._thread = DatabaseThread("respawn-saver")
+        self.cancel_requested = False  # a bound saver's put saw the session's cancel
+
+    # -- construction, as the official savers have -------------------------------------
+    @classmethod
+    @contextmanager
+    def from_conn_string(cls, conn_string: str, **kwargs: Any) -> Iterator[RespawnSaver]:
+        """A saver writing to the Respawn database at `conn_string`."""
+        saver = cls(database=_database_alias(conn_string), **kwargs)
+        try:
+            yield saver
+        finally:
+            saver.close()
+
+    @_on_saver_thread
+    def setup(self) -> None:
+        """Create or upgrade Respawn's tables (Django's migrate, idempotent)."""
+        from django.core.management import call_command
+
+        call_command("migrate", database=self._db, interactive=False, verbosity=0)
+
+    def close(self) -> None:
+        """Close the saver's database connection and stop its thread."""
+        self._thread.close()
+
+    # -- versions: zero-padded, so they sort as strings ------------------------------------
+    def get_next_version(self, current: str | None, channel: None = None) -> str:
+        if current is None:
+            number = 0
+        elif isinstance(current, int):
+            number = current
+        else:
+            number = int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+    # -- the lease -----------------------------------------------------------------------
+    def _lease_for(
+        self, session_id: uuid.UUID, ns: str, parent_id: str | None
+    ) -> tuple[Lease | None, bool]:
+        """The lease a write must carry, and whether the write continues a chain this saver
+        wrote (then a refusal is final: its run was superseded)."""
+        if self._bound is not None:
+            if str(self._bound.session_id) != str(session_id):
+                raise ThreadLeaseLost(
+                    f"this saver writes only session {self._bound.session_id} (its worker's "
+                    f"run), not session {session_id}"
+                )
+            return self._bound, True
+        with self._lock:
+            lease = self._leases.get(session_id)
+            token = self._chains.get((session_id, ns, parent_id)) if parent_id else None
+            if token is not None:
+                if lease is None or lease.token != token:
+                    raise ThreadLeaseLost(
+                        f"thread of session {session_id}: this writer's run (lease token "
+                        f"{token}) was superseded by another writer; nothing was written"
+                    )
+                return lease, True
+            return lease, False
+
+    def _claim(self, session_id: uuid.UUID, thread_id: str, ns: str, parent_id: str | None):
+        from django.db import transaction
+        from django.utils import timezone
+
+        from ..models import AgentSession, GraphThread
+
+        now = timezone.now()
+        expires = now + timedelta(seconds=self._ttl)
+        with transaction.atomic(using=self._db):
+            session = (
+                AgentSession.objects.using(self._db)
+                .select_for_update()
+                .filter(id=session_id)
+                .first()
+            )
+            if session is None:
+                session = self._create_thread(session_id, thread_id, now)
+            if not GraphThread.objects.using(self._db).filter(session=session).exists():
+                raise ValueError(
+                    f"thread_id {thread_id!r} names session {session_id}, which is not a "
+                    "LangGraph thread (its agent is not a graph)"
+                )
+            owner = session.lease_owner or ""
+            if session.lease_is_live(now) and not owner.startswith(STANDALONE_OWNER):
+                raise ThreadLeaseLost(
+                    f"thread {thread_id!r} is being run by worker {owner} (lease until "
+                    f"{session.lease_expires_at:%H:%M:%S}); a second writer cannot write it"
+                )
+            read = self._read_latest.get((session_id, ns))
+            if parent_id is not None and read == parent_id:
+                latest = self._latest(session_id, ns)
+                if latest is not None and latest.checkpoint_id != parent_id:
+                    raise ThreadLeaseLost(
+                        f"thread {thread_id!r} moved on from checkpoint {parent_id} to "
+                        f"{latest.checkpoint_id} since this writer read it: another writer "
+                        "wrote it; nothing was written (read the thread again)"
+                    )
+            session.fencing_token += 1
+            session.lease_owner = self._owner
+            session.lease_expires_at = expires
+            session.save(
+                using=self._db,
+                update_fields=["fencing_token", "lease_owner", "lease_expires_at"],
+            )
+            lease = Lease(str(session_id), self._owner, session.fencing_token)
+        with self._lock:
+            self._leases[session_id] = lease
+        return lease
+
+    def _create_thread(self, session_id: uuid.UUID, thread_id: str, now: Any) -> Any:
+        """The thread's session, created unless another writer just did; locked."""
+        from django.db import IntegrityError, transaction
+
+        from ..models import AgentSession, GraphThread, Status
+
+        try:
+            with transaction.atomic(using=self._db):
+                session = AgentSession.objects.using(self._db).create(
+                    id=session_id,
+                    agent=self._agent,
+                    title=_short(f"LangGraph thread {thread_id}"),
+                    # Between the application's calls the thread waits for its next input.
+                    status=Status.WAITING_INPUT,
+                    created_at=now,
+                    updated_at=now,
+                )
+                GraphThread.objects.using(self._db).create(session=session, thread_id=thread_id)
+        except IntegrityError:
+            pass  # another process created it first
+        return AgentSession.objects.using(self._db).select_for_update().get(id=session_id)
+
+    def _fenced(
+        self, lease: Lease, *, head: bool, write: Callable[[Any, tuple[str, str]], None]
+    ) -> int:
+        """One transaction: advance the session's seq on (token, owner), then `write`."""
+        from django.db import connections, transaction
+
+        from ..models import AgentSession
+
+        table = AgentSession._meta.db_table
+        with transaction.atomic(using=self._db):
+            with connections[self._db].cursor() as cursor:
+                cursor.execute(
+                    f"UPDATE {table} SET last_seq = last_seq + 1, step_count = step_count + 1,"
+                    " head = CASE WHEN %s THEN last_seq + 1 ELSE head END,"
+                    " lease_expires_at = CASE WHEN %s THEN %s ELSE lease_expires_at END,"
+                    " updated_at = %s"
+                    " WHERE id = %s AND fencing_token = %s AND lease_owner = %s"
+                    " RETURNING last_seq, cancel_requested, agent, agent_version",
+                    [
+                        head,
+                        self._bound is None,
+                        _now() + timedelta(seconds=self._ttl),
+                        _now(),
+                        _uuid_param(self._db, lease.session_id),
+                        lease.token,
+                        lease.owner,
+                    ],
+                )
+                row = cursor.fetchone()
+            if row is None:
+                raise ThreadLeaseLost(self._refusal(lease))
+            seq, cancel, agent, agent_version = row
+            write(seq, (agent, agent_version))
+        if cancel and self._bound is not None:
+            self.cancel_requested = True
+            raise RunnerCancelled(f"session {lease.session_id}: cancel requested")
+        return seq
+
+    def _refusal(self, lease: Lease) -> str:
+        from ..models import AgentSession
+
+        now = AgentSession.objects.using(self._db).filter(id=lease.session_id).first()
+        if now is None:
+            return f"session {lease.session_id} is gone (deleted); nothing was written"
+        return (
+            f"session {lease.session_id}: this writer's lease (token {lease.token}) was "
+            f"superseded by {now.lease_owner or 'an operator action'} (token "
+            f"{now.fencing_token}); nothing was written"
+        )
+
+    def _write(
+        self,
+        thread_id: str,
+        ns: str,
+        parent_id: str | None,
+        *,
+        head: bool,
+        write: Callable[[Any, tuple[str, str]], None],
+    ) -> tuple[Lease, int]:
+        session_id = session_id_for(thread_id)
+        lease, continuing = self._lease_for(session_id, ns, parent_id)
+        if lease is not None:
+            try:
+                return lease, self._fenced(lease, head=head, write=write)
+            except ThreadLeaseLost:
+                if continuing:
+                    raise
+                # A new run of this saver on a thread another writer took since: take it back.
+        # The claim and the write in one transaction: the session row stays locked until
+        # the write commits, so a writer racing this one sees the thread moved on.
+        from django.db import transaction
+
+        with transaction.atomic(using=self._db):
+            lease = self._claim(session_id, thread_id, ns, parent_id)
+            return lease, self._fenced(lease, head=head, write=write)
+
+    # -- writing -------------------------------------------------------------------------
+    @_on_saver_thread
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        from ..models import Checkpoint as RespawnCheckpoint
+        from ..models import GraphBlob, GraphCheckpoint
+
+        configurable = config["configurable"]
+        thread_id = configurable["thread_id"]
+        ns = configurable.get("checkpoint_ns", "")
+        parent_id = configurable.get("checkpoint_id")
+        session_id = session_id_for(thread_id)
+        body = {k: v for k, v in checkpoint.items() if k not in ("channel_values", "pending_sends")}
+        inline, blobs, lists = self._split_values(session_id, ns, checkpoint, new_versions)
+        body["channel_values"] = inline
+        body = _json_safe(body)
+        meta = _json_safe(get_serializable_checkpoint_metadata(config, metadata))
+        changed = {
+            ch: _summary(checkpoint["channel_values"][ch])
+            for ch in sorted(new_versions)
+            if ch in checkpoint["channel_values"] and not ch.startswith("branch:")
+        }
+        db = self._db
+
+        def write(seq: int, agent: tuple[str, str]) -> None:
+            now = _system_step(
+                db,
+                session_id,
+                seq,
+                {
+                    "event": "graph_checkpoint",
+                    "checkpoint_id": checkpoint["id"],
+                    "ns": ns,
+                    "step": meta.get("step"),
+                    "source": meta.get("source"),
+                    "changed": changed,
+                },
+            )
+            state = SessionState(agent_name=agent[0], agent_version=agent[1])
+            state.counters.steps = seq
+            state.agent_state = {
+                "version": GRAPH_STATE_VERSION,
+                "data": {
+                    "langgraph": _redact(
+                        {
+                            "checkpoint_id": checkpoint["id"],
+                            "ns": ns,
+                            "parent_id": parent_id,
+                            "step": meta.get("step"),
+                            "source": meta.get("source"),
+                            "channel_versions": body.get("channel_versions", {}),
+                            "changed": changed,
+                        }
+                    )
+                },
+            }
+            RespawnCheckpoint.objects.using(db).create(
+                session_id=session_id,
+                seq=seq,
+                state=state.to_dict(),
+                schema_version=SCHEMA_VERSION,
+                created_at=now,
+            )
+            if blobs:
+                GraphBlob.objects.using(db).bulk_create(
+                    [
+                        GraphBlob(
+                            session_id=session_id,
+                            ns=ns,
+                            channel=ch,
+                            version=version,
+                            type=kind,
+                            blob=data,
+                            base_version=base,
+                        )
+                        for ch, version, kind, data, base in blobs
+                    ],
+                    ignore_conflicts=True,
+                )
+            GraphCheckpoint.objects.using(db).bulk_create(
+                [
+                    GraphCheckpoint(
+                        session_id=session_id,
+                        ns=ns,
+                        checkpoint_id=checkpoint["id"],
+                        parent_id=parent_id,
+                        seq=seq,
+                        body=body,
+                        metadata=meta,
+                    )
+                ],
+                update_conflicts=True,
+                unique_fields=["session", "ns", "checkpoint_id"],
+                update_fields=["parent_id", "seq", "body", "metadata"],
+            )
+
+        lease, _ = self._write(thread_id, ns, parent_id, head=ns == "", write=write)
+        with self._lock:
+            self._chains[(session_id, ns, checkpoint["id"])] = lease.token
+            self._lists.update(lists)
+        return {
+            "configurable": {
+                "thread_id": thread_id,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    def _split_values(
+        self,
+        session_id: uuid.UUID,
+        ns: str,
+        checkpoint: Checkpoint,
+        new_versions: ChannelVersions,
+    ) -> tuple[dict[str, Any], list[tuple], dict]:
+        """Primitive values inline in the checkpoint body; the others as blobs of their new
+        versions, a list that extends the one this saver stored last as what was added."""
+        values = checkpoint["channel_values"]
+        # Small scalars go in the body, as PostgresSaver keeps them.
+        inline = {k: v for k, v in values.items() if v is None or isinstance(v, _SCALARS)}
+        blobs: list[tuple] = []
+        lists: dict[tuple[uuid.UUID, str, str], tuple[str, list[Any]]] = {}
+        for channel, version in new_versions.items():
+            version = str(version)
+            if channel not in values:
+                blobs.append((channel, version, "empty", None, None))
+                continue
+            value = values[channel]
+            if channel in inline:
+                continue
+            base = None
+            if isinstance(value, list):
+                key = (session_id, ns, channel)
+                previous = self._lists.get(key)
+                if (
+                    previous is not None
+                    and previous[0] != version
+                    and previous[1]
+                    and len(value) >= len(previous[1])
+                    # The same objects, not equal ones: a reducer appended to the list.
+                    and all(a is b for a, b in zip(previous[1], value, strict=False))
+                ):
+                    base = previous[0]
+                    kind, data = self.serde.dumps_typed(value[len(previous[1]) :])
+                lists[key] = (version, list(value))
+            if base is None:
+                kind, data = self.serde.dumps_typed(value)
+            blobs.append((channel, version, kind, data, base))
+        return inline, blobs, lists
+
+    @_on_saver_thread
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        from ..models import GraphWrite
+
+        configurable = config["configurable"]
+        thread_id = configurable["thread_id"]
+        ns = configurable.get("checkpoint_ns", "")
+        checkpoint_id = configurable["checkpoint_id"]
+        session_id = session_id_for(thread_id)
+        special = all(channel in WRITES_IDX_MAP for channel, _ in writes)
+        rows = []
+        for index, (channel, value) in enumerate(writes):
+            kind, data = self.serde.dumps_typed(value)
+            rows.append((WRITES_IDX_MAP.get(channel, index), channel, kind, data))
+        payload = {
+            "event": "graph_writes",
+            "node": _node_of(task_id, task_path),
+            "task_id": task_id,
+            "checkpoint_id": checkpoint_id,
+            "ns": ns,
+            "writes": [{"channel": c, "value": _summary(v)} for c, v in writes],
+        }
+        db = self._db
+
+        def write(seq: int, agent: tuple[str, str]) -> None:
+            _system_step(db, session_id, seq, payload)
+            objects = [
+                GraphWrite(
+                    session_id=session_id,
+                    ns=ns,
+                    checkpoint_id=checkpoint_id,
+                    task_id=task_id,
+                    task_path=task_path,
+                    idx=idx,
+                    channel=channel,
+                    type=kind,
+                    blob=data,
+                    seq=seq,
+                )
+                for idx, channel, kind, data in rows
+            ]
+            if special:
+                # Errors, interrupts, resumes: the latest one counts.
+                GraphWrite.objects.using(db).bulk_create(
+                    objects,
+                    update_conflicts=True,
+                    unique_fields=["session", "ns", "checkpoint_id", "task_id", "idx"],
+                    update_fields=["channel", "type", "blob", "seq", "task_path"],
+                )
+            else:
+                GraphWrite.objects.using(db).bulk_create(objects, ignore_conflicts=True)
+
+        self._write(thread_id, ns, checkpoint_id, head=False, write=write)
+
+    # -- reading -------------------------------------------------------------------------
+    def _latest(self, session_id: uuid.UUID, ns: str):
+        """The thread's latest checkpoint in `ns`: the newest whose step no rollback
+        superseded."""
+        return self._checkpoints(session_id, ns).order_by("-checkpoint_id").first()
+
+    def _checkpoints(self, session_id: uuid.UUID, ns: str, *, live: bool = True):
+        from django.db.models import Exists, OuterRef
+
+        from ..models import GraphCheckpoint, Step
+
+        qs = GraphCheckpoint.objects.using(self._db).filter(session_id=session_id, ns=ns)
+        if live:
+            superseded = Step.objects.filter(
+                session_id=OuterRef("session_id"),
+                seq=OuterRef("seq"),
+                superseded_at__isnull=False,
+            )
+            qs = qs.exclude(Exists(superseded))
+        return qs
+
+    @_on_saver_thread
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        from ..models import GraphCheckpoint
+
+        configurable = config["configurable"]
+        thread_id = configurable["thread_id"]
+        ns = configurable.get("checkpoint_ns", "")
+        session_id = session_id_for(thread_id)
+        checkpoint_id = get_checkpoint_id(config)
+        if checkpoint_id:
+            row = (
+                GraphCheckpoint.objects.using(self._db)
+                .filter(session_id=session_id, ns=ns, checkpoint_id=checkpoint_id)
+                .first()
+            )
+        else:
+            row = self._latest(session_id, ns)
+            if row is not None:
+                with self._lock:
+                    self._read_latest[(session_id, ns)] = row.checkpoint_id
+        if row is None:
+            return None
+        return self._tuple(thread_id, row, _Values(self))
+
+    def _tuple(self, thread_id: str, row: Any, values: _Values) -> CheckpointTuple:
+        from django.db.models import Exists, OuterRef
+
+        from ..models import GraphWrite, Step
+
+        body: Checkpoint = row.body.copy()  # as put() stored it, less the channel values
+        channel_values = dict(body.get("channel_values") or {})
+        channel_values.update(
+            values.load(row.session_id, row.ns, body.get("channel_versions") or {}, channel_values)
+        )
+        body["channel_values"] = channel_values
+        writes = GraphWrite.objects.using(self._db).filter(
+            session_id=row.session_id, ns=row.ns, checkpoint_id=row.checkpoint_id
+        )
+        superseded = Step.objects.filter(
+            session_id=OuterRef("session_id"), seq=OuterRef("seq"), superseded_at__isnull=False
+        )
+        if (
+            not Step.objects.using(self._db)
+            .filter(session_id=row.session_id, seq=row.seq, superseded_at__isnull=False)
+            .exists()
+        ):
+            # A rollback to this checkpoint dropped the writes made after it: its tasks
+            # run again.
+            writes = writes.exclude(Exists(superseded))
+        # The type column allows NULL, though no write this saver makes has none; the
+        # serializer refuses a type it does not know either way.
+        pending = [
+            (w.task_id, w.channel, self.serde.loads_typed((w.type or "", bytes(w.blob))))
+            for w in sorted(writes, key=lambda w: (w.task_path, w.task_id, w.idx))
+        ]
+        parent: RunnableConfig | None = (
+            {
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": row.ns,
+                    "checkpoint_id": row.parent_id,
+                }
+            }
+            if row.parent_id
+            else None
+        )
+        return CheckpointTuple(
+            config={
+                "configurable": {
+                    "thread_id": thread_id,
+                    "checkpoint_ns": row.ns,
+                    "checkpoint_id": row.checkpoint_id,
+                }
+            },
+            checkpoint=body,
+            metadata=row.metadata,
+            parent_config=parent,
+            pending_writes=pending,
+        )
+
+    @_on_saver_thread
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        # Read whole on the saver's thread (its connection), handed out as an iterator.
+        from ..models import GraphCheckpoint
+
+        qs = GraphCheckpoint.objects.using(self._db).select_related("session__graph_thread")
+        if config is not None:
+            configurable = config["configurable"]
+            qs = qs.filter(session_id=session_id_for(configurable["thread_id"]))
+            if configurable.get("checkpoint_ns") is not None:
+                qs = qs.filter(ns=configurable["checkpoint_ns"])
+            if configurable.get("checkpoint_id"):
+                qs = qs.filter(checkpoint_id=configurable["checkpoint_id"])
+        python_filter = None
+        if filter:
+            if self._vendor() == "postgresql":
+                qs = qs.filter(metadata__contains=_json_safe(filter))
+            else:
+                python_filter = _json_safe(filter)
+        if before is not None and get_checkpoint_id(before):
+            qs = qs.filter(checkpoint_id__lt=get_checkpoint_id(before))
+        qs = qs.order_by("-checkpoint_id", "-id")
+        if limit is not None and python_filter is None:
+            qs = qs[:limit]
+        values = _Values(self)
+        out: list[CheckpointTuple] = []
+        for row in qs:
+            if python_filter is not None and any(
+                row.metadata.get(k) != v for k, v in python_filter.items()
+            ):
+                continue
+            out.append(self._tuple(row.session.graph_thread.thread_id, row, values))
+            if limit is not None and len(out) >= limit:
+                break
+        return iter(out)
+
+    def _vendor(self) -> str:
+        from django.db import connections
+
+        return connections[self._db].vendor
+
+    # -- deleting and copying ------------------------------------------------------------
+    @_on_saver_thread
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete the thread's session and everything in it; an audit record stays."""
+        from django.db import transaction
+
+        from ..models import AgentSession, AuditAction, AuditEvent
+
+        session_id = session_id_for(thread_id)
+        with transaction.atomic(using=self._db):
+            session = AgentSession.objects.using(self._db).filter(id=session_id).first()
+            if session is None:
+                return
+            AuditEvent.objects.using(self._db).create(
+                actor_label="langgraph",
+                action=AuditAction.GRAPH_DELETE_THREAD,
+                session_id=session_id,
+                before={"thread_id": thread_id, "steps": session.last_seq},
+            )
+            session.delete(using=self._db)
+        self._forget(session_id)
+
+    def _forget(self, session_id: uuid.UUID) -> None:
+        with self._lock:
+            self._leases.pop(session_id, None)
+            caches: tuple[dict[Any, Any], ...] = (self._chains, self._read_latest, self._lists)
+            for cache in caches:
+                for key in [k for k in cache if k[0] == session_id]:
+                    del cache[key]
+
+    @_on_saver_thread
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) that the given runs wrote."""
+        from django.db import transaction
+
+        from ..models import GraphCheckpoint
+
+        if not run_ids:
+            return
+        with transaction.atomic(using=self._db):
+            rows = list(
+                GraphCheckpoint.objects.using(self._db).filter(
+                    metadata__run_id__in=[str(r) for r in run_ids]
+                )
+            )
+            self._delete_checkpoints(rows)
+
+    def _delete_checkpoints(self, rows: builtins.list[Any]) -> None:
+        from django.db.models import Q
+
+        from ..models import AgentSession, GraphCheckpoint, GraphWrite
+        from ..models import Checkpoint as RespawnCheckpoint
+
+        if not rows:
+            return
+        by_session: dict[Any, list[Any]] = {}
+        for row in rows:
+            by_session.setdefault(row.session_id, []).append(row)
+        for session_id, group in by_session.items():
+            match = Q()
+            for row in group:
+                match |= Q(ns=row.ns, checkpoint_id=row.checkpoint_id)
+            GraphWrite.objects.using(self._db).filter(Q(session_id=session_id) & match).delete()
+            RespawnCheckpoint.objects.using(self._db).filter(
+                session_id=session_id, seq__in=[r.seq for r in group]
+            ).delete()
+            GraphCheckpoint.objects.using(self._db).filter(id__in=[r.id for r in group]).delete()
+            # The head stays on a checkpoint that exists: the latest left, or none.
+            latest = self._latest(session_id, "")
+            AgentSession.objects.using(self._db).filter(id=session_id).update(
+                head=latest.seq if latest is not None else 0
+            )
+
+    @_on_saver_thread
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """A new thread (session) with the source's steps, checkpoints, values and writes,
+        linked to the source as a fork at its last step."""
+        from django.db import transaction
+
+        from ..models import (
+            AgentSession,
+            AuditAction,
+            AuditEvent,
+            GraphBlob,
+            GraphCheckpoint,
+            GraphThread,
+            GraphWrite,
+            Status,
+            Step,
+        )
+        from ..models import Checkpoint as RespawnCheckpoint
+
+        source_id = session_id_for(source_thread_id)
+        target_id = session_id_for(target_thread_id)
+        db = self._db
+        with transaction.atomic(using=db):
+            source = AgentSession.objects.using(db).select_for_update().filter(id=source_id).first()
+            if source is None:
+                return
+            if AgentSession.objects.using(db).filter(id=target_id).exists():
+                raise ValueError(
+                    f"cannot copy thread {source_thread_id!r} to {target_thread_id!r}: the "
+                    "target thread already exists"
+                )
+            now = _now()
+            target = AgentSession.objects.using(db).create(
+                id=target_id,
+                agent=source.agent,
+                agent_version=source.agent_version,
+                title=_short(f"Copy of {source.title or source_thread_id}"),
+                status=Status.WAITING_INPUT if source.status != Status.PAUSED else Status.PAUSED,
+                head=source.head,
+                last_seq=source.last_seq,
+                step_count=source.step_count,
+                parent=source,
+                fork_seq=source.last_seq,
+                created_at=now,
+                updated_at=now,
+            )
+            GraphThread.objects.using(db).create(session=target, thread_id=target_thread_id)
+            _copy_rows(db, Step, source_id, target_id, exclude=("id", "session"))
+            _copy_rows(db, RespawnCheckpoint, source_id, target_id, exclude=("id", "session"))
+            _copy_rows(db, GraphCheckpoint, source_id, target_id, exclude=("id", "session"))
+            _copy_rows(db, GraphBlob, source_id, target_id, exclude=("id", "session"))
+            _copy_rows(db, GraphWrite, source_id, target_id, exclude=("id", "session"))
+            AuditEvent.objects.using(db).create(
+                actor_label="langgraph",
+                action=AuditAction.GRAPH_COPY_THREAD,
+                session_id=target_id,
+                before={"source_thread": source_thread_id, "source_session": str(source_id)},
+                after={"thread_id": target_thread_id},
+            )
+
+    @_on_saver_thread
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """keep_latest: keep each namespace's latest checkpoint (and, for a graph with
+        delta channels, its ancestors), with the values and writes it needs; delete:
+        delete the threads."""
+        from django.db import transaction
+
+        from ..models import GraphBlob, GraphCheckpoint
+
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"unknown prune strategy {strategy!r}: keep_latest or delete")
+        for thread_id in thread_ids:
+            if strategy == "delete":
+                self.delete_thread(thread_id)
+                continue
+            session_id = session_id_for(thread_id)
+            with transaction.atomic(using=self._db):
+                rows = list(GraphCheckpoint.objects.using(self._db).filter(session_id=session_id))
+                keep: set[int] = set()
+                by_ns: dict[str, list[Any]] = {}
+                for row in rows:
+                    by_ns.setdefault(row.ns, []).append(row)
+                for group in by_ns.values():
+                    by_id = {r.checkpoint_id: r for r in group}
+                    latest = max(group, key=lambda r: r.checkpoint_id)
+                    keep.add(latest.id)
+                    if any("counters_since_delta_snapshot" in r.metadata for r in group):
+                        parent = latest.parent_id
+                        while parent in by_id and by_id[parent].id not in keep:
+                            keep.add(by_id[parent].id)
+                            parent = by_id[parent].parent_id
+                self._delete_checkpoints([r for r in rows if r.id not in keep])
+                # Values no kept checkpoint reaches (through a list's bases) go too.
+                blobs = list(
+                    GraphBlob.objects.using(self._db)
+                    .filter(session_id=session_id)
+                    .values_list("id", "ns", "channel", "version", "base_version")
+                )
+                by_key = {(ns, ch, v): (pk, base) for pk, ns, ch, v, base in blobs}
+                needed: set[int] = set()
+                for row in rows:
+                    if row.id not in keep:
+                        continue
+                    for channel, version in (row.body.get("channel_versions") or {}).items():
+                        key = (row.ns, channel, str(version))
+                        while key in by_key and by_key[key][0] not in needed:
+                            pk, base = by_key[key]
+                            needed.add(pk)
+                            if base is None:
+                                break
+                            key = (row.ns, channel, base)
+                GraphBlob.objects.using(self._db).filter(session_id=session_id).exclude(
+                    id__in=needed
+                ).delete()
+            with self._lock:
+                for list_key in [k for k in self._lists if k[0] == session_id]:
+                    del self._lists[list_key]
+
+    # -- async: the same work on the saver's own thread ------------------------------------
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return await self._thread.run(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        items = await self._thread.run(self.list, config, filter=filter, before=before, limit=limit)
+        for item in items:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return await self._thread.run(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        await self._thread.run(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        await self._thread.run(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        await self._thread.run(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        await self._thread.run(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        await self._thread.run(self.prune, thread_ids, strategy=strategy)
+
+
+class AsyncRespawnSaver(RespawnSaver):
+    """RespawnSaver for asyncio programs, shaped like AsyncPostgresSaver:
+
+        async with AsyncRespawnSaver.from_conn_string(DATABASE_URL) as saver:
+            await saver.setup()
+            graph = builder.compile(checkpointer=saver)
+            await graph.ainvoke(inputs, config)
+
+    Every database call runs on the saver's own thread, never on the event loop."""
+
+    @classmethod
+    @asynccontextmanager
+    async def from_conn_string(  # type: ignore[override]
+        cls, conn_string: str, **kwargs: Any
+    ) -> AsyncIterator[AsyncRespawnSaver]:
+        saver = cls(database=await asyncio.to_thread(_database_alias, conn_string), **kwargs)
+        try:
+            yield saver
+        finally:
+            await saver.aclose()
+
+    async def setup(self) -> None:
+        await self._thread.run(RespawnSaver.setup, self)
+
+    async def aclose(self) -> None:
+        await asyncio.to_thread(self.close)
+
+
+class _Values:
+    """Channel values of checkpoints, loaded once per (channel, version) in one read."""
+
+    def __init__(self, saver: RespawnSaver) -> None:
+        self._saver = saver
+        self._done: dict[tuple[Any, str, str, str], Any] = {}
+
+    def load(
+        self, session_id: Any, ns: str, versions: dict[str, Any], inline: dict[str, Any]
+    ) -> dict[str, Any]:
+        from django.db.models import Q
+
+        from ..models import GraphBlob
+
+        wanted = {
+            ch: str(v)
+            for ch, v in versions.items()
+            if ch not in inline and (session_id, ns, ch, str(v)) not in self._done
+        }
+        if wanted:
+            match = Q()
+            for channel, version in wanted.items():
+                match |= Q(channel=channel, version=version)
+            rows = {
+                (r.channel, r.version): r
+                for r in GraphBlob.objects.using(self._saver._db).filter(
+                    Q(session_id=session_id, ns=ns) & match
+                )
+            }
+            chains = {ch for (ch, _v), r in rows.items() if r.base_version is not None}
+            if chains:
+                # A list stored as what each version added: every version of the channel.
+                for r in GraphBlob.objects.using(self._saver._db).filter(
+                    session_id=session_id, ns=ns, channel__in=chains
+                ):
+                    rows[(r.channel, r.version)] = r
+            for channel, version in wanted.items():
+                self._resolve(session_id, ns, channel, version, rows)
+        out = {}
+        for channel, version in versions.items():
+            if channel in inline:
+                continue
+            value = self._done.get((session_id, ns, channel, str(version)), _MISSING)
+            if value is not _MISSING:
+                out[channel] = value
+        return out
+
+    def _resolve(self, session_id: Any, ns: str, channel: str, version: str, rows: dict) -> Any:
+        key = (session_id, ns, channel, version)
+        if key in self._done:
+            return self._done[key]
+        chain: list[Any] = []  # GraphBlob rows, newest first
+        cursor: str | None = version
+        while cursor is not None and (session_id, ns, channel, cursor) not in self._done:
+            row = rows.get((channel, cursor))
+            if row is None:
+                if chain:
+                    raise LookupError(
+                        f"session {session_id}: the value of channel {channel!r} at version "
+                        f"{chain[-1].version} builds on version {cursor}, which is gone"
+                    )
+                return _MISSING
+            chain.append(row)
+            cursor = row.base_version
+        value: Any = self._done[(session_id, ns, channel, cursor)] if cursor is not None else None
+        serde = self._saver.serde
+        for row in reversed(chain):
+            if row.type == "empty":
+                value = _MISSING
+            else:
+                loaded = serde.loads_typed((row.type, bytes(row.blob)))
+                value = loaded if row.base_version is None else [*value, *loaded]
+            self._done[(session_id, ns, channel, row.version)] = value
+        return value
+
+
+_MISSING = object()
+_SCALARS = (str, int, float, bool)
+
+
+def _copy_rows(db: str, model: Any, source_id: Any, target_id: Any, *, exclude: tuple) -> None:
+    fields = [f for f in model._meta.concrete_fields if f.name not in exclude]
+    batch = []
+    for row in model.objects.using(db).filter(session_id=source_id).iterator(chunk_size=1000):
+        copy = model(session_id=target_id, **{f.attname: getattr(row, f.attname) for f in fields})
+        batch.append(copy)
+        if len(batch) >= 1000:
+            model.objects.using(db).bulk_create(batch)
+            batch = []
+    if batch:
+        model.objects.using(db).bulk_create(batch)
+
+
+def _uuid_param(db: str, value: Any) -> Any:
+    from django.db import connections
+
+    as_uuid = uuid.UUID(str(value))
+    return as_uuid if connections[db].vendor == "postgresql" else as_uuid.hex
+
+
+def _system_step(db: str, session_id: uuid.UUID, seq: int, payload: dict[str, Any]) -> datetime:
+    """Record a write (a checkpoint, a task's writes) as the `system` step at `seq`, the
+    seq its fenced write advanced the session to; returns the step's time."""
+    from ..models import Step
+
+    now = _now()
+    Step.objects.using(db).create(
+        session_id=session_id,
+        seq=seq,
+        kind=StepKind.SYSTEM,
+        payload=_redact(payload),
+        started_at=now,
+        finished_at=now,
+        created_at=now,
+    )
+    return now
+
+
+def _redact(payload: dict[str, Any]) -> dict[str, Any]:
+    from ..runtime import redactor
+
+    return redactor().redact(payload)
+
+
+# --- graphs run by Respawn's workers ------------------------------------------------------
+
+
+def _default_input(text: str) -> dict[str, Any]:
+    return {"messages": [("user", text)]}
+
+
+class GraphRunner:
+    """Runs a LangGraph graph as a Respawn agent's turn loop (see `graph_agent`).
+
+    Each run continues the session's thread: with the answer to an `interrupt()` an
+    operator gave, else with the user messages the graph has not seen yet, else from the
+    latest checkpoint (after a crash, a rollback or a resume). Which inputs the graph has
+    consumed is recorded in the metadata of the checkpoints it writes, so a run that dies
+    before its input checkpoint commits gives the same input again."""
+
+    def __init__(
+        self,
+        graph: Any,
+        *,
+        make_input: Callable[[str], Any] = _default_input,
+        recursion_limit: int = 10_000,
+    ) -> None:
+        self.graph = graph
+        self.make_input = make_input
+        self.recursion_limit = recursion_limit
+
+    def compiled(self, saver: RespawnSaver) -> Any:
+        graph = (
+            self.graph()
+            if callable(self.graph) and not hasattr(self.graph, "invoke")
+            else self.graph
+        )
+        if hasattr(graph, "compile") and not hasattr(graph, "invoke"):
+            return graph.compile(checkpointer=saver)
+        return graph.copy(update={"checkpointer": saver})
+
+    def run(self, context: RunContext) -> RunnerResult:
+        saver = RespawnSaver(lease=context.lease, agent=context.agent.name)
+        try:
+            return self._run(context, saver)
+        finally:
+            saver.close()
+
+    def _run(self, context: RunContext, saver: RespawnSaver) -> RunnerResult:
+        from langgraph.types import Command
+
+        from ..models import GraphThread
+
+        GraphThread.objects.get_or_create(
+            session_id=context.session_id, defaults={"thread_id": context.session_id}
+        )
+        app = self.compiled(saver)
+        thread = {"thread_id": context.session_id, "checkpoint_ns": ""}
+        latest = saver.get_tuple({"configurable": thread})
+        metadata = latest.metadata if latest is not None else {}
+        input_seq = int(metadata.get("respawn_input_seq") or 0)
+        resume_seq = int(metadata.get("respawn_resume_seq") or 0)
+        history = [s for s in context.head.history if not s.superseded]
+        resumes = [
+            s for s in history if s.action == OperatorAction.ANSWER_INTERRUPT and s.seq > resume_seq
+        ]
+        inputs = [s for s in history if s.kind == StepKind.USER and s.seq > input_seq]
+        if resumes:
+            graph_input: Any = Command(resume=as_operator(resumes[-1].payload).get("value"))
+            resume_seq = resumes[-1].seq
+        elif inputs:
+            graph_input = self.make_input("\n".join(step_text(s.payload) or "" for s in inputs))
+            input_seq = inputs[-1].seq
+        else:
+            graph_input = None
+            # A task's writes committed before a crash finish its step: run on from them.
+            done = not app.get_state({"configurable": thread}).next
+            if latest is not None and done and not latest.pending_writes:
+                return RunnerResult.completed(_final_answer(latest.checkpoint))
+        config = {
+            "configurable": {
+                **thread,
+                "respawn_input_seq": input_seq,
+                "respawn_resume_seq": resume_seq,
+            },
+            "recursion_limit": self.recursion_limit,
+        }
+        app.invoke(graph_input, config, durability="sync")
+        state = app.get_state({"configurable": thread})
+        interrupts = [{"id": i.id, "value": _summary(i.value)} for i in (state.interrupts or ())]
+        if interrupts:
+            return RunnerResult.waiting("interrupt", interrupts=interrupts)
+        if state.next:
+            return RunnerResult.waiting("stopped before " + ", ".join(state.next))
+        return RunnerResult.completed(_final_answer({"channel_values": state.values}))
+
+
+def _final_answer(checkpoint: Any) -> str | None:
+    messages = (checkpoint.get("channel_values") or {}).get("messages")
+    if isinstance(messages, list) and messages:
+        content = getattr(messages[-1], "content", None)
+        if isinstance(content, str):
+            return content
+    return None
+
+
+def graph_agent(
+    name: str,
+    graph: Any,
+    *,
+    version: str = "1",
+    description: str = "",
+    make_input: Callable[[str], Any] = _default_input,
+    compatible_since: str | None = None,
+) -> Agent:
+    """A Respawn agent that runs `graph` (a StateGraph, a compiled graph, or a function
+    returning one) on the workers. A session's user message becomes the graph's input
+    through `make_input` (default: `{"messages": [("user", text)]}`)."""
+    return Agent(
+        name=name,
+        version=version,
+        description=description or "LangGraph graph",
+        compatible_since=compatible_since,
+        runner=GraphRunner(graph, make_input=make_input),
+    )

@@ -1,0 +1,1217 @@
+"""Reads that need care: filtered keyset pages, counts, the attention queue, previews."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import date, datetime, time, timedelta
+from typing import Any, TypeVar
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import Count, Exists, F, Max, Model, OuterRef, Q, QuerySet, Sum, TextField
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, TruncHour
+from django.utils import timezone
+
+from agent_runtime.agents import version_key
+from agent_runtime.compat import session_problems
+from agent_runtime.state import (
+    SCHEMA_VERSION,
+    STATE_BUDGETS,
+    Budgets,
+    OperatorAction,
+    PayloadField,
+    SessionState,
+    SystemEvent,
+    SystemPayload,
+    apply_budgets,
+    as_tool_call,
+    stored,
+)
+from agent_runtime.tools import ToolRegistry
+from agent_runtime.upgraders import IncompatibleSchemaError
+
+from ..formats import format_duration
+from ..models import (
+    FINAL,
+    LOADABLE,
+    AgentSession,
+    ApiToken,
+    AuditAction,
+    AuditEvent,
+    Checkpoint,
+    Kind,
+    ModelUsage,
+    Status,
+    Step,
+    StepSearch,
+    payload_key,
+    payload_q,
+)
+from ..runtime import agent_registry
+from ..store import LATE_CALL_ACTION, session_store
+from ..validation import InvalidInput, check_datetime, parse_date
+
+SORTS = {
+    "-updated": ("-updated_at", "-id"),
+    "updated": ("updated_at", "id"),
+    "-created": ("-created_at", "-id"),
+    "created": ("created_at", "id"),
+}
+
+
+_Row = TypeVar("_Row", bound=Model)
+
+
+class BadFilter(ValueError):
+    pass
+
+
+MAX_SEARCH = 200
+
+
+@dataclass
+class SessionFilters:
+    q: str = ""
+    status: str = ""
+    agent: str = ""
+    agent_version: str = ""  # the version sessions started on
+    created_from: date | None = None
+    created_to: date | None = None
+    updated_from: date | None = None
+    updated_to: date | None = None
+    sort: str = "-updated"
+    errors: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_query(cls, params: Any) -> SessionFilters:
+        """Every filter of the list, checked the same way: a bad value is named in an error
+        and dropped, and the others still apply."""
+        f = cls(
+            q=" ".join((params.get("q") or "").split()),
+            status=params.get("status") or "",
+            agent=(params.get("agent") or "").strip(),
+            agent_version=(params.get("agent_version") or "").strip()[:50],
+            sort=params.get("sort") or "-updated",
+        )
+        if len(f.q) > MAX_SEARCH:
+            f.errors.append(f"search: at most {MAX_SEARCH} characters (the rest was left out)")
+            f.q = f.q[:MAX_SEARCH]
+        if f.status and f.status not in Status.values:
+            f.errors.append(f"unknown status {f.status!r}")
+            f.status = ""
+        if f.agent and f.agent not in agent_names():
+            # An agent no longer registered still has its sessions: unknown only if none.
+            if len(f.agent) > 100 or not AgentSession.objects.filter(agent=f.agent).exists():
+                f.errors.append(f"unknown agent {f.agent[:100]!r}")
+                f.agent = ""
+        if f.sort not in SORTS:
+            f.errors.append(f"unknown sort {f.sort!r}")
+            f.sort = "-updated"
+        for name in ("created_from", "created_to", "updated_from", "updated_to"):
+            raw = (params.get(name) or "").strip()
+            if raw:
+                try:
+                    setattr(f, name, parse_date(raw, name.replace("_", " ")))
+                except InvalidInput as exc:
+                    f.errors.append(str(exc))
+        for what in ("created", "updated"):
+            start, end = getattr(f, f"{what}_from"), getattr(f, f"{what}_to")
+            if start and end and start > end:
+                f.errors.append(f"{what}: the first date ({start}) is after the second ({end})")
+                setattr(f, f"{what}_to", None)
+        return f
+
+    def as_query(self, **override: Any) -> dict[str, str]:
+        values = {
+            "q": self.q,
+            "status": self.status,
+            "agent": self.agent,
+            "agent_version": self.agent_version,
+            "created_from": self.created_from.isoformat() if self.created_from else "",
+            "created_to": self.created_to.isoformat() if self.created_to else "",
+            "updated_from": self.updated_from.isoformat() if self.updated_from else "",
+            "updated_to": self.updated_to.isoformat() if self.updated_to else "",
+            "sort": self.sort if self.sort != "-updated" else "",
+        }
+        values.update({k: v for k, v in override.items()})
+        return {k: str(v) for k, v in values.items() if v not in (None, "")}
+
+    @property
+    def is_filtered(self) -> bool:
+        """Anything narrowing the list besides its status."""
+        return bool(
+            self.q
+            or self.agent
+            or self.agent_version
+            or self.created_from
+            or self.created_to
+            or self.updated_from
+            or self.updated_to
+        )
+
+
+def first_rows(rows: QuerySet[_Row], size: int) -> tuple[list[_Row], bool]:
+    """The first `size` rows of an ordered query, and whether more follow (one row more
+    is read: no COUNT)."""
+    page = list(rows[: size + 1])
+    return page[:size], len(page) > size
+
+
+def _day_start(day: date) -> datetime:
+    return timezone.make_aware(datetime.combine(day, time.min), timezone.get_current_timezone())
+
+
+def step_search_matches(q: str) -> QuerySet:
+    """Rows with a `session` whose steps contain the words of q: on PostgreSQL the search
+    index the workers keep (StepSearch, served by its GIN index; the newest few seconds
+    of steps may not be in it yet: sessions_app.upkeep.search.lag), icontains over the steps
+    themselves elsewhere."""
+    if connection.vendor == "postgresql":
+        from django.contrib.postgres.search import SearchQuery
+
+        return StepSearch.objects.filter(tsv=SearchQuery(q, config="simple", search_type="plain"))
+    return Step.objects.annotate(text=Cast("payload", TextField())).filter(text__icontains=q)
+
+
+def filtered_sessions(f: SessionFilters, *, with_status: bool = True) -> QuerySet[AgentSession]:
+    sessions = AgentSession.objects.all()
+    if f.status and with_status:
+        sessions = sessions.filter(status=f.status)
+    if f.agent:
+        sessions = sessions.filter(agent=f.agent)
+    if f.agent_version:
+        sessions = sessions.filter(agent_version=f.agent_version)
+    if f.created_from:
+        sessions = sessions.filter(created_at__gte=_day_start(f.created_from))
+    if f.created_to:
+        sessions = sessions.filter(created_at__lt=_day_start(f.created_to + timedelta(days=1)))
+    if f.updated_from:
+        sessions = sessions.filter(updated_at__gte=_day_start(f.updated_from))
+    if f.updated_to:
+        sessions = sessions.filter(updated_at__lt=_day_start(f.updated_to + timedelta(days=1)))
+    if f.q:
+        try:
+            return sessions.filter(id=uuid.UUID(f.q))
+        except ValueError:
+            pass
+        in_steps = Exists(step_search_matches(f.q).filter(session=OuterRef("pk")))
+        sessions = sessions.filter(Q(title__icontains=f.q) | in_steps)
+    return sessions
+
+
+def encode_cursor(session: AgentSession, sort: str) -> str:
+    field_name = SORTS[sort][0].lstrip("-")
+    value = getattr(session, field_name).isoformat()
+    return base64.urlsafe_b64encode(f"{value}|{session.id}".encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode((cursor + "=" * (-len(cursor) % 4)).encode()).decode()
+        stamp, _, session_id = raw.partition("|")
+        value = check_datetime(datetime.fromisoformat(stamp), "cursor")
+        return value, uuid.UUID(session_id)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise BadFilter(
+            "that page link is broken (bad cursor); start from the first page"
+        ) from None
+
+
+def _beyond(f: SessionFilters, cursor: str, *, forward: bool) -> Q:
+    """Rows after the cursor in the list's order (forward), or before it."""
+    order = SORTS[f.sort]
+    field_name = order[0].lstrip("-")
+    value, last_id = decode_cursor(cursor)
+    later = order[0].startswith("-") == forward  # descending and forward: smaller values
+    op = "lt" if later else "gt"
+    return Q(**{f"{field_name}__{op}": value}) | Q(**{field_name: value, f"id__{op}": last_id})
+
+
+@dataclass
+class SessionPage:
+    rows: list[AgentSession]
+    next_cursor: str | None  # the rows after these
+    prev_cursor: str | None  # the rows before these (None on the first page)
+    start: int  # position of the first row, from 1 (0 when there are none)
+
+
+def session_page(
+    f: SessionFilters,
+    cursor: str | None,
+    size: int,
+    *,
+    before: str | None = None,
+    position: int | None = None,
+) -> SessionPage:
+    """One keyset page (no OFFSET): rows after `cursor` in the chosen order, or the rows
+    just before `before` (the previous page). `position` is where the page starts (from 1)
+    when the link says so; otherwise it is counted."""
+    order = SORTS[f.sort]
+    sessions = filtered_sessions(f)
+    if before:
+        reverse = tuple(o[1:] if o.startswith("-") else f"-{o}" for o in order)
+        rows = list(
+            sessions.filter(_beyond(f, before, forward=False)).order_by(*reverse)[: size + 1]
+        )
+        has_before = len(rows) > size
+        rows = list(reversed(rows[:size]))
+        if not has_before and len(rows) < size:
+            # Fewer than a page before it: show the first page in full.
+            return session_page(f, None, size, position=1)
+        next_cursor = encode_cursor(rows[-1], f.sort) if rows else None
+        prev_cursor = encode_cursor(rows[0], f.sort) if has_before and rows else None
+    else:
+        if cursor:
+            sessions = sessions.filter(_beyond(f, cursor, forward=True))
+        rows, more = first_rows(sessions.order_by(*order), size)
+        next_cursor = encode_cursor(rows[-1], f.sort) if more and rows else None
+        prev_cursor = encode_cursor(rows[0], f.sort) if cursor and rows else None
+    if not rows:
+        return SessionPage([], None, prev_cursor, 0)
+    if position is None or position < 1:
+        position = 1 if not prev_cursor else rows_before(f, encode_cursor(rows[0], f.sort)) + 1
+    return SessionPage(rows, next_cursor, prev_cursor, position)
+
+
+POSITION_CAP = 100_000
+
+
+def rows_before(f: SessionFilters, cursor: str) -> int:
+    """How many rows of the list come before the cursor's row (up to POSITION_CAP): the
+    position of a page reached by a link that did not carry it."""
+    before = filtered_sessions(f).filter(_beyond(f, cursor, forward=False))
+    return before[:POSITION_CAP].count()
+
+
+COUNTS_CACHE_SECONDS = 5
+SEARCH_COUNT_CAP = 10_000
+
+
+@dataclass(frozen=True)
+class StatusTotals:
+    counts: dict[str, int]
+    capped: bool  # counted up to SEARCH_COUNT_CAP rows only (a search)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def of(self, status: str) -> int:
+        return self.counts.get(status, 0) if status else self.total
+
+
+def status_totals(
+    f: SessionFilters | None = None, *, fresh: bool = False, cached_only: bool = False
+) -> StatusTotals | None:
+    """Sessions per status under the list's filters (all but the status itself), so the
+    counts add up to the rows the list pages through. A GROUP BY over the matching sessions
+    (~170 ms at 1,000,000 rows unfiltered), cached for a few seconds: every open list polls
+    it. A search is counted up to SEARCH_COUNT_CAP matches. `cached_only`: None rather
+    than counting."""
+    from django.core.cache import cache
+
+    f = f or SessionFilters()
+    filters = repr(sorted(f.as_query(status="", sort="").items())).encode()
+    key = "respawn:status-totals:" + hashlib.sha256(filters).hexdigest()[:32]
+    cached = None if fresh else cache.get(key)
+    if cached is not None or cached_only:
+        return cached
+    counts = dict.fromkeys(Status.values, 0)
+    sessions = filtered_sessions(f, with_status=False)
+    if f.q:
+        sessions = AgentSession.objects.filter(id__in=sessions.values("id")[: SEARCH_COUNT_CAP + 1])
+    for row in sessions.values("status").annotate(n=Count("id")).order_by():
+        counts[row["status"]] = row["n"]
+    totals = StatusTotals(counts, bool(f.q) and sum(counts.values()) > SEARCH_COUNT_CAP)
+    cache.set(key, totals, COUNTS_CACHE_SECONDS)
+    return totals
+
+
+def status_counts() -> dict[str, int]:
+    """Sessions per status, over every session (cached for a few seconds)."""
+    totals = status_totals()
+    assert totals is not None
+    return dict(totals.counts)
+
+
+def agent_names() -> list[str]:
+    return agent_registry().names()
+
+
+@dataclass(frozen=True)
+class ToolView:
+    name: str
+    description: str
+    parameters: list[dict[str, Any]]  # name, type, required, description
+    schema: str  # the JSON schema, pretty-printed
+    idempotent: bool
+    needs_approval: bool
+    timeout: float
+    retries: int
+
+
+@dataclass(frozen=True)
+class AgentView:
+    name: str
+    version: str
+    description: str
+    model: str
+    instructions: str  # the text, or which function computes it
+    source: str  # where it was found: RESPAWN_AGENTS entry or entry point
+    limits: Any
+    state_version: int | None
+    state_upgraders: list[int]
+    compatible_since: str | None
+    tools: list[ToolView]
+    live: list[tuple[str, int]]  # (version started on, live sessions), newest first
+    live_total: int
+
+
+@dataclass(frozen=True)
+class AgentsOverview:
+    agents: list[AgentView]
+    # Agents with live sessions that this deployment does not have: (name, live sessions)
+    missing: list[tuple[str, int]]
+
+
+def _tool_view(tool: Any) -> ToolView:
+    import json
+
+    schema = tool.spec.parameters
+    required = set(schema.get("required") or [])
+    parameters = []
+    for name, prop in (schema.get("properties") or {}).items():
+        kind = prop.get("type") or " | ".join(
+            p.get("type", "?") for p in prop.get("anyOf", []) if isinstance(p, dict)
+        )
+        parameters.append(
+            {
+                "name": name,
+                "type": kind or "object",
+                "required": name in required,
+                "default": prop.get("default"),
+                "description": prop.get("description", ""),
+            }
+        )
+    return ToolView(
+        name=tool.name,
+        description=tool.description,
+        parameters=parameters,
+        schema=json.dumps(schema, indent=2, sort_keys=True),
+        idempotent=tool.idempotent,
+        needs_approval=tool.needs_approval,
+        timeout=tool.timeout,
+        retries=tool.retries,
+    )
+
+
+def agents_overview() -> AgentsOverview:
+    """Every agent this deployment runs (RESPAWN_AGENTS and installed packages), with its
+    tools and how many live sessions started on each of its versions; and the agents of
+    live sessions that it no longer has. One query, whatever the number of agents: live
+    sessions by (agent, version), on the status index (finished sessions, the bulk of a
+    large table, are not counted)."""
+    from ..runtime import discovered
+
+    found = discovered()
+    live_rows = (
+        AgentSession.objects.exclude(status__in=FINAL)
+        .values_list("agent", "agent_version")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    live: dict[str, list[tuple[str, int]]] = {}
+    for agent, version, n in live_rows:
+        live.setdefault(agent, []).append((version, n))
+    views = []
+    for agent in agent_registry():
+        instructions = agent.instructions
+        if not isinstance(instructions, str):
+            instructions = (
+                "computed from the session state before every model call by "
+                f"{getattr(instructions, '__module__', '?')}."
+                f"{getattr(instructions, '__qualname__', repr(instructions))}"
+            )
+        versions = sorted(live.get(agent.name, []), key=lambda vn: version_key(vn[0]), reverse=True)
+        views.append(
+            AgentView(
+                name=agent.name,
+                version=agent.version,
+                description=agent.description,
+                model=agent.model or f"runner: {type(agent.runner).__name__}",
+                instructions=instructions,
+                source=found.sources.get(agent.name, ""),
+                limits=agent.limits,
+                state_version=agent.state.version if agent.state else None,
+                state_upgraders=sorted(agent.state.upgraders) if agent.state else [],
+                compatible_since=agent.compatible_since,
+                tools=[_tool_view(t) for t in agent.tools],
+                live=versions,
+                live_total=sum(n for _, n in versions),
+            )
+        )
+    names = set(agent_registry().names())
+    missing = sorted(
+        (agent, sum(n for _, n in rows)) for agent, rows in live.items() if agent not in names
+    )
+    return AgentsOverview(agents=views, missing=missing)
+
+
+# --- Needs attention --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RepeatedFailure:
+    session: AgentSession
+    error: str
+    times: int
+
+
+def repeated_failures(limit: int = 50, threshold: int = 2) -> list[RepeatedFailure]:
+    """Failed sessions whose latest error happened at least `threshold` times."""
+    failed = list(AgentSession.objects.filter(status=Status.FAILED).order_by("-updated_at")[:500])
+    if not failed:
+        return []
+    error_key = payload_key(PayloadField.ERROR)
+    errors = (
+        Step.objects.filter(session__in=failed, kind="error", superseded_at__isnull=True)
+        .values("session_id", error_key)
+        .annotate(n=Count("id"))
+        .filter(n__gte=threshold)
+        .order_by()
+    )
+    by_id = {s.id: s for s in failed}
+    out = [
+        RepeatedFailure(by_id[row["session_id"]], str(row[error_key]), row["n"])
+        for row in errors
+        if row["session_id"] in by_id
+    ]
+    out.sort(key=lambda r: r.session.updated_at, reverse=True)
+    return out[:limit]
+
+
+def uncertain_call(session: AgentSession, state: dict[str, Any]) -> dict[str, Any] | None:
+    """The tool call a crash left uncertain, as its `uncertain_call` step recorded it."""
+    uncertain = state.get("uncertain_calls") or []
+    if not session.can_decide() or not uncertain:
+        return None
+    step = (
+        Step.objects.filter(
+            payload_q(PayloadField.EVENT, value=SystemEvent.UNCERTAIN_CALL),
+            payload_q(PayloadField.CALL_ID, value=uncertain[0]),
+            session=session,
+            kind="system",
+            superseded_at__isnull=True,
+        )
+        .order_by("-seq")
+        .first()
+    )
+    if step is None:
+        return stored(SystemPayload(call_id=uncertain[0]))
+    return {**step.payload, "seq": step.seq}
+
+
+def old_schema_sessions(cap: int = 1000) -> tuple[int, bool]:
+    """How many live sessions still have their head checkpoint in an older schema version
+    (counted up to `cap`): `upgrade_state` rewrites them ahead of time."""
+    rows = list(
+        Checkpoint.objects.filter(
+            session__status__in=LOADABLE,
+            seq=F("session__head"),
+            schema_version__lt=SCHEMA_VERSION,
+        )
+        .values_list("session_id", flat=True)
+        .distinct()[: cap + 1]
+    )
+    return min(len(rows), cap), len(rows) > cap
+
+
+def activity_last_24h() -> list[dict[str, Any]]:
+    """Sessions started and finished per hour over the last 24 hours."""
+    now = timezone.now()
+    start = (now - timedelta(hours=23)).replace(minute=0, second=0, microsecond=0)
+    started = dict(
+        AgentSession.objects.filter(created_at__gte=start)
+        .annotate(hour=TruncHour("created_at"))
+        .values("hour")
+        .annotate(n=Count("id"))
+        .values_list("hour", "n")
+    )
+    finished = dict(
+        AgentSession.objects.filter(updated_at__gte=start, status__in=FINAL)
+        .annotate(hour=TruncHour("updated_at"))
+        .values("hour")
+        .annotate(n=Count("id"))
+        .values_list("hour", "n")
+    )
+    hours = []
+    for i in range(24):
+        hour = start + timedelta(hours=i)
+        hours.append(
+            {"hour": hour, "started": started.get(hour, 0), "finished": finished.get(hour, 0)}
+        )
+    return hours
+
+
+ATTENTION_PAGE = 20
+ATTENTION_CAP = 1000
+FAILED_RECENT_DAYS = 7
+
+
+@dataclass
+class AttentionSection:
+    """One group of "needs attention": its sessions a page at a time (oldest activity
+    first: waiting longest), how many there are (counted up to ATTENTION_CAP), and how
+    they split by agent or by error."""
+
+    key: str
+    title: str
+    remedy: str
+    rows: list[AgentSession]
+    count: int
+    capped: bool
+    groups: list[tuple[str, int]]
+    group_by: str
+    next_cursor: str | None = None
+    cursor: str | None = None
+
+    @property
+    def count_label(self) -> str:
+        return f"{self.count:,}+" if self.capped else f"{self.count:,}"
+
+    @property
+    def short(self) -> str:
+        return self.title.split(":")[0].split(" (")[0]
+
+
+def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
+    # The state is json (not jsonb) on PostgreSQL, which has no `?` operator:
+    # state__uncertain_calls__0__isnull would compile to it.
+    uncertain = (
+        Checkpoint.objects.alias(first_uncertain=KT("state__uncertain_calls__0"))
+        .filter(
+            session__status=Status.WAITING_INPUT,
+            seq=F("session__head"),
+            first_uncertain__isnull=False,
+        )
+        .values("session_id")
+    )
+    cutoff = now - timedelta(seconds=settings.RESPAWN_APPROVAL_SLA)
+    recent = now - timedelta(days=FAILED_RECENT_DAYS)
+    return {
+        "stuck": AgentSession.objects.filter(AgentSession.stuck_q(now)),
+        "uncertain": AgentSession.objects.filter(id__in=uncertain),
+        "approvals": AgentSession.objects.filter(
+            status=Status.WAITING_INPUT, updated_at__lt=cutoff
+        ).exclude(id__in=uncertain),
+        "incompatible": incompatible_sessions(),
+        "budget": AgentSession.objects.filter(AgentSession.paused_by_budget_q()),
+        "failed": AgentSession.objects.filter(status=Status.FAILED, updated_at__gte=recent),
+        "failed_calls": AgentSession.objects.filter(
+            status=Status.COMPLETED, failed_calls__gt=0, updated_at__gte=recent
+        ),
+        "late_calls": AgentSession.objects.filter(
+            id__in=AuditEvent.objects.filter(
+                action=LATE_CALL_ACTION, created_at__gte=recent
+            ).values("session_id")
+        ),
+    }
+
+
+ATTENTION_SECTIONS = {
+    # key: (title, remedy, group by)
+    "stuck": (
+        "Stuck: should be running, no live lease",
+        "The reconciler in each worker dispatches these again by itself; dispatch one by hand "
+        "if it does not.",
+        "agent",
+    ),
+    "uncertain": (
+        "Uncertain side effects: a person must decide",
+        "Open each: run the call again, record its result, or fail the session.",
+        "agent",
+    ),
+    "approvals": (
+        "Approvals waiting too long",
+        "Open each to approve or reject the pending tool call.",
+        "agent",
+    ),
+    "incompatible": (
+        "Incompatible: no worker can load them",
+        "Deploy code that can load them, then try again.",
+        "agent",
+    ),
+    "budget": (
+        "Paused by a budget: steps, tokens, cost or wall time used up",
+        "Open each: raise the budget that was reached and resume, or cancel it.",
+        "agent",
+    ),
+    "failed": (
+        f"Failed in the last {FAILED_RECENT_DAYS} days",
+        "Inspect the failed step, correct it or add an instruction, and resume.",
+        "last_error",
+    ),
+    "failed_calls": (
+        f"Completed with failed tool calls (last {FAILED_RECENT_DAYS} days)",
+        "They finished, but some tool calls failed, on the tool or on the infrastructure "
+        "(the database, Redis, the network) after every retry: their effects may be missing. "
+        "Read the failed calls; correct a result or add an instruction and resume.",
+        "agent",
+    ),
+    "late_calls": (
+        f"Late calls: a fenced-off worker started a call (last {FAILED_RECENT_DAYS} days)",
+        "A worker that had lost the session (frozen past its lease, or overruled by a person) "
+        "had started a call that is not idempotent. Its audit record says whether its effect "
+        "was refused or may have happened outside the trace: check it was not done twice.",
+        "agent",
+    ),
+}
+
+
+def attention_section(
+    key: str, *, cursor: str | None = None, now: datetime | None = None
+) -> AttentionSection:
+    """One section of "needs attention", a page after `cursor` (BadFilter if it is bad)."""
+    now = now or timezone.now()
+    title, remedy, group_by = ATTENTION_SECTIONS[key]
+    sessions = _attention_querysets(now)[key]
+    if key == "approvals":
+        title += f" (over {format_duration(settings.RESPAWN_APPROVAL_SLA)})"
+    count = sessions.values("id")[: ATTENTION_CAP + 1].count()
+    # How they split, over the sessions counted (a GROUP BY over every stuck or waiting
+    # session of a large deployment took 100 ms a section).
+    counted = AgentSession.objects.filter(id__in=sessions.order_by().values("id")[:ATTENTION_CAP])
+    groups = [
+        (str(row[group_by] or "(no message)"), row["n"])
+        for row in counted.values(group_by).annotate(n=Count("id")).order_by("-n", group_by)[:8]
+    ]
+    order = SessionFilters(sort="updated")
+    page = sessions
+    if cursor:
+        page = page.filter(_beyond(order, cursor, forward=True))
+    rows, more = first_rows(page.order_by("updated_at", "id"), ATTENTION_PAGE)
+    return AttentionSection(
+        key=key,
+        title=title,
+        remedy=remedy,
+        rows=rows,
+        count=min(count, ATTENTION_CAP),
+        capped=count > ATTENTION_CAP,
+        groups=groups,
+        group_by=group_by,
+        next_cursor=encode_cursor(rows[-1], "updated") if more and rows else None,
+        cursor=cursor,
+    )
+
+
+# --- Previews ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RerunCall:
+    seq: int | None
+    name: str
+    call_id: str
+    idempotent: bool | None
+    needs_approval: bool
+
+
+@dataclass
+class Preview:
+    action: str
+    checkpoint_seq: int
+    superseded: list[Step] = field(default_factory=list)
+    superseded_count: int = 0
+    reruns: list[RerunCall] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    last_seq: int = 0  # the last step a rollback supersedes
+
+    @property
+    def non_idempotent(self) -> int:
+        return sum(1 for call in self.reruns if call.idempotent is False)
+
+
+def _tool_flags(agent: str, name: str) -> tuple[bool | None, bool]:
+    try:
+        tools = agent_registry().get(agent).tools
+    except KeyError:
+        return None, False
+    # Agent.__post_init__ makes its tools a registry.
+    assert isinstance(tools, ToolRegistry)
+    tool = tools.get(name)
+    if tool is None:
+        return None, False
+    return tool.idempotent, tool.needs_approval
+
+
+def preview_resume(session: AgentSession) -> Preview:
+    """What a resume will do, decided by the engine's own reading of the trace
+    (agent_runtime.loop.next_action over the tail a worker loads), so the preview and the
+    worker cannot disagree."""
+    from agent_runtime.loop import Finished, RunTools, next_action
+
+    preview = Preview(action=AuditAction.RESUME, checkpoint_seq=session.head)
+    after = Step.objects.filter(session=session, seq__gt=session.head, superseded_at__isnull=True)
+    count = after.count()
+    if count:
+        preview.notes.append(
+            f"{count} step(s) after checkpoint {session.head} are kept and folded into the state; "
+            "nothing before the checkpoint runs again."
+        )
+    try:
+        head = session_store().load_tail(str(session.id))
+    except IncompatibleSchemaError as exc:
+        preview.notes.append(f"This code cannot load the session; a worker will refuse it: {exc}")
+        return preview
+    action = next_action(head.history)
+    if isinstance(action, RunTools):
+        for pending in action.calls:
+            call = pending.call
+            idempotent, approval = _tool_flags(session.agent, call.name)
+            recorded = pending.tool_call_step
+            preview.reruns.append(
+                RerunCall(
+                    recorded.seq if recorded else None, call.name, call.id, idempotent, approval
+                )
+            )
+            if recorded is not None:
+                preview.notes.append(
+                    f"Tool call #{recorded.seq} ({call.name}) was recorded but has no result: "
+                    + (
+                        "it runs again with the same idempotency key."
+                        if idempotent is not False
+                        else "it is NOT idempotent, so the session waits for a person to say "
+                        "whether it happened."
+                    )
+                )
+            elif approval and pending.decision is None:
+                preview.notes.append(f"{call.name} needs approval: the session waits for it.")
+    elif isinstance(action, Finished):
+        preview.notes.append("The turn is answered already: the run only settles the status.")
+    else:
+        preview.notes.append("The model is called next, with the history as it stands.")
+    if session.paused_by_budget:
+        reached = [b for b in session_budgets(session) if b.reached]
+        if reached:
+            names = ", ".join(b.name for b in reached)
+            preview.notes.append(
+                f"The {names} budget is still used up: raise it first, or the session pauses "
+                "again at once."
+            )
+    return preview
+
+
+def preview_rollback(session: AgentSession, checkpoint_seq: int) -> Preview:
+    preview = Preview(action=AuditAction.ROLLBACK, checkpoint_seq=checkpoint_seq)
+    later = Step.objects.filter(session=session, seq__gt=checkpoint_seq, superseded_at__isnull=True)
+    preview.superseded_count = later.count()
+    preview.superseded = list(later.order_by("seq")[:50])
+    preview.last_seq = session.last_seq
+    done_calls = [s for s in later.filter(kind="tool_call").order_by("seq")[:200]]
+    for step in done_calls:
+        call = as_tool_call(step.payload)
+        idempotent, approval = _tool_flags(session.agent, call.get("name", ""))
+        preview.reruns.append(
+            RerunCall(step.seq, call.get("name", ""), call.get("call_id", ""), idempotent, approval)
+        )
+    if preview.reruns:
+        preview.notes.append(
+            "These tool calls already ran and are rolled back in the trace only: their side "
+            "effects stay. If the model asks for them again after a resume, they run again "
+            "with new keys."
+        )
+    preview.notes.append("The session is paused afterwards; nothing runs until someone resumes it.")
+    return preview
+
+
+def checkpoints_of(session: AgentSession) -> list[Checkpoint]:
+    return list(Checkpoint.objects.filter(session=session).order_by("seq", "id").defer("state"))
+
+
+def latest_checkpoints(session: AgentSession, limit: int = 20) -> tuple[list[Checkpoint], bool]:
+    """The latest `limit` checkpoints (oldest first), and whether there are older ones: a
+    long session checkpoints every turn, and its page lists only the recent ones."""
+    rows = list(
+        Checkpoint.objects.filter(session=session)
+        .order_by("-seq", "-id")
+        .defer("state")[: limit + 1]
+    )
+    return rows[:limit][::-1], len(rows) > limit
+
+
+def head_state(session: AgentSession) -> dict[str, Any]:
+    """The head checkpoint's state, upgraded to the current schema (as stored if it cannot
+    be: the page then shows the session's incompatibility)."""
+    checkpoint = session.head_checkpoint()
+    return upgraded_state(checkpoint.state) if checkpoint else {}
+
+
+# --- Budgets and costs ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Budget:
+    name: str  # steps | tokens | cost | time
+    limit: Any  # None: no limit
+    used: Any
+    reached: bool
+
+    @property
+    def percent(self) -> int | None:
+        if self.limit in (None, 0) or not isinstance(self.limit, int | float):
+            return None
+        return min(100, int(float(self.used) * 100 / float(self.limit)))
+
+
+def session_budgets(session: AgentSession, state: dict[str, Any] | None = None) -> list[Budget]:
+    """The session's budgets as its next run will see them (the head checkpoint's, with
+    the set_budgets steps written after it) beside what it has used."""
+    state = head_state(session) if state is None else state
+    limits = dict(state.get("budgets") or {})
+    if not limits:  # no checkpoint yet: the agent's limits
+        registry = agent_registry()
+        if session.agent in registry:
+            agent_limits = registry.get(session.agent).limits
+            limits = {k: getattr(agent_limits, k) for k in STATE_BUDGETS}
+    # The steps fold in by the engine's own rule, on a state holding just these budgets (a
+    # limit nothing set stays None: no limit).
+    start: dict[str, Any] = {k: limits.get(k) for k in STATE_BUDGETS}
+    folded = SessionState(session.agent, session.agent_version, budgets=Budgets(**start))
+    for payload in (
+        Step.objects.filter(
+            payload_q(PayloadField.ACTION, value=OperatorAction.SET_BUDGETS),
+            session=session,
+            seq__gt=session.head,
+            kind="operator",
+            superseded_at__isnull=True,
+        )
+        .order_by("seq")
+        .values_list("payload", flat=True)
+    ):
+        apply_budgets(folded, payload)
+    limits = asdict(folded.budgets)
+    tokens = session.tokens_in + session.tokens_out
+    cost = float(session.cost)
+    now = timezone.now()
+    deadline = session.deadline_at
+    out = [
+        Budget("steps", limits.get("max_steps"), session.step_count, False),
+        Budget("tokens", limits.get("max_tokens"), tokens, False),
+        Budget("cost", limits.get("max_cost"), round(cost, 6), False),
+        Budget(
+            "time",
+            None if deadline is None else (deadline - session.created_at).total_seconds(),
+            round((min(now, deadline or now) - session.created_at).total_seconds()),
+            False,
+        ),
+    ]
+    return [
+        Budget(b.name, b.limit, b.used, b.limit is not None and float(b.used) >= float(b.limit))
+        for b in out
+    ]
+
+
+USAGE_GROUPS = {"day": "day", "agent": "agent", "model": "model"}
+USAGE_FIELDS = (
+    "calls",
+    "tokens_in",
+    "tokens_out",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cost",
+    "unpriced_calls",
+)
+
+
+def usage_totals(
+    *,
+    group: str = "day",
+    since: date | None = None,
+    until: date | None = None,
+    agent: str | None = None,
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """What model calls used and cost, summed by day, agent or model (rows, newest day or
+    largest cost first) and in all, between two days (inclusive)."""
+    if group not in USAGE_GROUPS:
+        raise BadFilter(f"group must be one of {', '.join(USAGE_GROUPS)}, got {group!r}")
+    rows = ModelUsage.objects.all()
+    if since is not None:
+        rows = rows.filter(day__gte=since)
+    if until is not None:
+        rows = rows.filter(day__lte=until)
+    if agent:
+        rows = rows.filter(agent=agent)
+    sums = {name: Sum(name) for name in USAGE_FIELDS}
+    grouped = rows.values(USAGE_GROUPS[group]).annotate(**sums)
+    grouped = grouped.order_by("-day") if group == "day" else grouped.order_by("-cost", group)
+    total = rows.aggregate(**sums)
+
+    def clean(row: dict[str, Any]) -> dict[str, Any]:
+        out = {name: row.get(name) or 0 for name in USAGE_FIELDS}
+        out["cost"] = float(out["cost"])
+        return out
+
+    return (
+        [{"key": str(row[group]), **clean(row)} for row in grouped],
+        clean(total),
+    )
+
+
+def upgraded_state(blob: Any) -> dict[str, Any]:
+    from agent_runtime.upgraders import upgrade_state_blob
+
+    try:
+        return upgrade_state_blob(blob).value
+    except IncompatibleSchemaError:
+        return blob if isinstance(blob, dict) else {}
+
+
+# --- Schema versions: incompatible sessions and the deploy gate -----------------------
+
+
+def incompatible_sessions() -> QuerySet[AgentSession]:
+    """Sessions no worker could load, newest first, each with `incompatible_reason`
+    (and `incompatible_at`, and the schema version of the code that refused it). For the
+    dashboard's "needs attention" view; served by the session_incompatible index."""
+    return AgentSession.objects.filter(incompatible_at__isnull=False).order_by(
+        "-incompatible_at", "id"
+    )
+
+
+@dataclass(frozen=True)
+class CompatFailure:
+    session_id: str
+    agent: str
+    status: str
+    where: str  # "checkpoint at seq 7", "step seq 12 (model)"
+    error: str
+    incompatible_since: datetime | None = None
+
+
+@dataclass
+class CompatReport:
+    schema_version: int
+    checked: int = 0
+    failures: list[CompatFailure] = field(default_factory=list)
+    # newest schema version among the blobs a run loads -> how many sessions
+    sessions_per_version: dict[int, int] = field(default_factory=dict)
+    # marked incompatible earlier, but this code loads them
+    loads_now: list[str] = field(default_factory=list)
+    # (agent, the version each session started on) -> how many sessions
+    sessions_per_agent_version: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    @property
+    def failing_sessions(self) -> int:
+        return len({f.session_id for f in self.failures})
+
+
+def _has_column(model: type[AgentSession], column: str) -> bool:
+    with connection.cursor() as cursor:
+        description = connection.introspection.get_table_description(cursor, model._meta.db_table)
+    return column in {c.name for c in description}
+
+
+def state_compat_report(*, every_session: bool = False) -> CompatReport:
+    """Load every session a worker may still run, exactly as a worker loads it (the head
+    checkpoint and the live history, through the upgraders), with this code, and check it
+    against the agents this code has (agent_runtime.compat): the agent exists, its version
+    continues the session, its own state loads, and every tool call still to run names a
+    tool that exists and takes the stored arguments.
+
+    Reads only columns that exist before this release's migrations: the deploy gate runs
+    with the new code against the old schema."""
+    sessions = AgentSession.objects.all()
+    if not every_session:
+        sessions = sessions.filter(status__in=LOADABLE)
+    rows = list(sessions.order_by("created_at", "id").values_list("id", "agent", "status"))
+    marked: dict[Any, datetime | None] = {}
+    if _has_column(AgentSession, "incompatible_at"):
+        marked = dict(
+            AgentSession.objects.filter(
+                id__in=sessions.values("id"), incompatible_at__isnull=False
+            ).values_list("id", "incompatible_at")
+        )
+    report = CompatReport(schema_version=SCHEMA_VERSION, checked=len(rows))
+    store = session_store()
+    registry = agent_registry()
+    for session_id, agent, status in rows:
+        try:
+            head = store.load_head(str(session_id))
+        except IncompatibleSchemaError as exc:
+            report.failures.append(
+                CompatFailure(
+                    session_id=str(session_id),
+                    agent=agent,
+                    status=status,
+                    where=exc.where or "session",
+                    error=exc.detail,
+                    incompatible_since=marked.get(session_id),
+                )
+            )
+        else:
+            problems = session_problems(head, registry)
+            report.failures.extend(
+                CompatFailure(
+                    session_id=str(session_id),
+                    agent=agent,
+                    status=status,
+                    where=problem.where,
+                    error=problem.error,
+                    incompatible_since=marked.get(session_id),
+                )
+                for problem in problems
+            )
+            if not problems and session_id in marked:
+                report.loads_now.append(str(session_id))
+    report.sessions_per_version = _sessions_per_version(sessions)
+    if _has_column(AgentSession, "agent_version"):
+        report.sessions_per_agent_version = {
+            (agent, version): count
+            for agent, version, count in sessions.order_by()
+            .values_list("agent", "agent_version")
+            .annotate(count=Count("id"))
+            .order_by("agent", "agent_version")
+        }
+    return report
+
+
+def _sessions_per_version(sessions: QuerySet[AgentSession]) -> dict[int, int]:
+    """Each session counted once, under the newest version among its head checkpoint and
+    live steps (the version of the code that last wrote to it)."""
+    ids = sessions.values("id")
+    newest: dict[Any, int] = dict(
+        Step.objects.filter(session_id__in=ids, superseded_at__isnull=True)
+        .values_list("session_id")
+        .annotate(version=Max("schema_version"))
+    )
+    heads = (
+        Checkpoint.objects.filter(session_id__in=ids, seq=F("session__head"))
+        .values_list("session_id")
+        .annotate(version=Max("schema_version"))
+    )
+    for session_id, version in heads:
+        newest[session_id] = max(version, newest.get(session_id, 0))
+    counts: dict[int, int] = {}
+    for version in newest.values():
+        counts[version] = counts.get(version, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+# --- What the faces read (dashboard, API, admin) ---------------------------------------
+
+
+def session_by_id(session_id: Any) -> AgentSession | None:
+    """The session, with its parent (which a page names), or None."""
+    return AgentSession.objects.select_related("parent").filter(id=session_id).first()
+
+
+def sessions_by_ids(ids: list[uuid.UUID]) -> list[AgentSession]:
+    """The sessions of a bulk selection, latest activity first."""
+    return list(AgentSession.objects.filter(id__in=ids).order_by("-updated_at"))
+
+
+def api_session_page(
+    *,
+    status: str | None,
+    agent: str | None,
+    agent_version: str | None,
+    cursor: str | None,
+    size: int,
+) -> tuple[list[AgentSession], str | None]:
+    """The API's list: latest activity first, a keyset page after `cursor` (BadFilter if
+    it is not one this list gave), and the cursor of the next page. An agent version of
+    "" is a filter too: the sessions that started before versions were recorded."""
+    sessions = AgentSession.objects.all()
+    if status is not None:
+        sessions = sessions.filter(status=status)
+    if agent:
+        sessions = sessions.filter(agent=agent)
+    if agent_version is not None:
+        sessions = sessions.filter(agent_version=agent_version)
+    order = SessionFilters()
+    if cursor:
+        sessions = sessions.filter(_beyond(order, cursor, forward=True))
+    rows, more = first_rows(sessions.order_by(*SORTS[order.sort]), size)
+    return rows, encode_cursor(rows[-1], order.sort) if more and rows else None
+
+
+def steps_page(
+    session: AgentSession, *, after: int, size: int, include_superseded: bool = True
+) -> tuple[list[Step], int | None]:
+    """The session's steps after seq `after`, in order, and the `after` of the next page."""
+    steps = Step.objects.filter(session=session, seq__gt=after).order_by("seq")
+    if not include_superseded:
+        steps = steps.filter(superseded_at__isnull=True)
+    rows, more = first_rows(steps, size)
+    return rows, rows[-1].seq if more and rows else None
+
+
+def superseded_count(session: AgentSession) -> int:
+    """Steps a rollback superseded (the trace's toggle; a partial index keeps it cheap)."""
+    return Step.objects.filter(session=session, superseded_at__isnull=False).count()
+
+
+def live_tool_results(session: AgentSession, limit: int = 50) -> list[tuple[int, str]]:
+    """(seq, tool) of the latest live tool results: what an operator may correct."""
+    return list(
+        Step.objects.filter(session=session, kind=Kind.TOOL_RESULT, superseded_at__isnull=True)
+        .order_by("-seq")
+        .values_list("seq", payload_key(PayloadField.NAME))[:limit]
+    )
+
+
+def steps_between(session: AgentSession, first: int, second: int) -> int:
+    """How many steps lie after the earlier seq, up to the later one (a diff's span)."""
+    low, high = min(first, second), max(first, second)
+    return Step.objects.filter(session=session, seq__gt=low, seq__lte=high).count()
+
+
+def checkpoint_by_id(session: AgentSession, checkpoint_id: int) -> Checkpoint | None:
+    return Checkpoint.objects.filter(session=session, pk=checkpoint_id).first()
+
+
+def recent_audit(session: AgentSession, limit: int = 20) -> list[AuditEvent]:
+    return list(AuditEvent.objects.filter(session=session).order_by("-created_at")[:limit])
+
+
+def audit_page(
+    *,
+    actor: str = "",
+    action: str = "",
+    session_id: uuid.UUID | None = None,
+    before: int | None = None,
+    size: int,
+) -> tuple[list[AuditEvent], bool]:
+    """The audit log, newest first, filtered; a page before event id `before`, and
+    whether older events follow."""
+    events = AuditEvent.objects.select_related("session").order_by("-id")
+    if actor:
+        events = events.filter(actor_label__iexact=actor)
+    if action:
+        events = events.filter(action=action)
+    if session_id is not None:
+        events = events.filter(session_id=session_id)
+    if before is not None:
+        events = events.filter(id__lt=before)
+    return first_rows(events, size)
+
+
+def recent_audit_actions(limit: int) -> set[str]:
+    """The actions of the latest `limit` audit events (a bounded read, not DISTINCT over
+    the whole log)."""
+    latest = AuditEvent.objects.order_by("-created_at").values_list("action", flat=True)
+    return set(latest[:limit])
+
+
+def active_api_token(raw: str) -> ApiToken | None:
+    """The unrevoked token a bearer secret names, with its user, or None."""
+    return (
+        ApiToken.objects.select_related("user")
+        .filter(key_hash=ApiToken.hash(raw), revoked_at__isnull=True)
+        .first()
+    )
