@@ -426,7 +426,7 @@ def _stand_in(row: TimelineRow | None) -> Step | None:
     if row is None:
         return None
     payload = stored(SystemPayload(event=row.event)) if row.event else {}
-    return Step(seq=row.seq, kind=row.kind, payload=payload)
+    return Step(seq=row.seq, kind=row.kind, payload=payload)  # not stored
 
 
 def _axis_for(rows: list[TimelineRow], previous_of: dict[int, Step]) -> ActiveAxis:

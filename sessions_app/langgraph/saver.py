@@ -64,7 +64,6 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 from agent_runtime.agents import Agent
 from agent_runtime.runners import RunContext, RunnerCancelled, RunnerResult
 from agent_runtime.state import (
-    SCHEMA_VERSION,
     OperatorAction,
     SessionState,
     StepKind,
@@ -285,7 +284,6 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         from ..models import AgentSession, GraphThread
 
         now = timezone.now()
-        expires = now + timedelta(seconds=self._ttl)
         with transaction.atomic(using=self._db):
             session = (
                 AgentSession.objects.using(self._db)
@@ -315,14 +313,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                         f"{latest.checkpoint_id} since this writer read it: another writer "
                         "wrote it; nothing was written (read the thread again)"
                     )
-            session.fencing_token += 1
-            session.lease_owner = self._owner
-            session.lease_expires_at = expires
-            session.save(
-                using=self._db,
-                update_fields=["fencing_token", "lease_owner", "lease_expires_at"],
-            )
-            lease = Lease(str(session_id), self._owner, session.fencing_token)
+            lease = _store().take_lease(session, self._owner, self._ttl, using=self._db)
         with self._lock:
             self._leases[session_id] = lease
         return lease
@@ -331,7 +322,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         """The thread's session, created unless another writer just did; locked."""
         from django.db import IntegrityError, transaction
 
-        from ..models import AgentSession, GraphThread, Status
+        from ..models import AgentSession, Status
 
         try:
             with transaction.atomic(using=self._db):
@@ -344,7 +335,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                     created_at=now,
                     updated_at=now,
                 )
-                GraphThread.objects.using(self._db).create(session=session, thread_id=thread_id)
+                _graph_rows().new_thread(session, thread_id, using=self._db)
         except IntegrityError:
             pass  # another process created it first
         return AgentSession.objects.using(self._db).select_for_update().get(id=session_id)
@@ -353,31 +344,12 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         self, lease: Lease, *, head: bool, write: Callable[[Any, tuple[str, str]], None]
     ) -> int:
         """One transaction: advance the session's seq on (token, owner), then `write`."""
-        from django.db import connections, transaction
+        from django.db import transaction
 
-        from ..models import AgentSession
-
-        table = AgentSession._meta.db_table
+        # A worker's run keeps its lease by the heartbeat; a program's saver by its writes.
+        expires = _now() + timedelta(seconds=self._ttl) if self._bound is None else None
         with transaction.atomic(using=self._db):
-            with connections[self._db].cursor() as cursor:
-                cursor.execute(
-                    f"UPDATE {table} SET last_seq = last_seq + 1, step_count = step_count + 1,"
-                    " head = CASE WHEN %s THEN last_seq + 1 ELSE head END,"
-                    " lease_expires_at = CASE WHEN %s THEN %s ELSE lease_expires_at END,"
-                    " updated_at = %s"
-                    " WHERE id = %s AND fencing_token = %s AND lease_owner = %s"
-                    " RETURNING last_seq, cancel_requested, agent, agent_version",
-                    [
-                        head,
-                        self._bound is None,
-                        _now() + timedelta(seconds=self._ttl),
-                        _now(),
-                        _uuid_param(self._db, lease.session_id),
-                        lease.token,
-                        lease.owner,
-                    ],
-                )
-                row = cursor.fetchone()
+            row = _store().advance_held(lease, using=self._db, head=head, expires=expires)
             if row is None:
                 raise ThreadLeaseLost(self._refusal(lease))
             seq, cancel, agent, agent_version = row
@@ -434,9 +406,6 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        from ..models import Checkpoint as RespawnCheckpoint
-        from ..models import GraphBlob, GraphCheckpoint
-
         configurable = config["configurable"]
         thread_id = configurable["thread_id"]
         ns = configurable.get("checkpoint_ns", "")
@@ -486,44 +455,17 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                     )
                 },
             }
-            RespawnCheckpoint.objects.using(db).create(
+            _store().add_checkpoint(session_id, state.to_dict(), seq=seq, using=db, now=now)
+            _graph_rows().put_checkpoint(
+                using=db,
                 session_id=session_id,
+                ns=ns,
+                checkpoint_id=checkpoint["id"],
+                parent_id=parent_id,
                 seq=seq,
-                state=state.to_dict(),
-                schema_version=SCHEMA_VERSION,
-                created_at=now,
-            )
-            if blobs:
-                GraphBlob.objects.using(db).bulk_create(
-                    [
-                        GraphBlob(
-                            session_id=session_id,
-                            ns=ns,
-                            channel=ch,
-                            version=version,
-                            type=kind,
-                            blob=data,
-                            base_version=base,
-                        )
-                        for ch, version, kind, data, base in blobs
-                    ],
-                    ignore_conflicts=True,
-                )
-            GraphCheckpoint.objects.using(db).bulk_create(
-                [
-                    GraphCheckpoint(
-                        session_id=session_id,
-                        ns=ns,
-                        checkpoint_id=checkpoint["id"],
-                        parent_id=parent_id,
-                        seq=seq,
-                        body=body,
-                        metadata=meta,
-                    )
-                ],
-                update_conflicts=True,
-                unique_fields=["session", "ns", "checkpoint_id"],
-                update_fields=["parent_id", "seq", "body", "metadata"],
+                body=body,
+                metadata=meta,
+                blobs=blobs,
             )
 
         lease, _ = self._write(thread_id, ns, parent_id, head=ns == "", write=write)
@@ -588,8 +530,6 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        from ..models import GraphWrite
-
         configurable = config["configurable"]
         thread_id = configurable["thread_id"]
         ns = configurable.get("checkpoint_ns", "")
@@ -612,31 +552,18 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
         def write(seq: int, agent: tuple[str, str]) -> None:
             _system_step(db, session_id, seq, payload)
-            objects = [
-                GraphWrite(
-                    session_id=session_id,
-                    ns=ns,
-                    checkpoint_id=checkpoint_id,
-                    task_id=task_id,
-                    task_path=task_path,
-                    idx=idx,
-                    channel=channel,
-                    type=kind,
-                    blob=data,
-                    seq=seq,
-                )
-                for idx, channel, kind, data in rows
-            ]
-            if special:
+            _graph_rows().put_writes(
+                using=db,
+                session_id=session_id,
+                ns=ns,
+                checkpoint_id=checkpoint_id,
+                task_id=task_id,
+                task_path=task_path,
+                seq=seq,
+                rows=rows,
                 # Errors, interrupts, resumes: the latest one counts.
-                GraphWrite.objects.using(db).bulk_create(
-                    objects,
-                    update_conflicts=True,
-                    unique_fields=["session", "ns", "checkpoint_id", "task_id", "idx"],
-                    update_fields=["channel", "type", "blob", "seq", "task_path"],
-                )
-            else:
-                GraphWrite.objects.using(db).bulk_create(objects, ignore_conflicts=True)
+                replace=special,
+            )
 
         self._write(thread_id, ns, checkpoint_id, head=False, write=write)
 
@@ -837,10 +764,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             self._delete_checkpoints(rows)
 
     def _delete_checkpoints(self, rows: builtins.list[Any]) -> None:
-        from django.db.models import Q
-
-        from ..models import AgentSession, GraphCheckpoint, GraphWrite
-        from ..models import Checkpoint as RespawnCheckpoint
+        from ..models import AgentSession
 
         if not rows:
             return
@@ -848,14 +772,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         for row in rows:
             by_session.setdefault(row.session_id, []).append(row)
         for session_id, group in by_session.items():
-            match = Q()
-            for row in group:
-                match |= Q(ns=row.ns, checkpoint_id=row.checkpoint_id)
-            GraphWrite.objects.using(self._db).filter(Q(session_id=session_id) & match).delete()
-            RespawnCheckpoint.objects.using(self._db).filter(
-                session_id=session_id, seq__in=[r.seq for r in group]
-            ).delete()
-            GraphCheckpoint.objects.using(self._db).filter(id__in=[r.id for r in group]).delete()
+            _graph_rows().delete_checkpoints(session_id, group, using=self._db)
             # The head stays on a checkpoint that exists: the latest left, or none.
             latest = self._latest(session_id, "")
             AgentSession.objects.using(self._db).filter(id=session_id).update(
@@ -868,18 +785,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         linked to the source as a fork at its last step."""
         from django.db import transaction
 
-        from ..models import (
-            AgentSession,
-            AuditAction,
-            AuditEvent,
-            GraphBlob,
-            GraphCheckpoint,
-            GraphThread,
-            GraphWrite,
-            Status,
-            Step,
-        )
-        from ..models import Checkpoint as RespawnCheckpoint
+        from ..models import AgentSession, AuditAction, AuditEvent, Status
 
         source_id = session_id_for(source_thread_id)
         target_id = session_id_for(target_thread_id)
@@ -908,12 +814,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 created_at=now,
                 updated_at=now,
             )
-            GraphThread.objects.using(db).create(session=target, thread_id=target_thread_id)
-            _copy_rows(db, Step, source_id, target_id, exclude=("id", "session"))
-            _copy_rows(db, RespawnCheckpoint, source_id, target_id, exclude=("id", "session"))
-            _copy_rows(db, GraphCheckpoint, source_id, target_id, exclude=("id", "session"))
-            _copy_rows(db, GraphBlob, source_id, target_id, exclude=("id", "session"))
-            _copy_rows(db, GraphWrite, source_id, target_id, exclude=("id", "session"))
+            _graph_rows().new_thread(target, target_thread_id, using=db)
+            _graph_rows().copy_thread_rows(source_id, target_id, using=db)
             AuditEvent.objects.using(db).create(
                 actor_label="langgraph",
                 action=AuditAction.GRAPH_COPY_THREAD,
@@ -973,9 +875,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                             if base is None:
                                 break
                             key = (row.ns, channel, base)
-                GraphBlob.objects.using(self._db).filter(session_id=session_id).exclude(
-                    id__in=needed
-                ).delete()
+                _graph_rows().delete_values_except(session_id, needed, using=self._db)
             with self._lock:
                 for list_key in [k for k in self._lists if k[0] == session_id]:
                     del self._lists[list_key]
@@ -1135,42 +1035,27 @@ _MISSING = object()
 _SCALARS = (str, int, float, bool)
 
 
-def _copy_rows(db: str, model: Any, source_id: Any, target_id: Any, *, exclude: tuple) -> None:
-    fields = [f for f in model._meta.concrete_fields if f.name not in exclude]
-    batch = []
-    for row in model.objects.using(db).filter(session_id=source_id).iterator(chunk_size=1000):
-        copy = model(session_id=target_id, **{f.attname: getattr(row, f.attname) for f in fields})
-        batch.append(copy)
-        if len(batch) >= 1000:
-            model.objects.using(db).bulk_create(batch)
-            batch = []
-    if batch:
-        model.objects.using(db).bulk_create(batch)
-
-
-def _uuid_param(db: str, value: Any) -> Any:
-    from django.db import connections
-
-    as_uuid = uuid.UUID(str(value))
-    return as_uuid if connections[db].vendor == "postgresql" else as_uuid.hex
-
-
 def _system_step(db: str, session_id: uuid.UUID, seq: int, payload: dict[str, Any]) -> datetime:
     """Record a write (a checkpoint, a task's writes) as the `system` step at `seq`, the
     seq its fenced write advanced the session to; returns the step's time."""
-    from ..models import Step
-
     now = _now()
-    Step.objects.using(db).create(
-        session_id=session_id,
-        seq=seq,
-        kind=StepKind.SYSTEM,
-        payload=_redact(payload),
-        started_at=now,
-        finished_at=now,
-        created_at=now,
-    )
+    row = _store().NewRow(StepKind.SYSTEM, _redact(payload))
+    _store().add_steps(session_id, [row], using=db, now=now, seq=seq)
     return now
+
+
+def _store() -> Any:
+    """The store's writes, imported late: a program imports this module before Django is
+    set up (ensure_django)."""
+    from ..store import writes
+
+    return writes
+
+
+def _graph_rows() -> Any:
+    from ..store import graph
+
+    return graph
 
 
 def _redact(payload: dict[str, Any]) -> dict[str, Any]:
@@ -1226,11 +1111,7 @@ class GraphRunner:
     def _run(self, context: RunContext, saver: RespawnSaver) -> RunnerResult:
         from langgraph.types import Command
 
-        from ..models import GraphThread
-
-        GraphThread.objects.get_or_create(
-            session_id=context.session_id, defaults={"thread_id": context.session_id}
-        )
+        _graph_rows().ensure_thread(context.session_id, context.session_id)
         app = self.compiled(saver)
         thread = {"thread_id": context.session_id, "checkpoint_ns": ""}
         latest = saver.get_tuple({"configurable": thread})

@@ -57,7 +57,6 @@ from agent_runtime.agents import Agent
 from agent_runtime.loop import NEW_INPUT_ACTIONS
 from agent_runtime.runners import RunContext, RunnerResult
 from agent_runtime.state import (
-    SCHEMA_VERSION,
     OperatorAction,
     PayloadField,
     PendingApproval,
@@ -362,8 +361,6 @@ class RespawnSession(SessionABC):
             return
 
         def write(session: Any) -> None:
-            from ..models import Step
-
             calls = {i.get("call_id") for i in plain if i.get("type") == "function_call"}
             outputs = {i.get("call_id") for i in plain if i.get("type") == "function_call_output"}
             names: dict[str, str] = {}
@@ -372,24 +369,9 @@ class RespawnSession(SessionABC):
             steps = [step_for(item, names) for item in plain]
             for kind, payload in steps:
                 validate_step_payload(kind, payload)
-            now = _now()
-            first = session.last_seq + 1
-            Step.objects.using(self._db).bulk_create(
-                [
-                    Step(
-                        session_id=session.id,
-                        seq=first + index,
-                        kind=kind,
-                        payload=payload,
-                        started_at=now,
-                        finished_at=now,
-                        created_at=now,
-                    )
-                    for index, (kind, payload) in enumerate(steps)
-                ]
+            _store().add_steps(
+                session, [_store().NewRow(kind, payload) for kind, payload in steps], using=self._db
             )
-            session.last_seq += len(steps)
-            session.step_count += len(steps)
             last = plain[-1]
             answer = None
             if last.get("role") == "assistant" and last.get("type") in (None, "message"):
@@ -409,9 +391,7 @@ class RespawnSession(SessionABC):
             step = self._item_steps().order_by("-seq").first()
             if step is None:
                 return None
-            now = _now()
-            step.superseded_at = now
-            step.save(using=self._db, update_fields=["superseded_at"])
+            _store().supersede(self._item_steps().filter(pk=step.pk))
             self._system_step(session, {"event": "sdk_item_popped", "seq": step.seq})
             last = self._item_steps().order_by("-seq").first()
             if last is None or last.kind != StepKind.TOOL_CALL:
@@ -425,7 +405,7 @@ class RespawnSession(SessionABC):
         """Remove every item (their steps are superseded, not deleted)."""
 
         def write(session: Any) -> None:
-            count = self._item_steps().update(superseded_at=_now())
+            count = _store().supersede(self._item_steps())
             self._system_step(session, {"event": "sdk_session_cleared", "items": count})
             self._checkpoint(session, final_answer=None)
 
@@ -510,10 +490,7 @@ class RespawnSession(SessionABC):
 
     def _may_write(self, session: Any) -> None:
         if self._lease is not None:
-            if (
-                session.fencing_token != self._lease.token
-                or session.lease_owner != self._lease.owner
-            ):
+            if not _store().holds(session, self._lease):
                 raise LeaseLost(
                     f"session {self.respawn_id}: this run's lease (token {self._lease.token}) "
                     f"was superseded by {session.lease_owner or 'an operator action'} (token "
@@ -537,9 +514,7 @@ class RespawnSession(SessionABC):
             )
         if session.lease_owner:
             # An expired lease of a run that ended badly: fence it off for good.
-            session.fencing_token += 1
-            session.lease_owner = None
-            session.lease_expires_at = None
+            _store().fence(session)
 
     def _pending_call(self, session: Any) -> str | None:
         """The call id of the approval the head checkpoint waits for, if any."""
@@ -598,25 +573,14 @@ class RespawnSession(SessionABC):
     def _system_step(
         self, session: Any, payload: dict[str, Any], *, tokens_in: int = 0, tokens_out: int = 0
     ) -> int:
-        from ..models import Step
-
-        now = _now()
-        session.last_seq += 1
-        session.step_count += 1
-        session.tokens_in += tokens_in
-        session.tokens_out += tokens_out
-        Step.objects.using(self._db).create(
-            session_id=session.id,
-            seq=session.last_seq,
-            kind=StepKind.SYSTEM,
-            payload=payload,
+        return _store().add_step(
+            session,
+            StepKind.SYSTEM,
+            payload,
             tokens_in=tokens_in,
             tokens_out=tokens_out,
-            started_at=now,
-            finished_at=now,
-            created_at=now,
+            using=self._db,
         )
-        return session.last_seq
 
     def _checkpoint(
         self,
@@ -626,8 +590,6 @@ class RespawnSession(SessionABC):
         data: dict[str, Any] | None = None,
         pending: PendingApproval | None = None,
     ) -> None:
-        from ..models import Checkpoint
-
         state = SessionState(
             agent_name=session.agent,
             agent_version=self._agent_version or session.agent_version or "",
@@ -639,13 +601,7 @@ class RespawnSession(SessionABC):
             },
         )
         state.counters.steps = session.last_seq
-        Checkpoint.objects.using(self._db).create(
-            session_id=session.id,
-            seq=session.last_seq,
-            state=state.to_dict(),
-            schema_version=SCHEMA_VERSION,
-            created_at=_now(),
-        )
+        _store().add_checkpoint(session, state.to_dict(), using=self._db)
         session.head = session.last_seq
         if final_answer is not None:
             session.final_answer = final_answer
@@ -690,8 +646,7 @@ class RespawnSession(SessionABC):
         session.final_answer = ""  # the last turn's answer is not this run's
         if self._lease is None:
             session.status = "waiting_input"
-            session.lease_owner = None
-            session.lease_expires_at = None
+            _store().release(session)
 
     # -- the session's thread ----------------------------------------------------------
     def close(self) -> None:
@@ -714,6 +669,14 @@ _SESSION_FIELDS = [
     "tokens_out",
     "updated_at",
 ]
+
+
+def _store() -> Any:
+    """The store's writes, imported late: a program imports this module before Django is
+    set up (ensure_django)."""
+    from ..store import writes
+
+    return writes
 
 
 def _approval(item: Any) -> dict[str, Any]:

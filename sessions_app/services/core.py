@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -44,6 +44,7 @@ from ..models import (
     Step,
 )
 from ..runtime import agent_registry, agent_version, redactor
+from ..store import graph, writes
 from ..web.http import status_of
 from . import dispatch
 
@@ -162,18 +163,6 @@ def _resume_point(session: AgentSession, checkpoint_seq: int) -> Checkpoint:
     return target
 
 
-def _session_with_steps(steps: list[Step], *, now: datetime, **fields: Any) -> AgentSession:
-    """Create a session born with `steps`, numbered from 1 in order: its seq and step
-    counters count them, and every row is written at `now`."""
-    session = AgentSession.objects.create(
-        last_seq=len(steps), step_count=len(steps), created_at=now, updated_at=now, **fields
-    )
-    for seq, step in enumerate(steps, start=1):
-        step.session, step.seq, step.created_at = session, seq, now
-    Step.objects.bulk_create(steps)
-    return session
-
-
 def _clear_incompatible(session: AgentSession) -> None:
     session.incompatible_reason = ""
     session.incompatible_at = None
@@ -183,26 +172,10 @@ def _clear_incompatible(session: AgentSession) -> None:
 
 def _append_operator_step(
     session: AgentSession, payload: dict[str, Any], kind: str = Kind.OPERATOR
-) -> Step:
-    """A step written outside any run. Bumps the fencing token: whoever held the lease is
-    fenced off, so no late write can land after a person's decision."""
-    now = timezone.now()
-    payload = redactor().redact(payload)
-    session.last_seq += 1
-    session.step_count += 1
-    session.fencing_token += 1
-    session.lease_owner = None
-    session.lease_expires_at = None
-    session.updated_at = now
-    return Step.objects.create(
-        session=session,
-        seq=session.last_seq,
-        kind=kind,
-        payload=payload,
-        started_at=now,
-        finished_at=now,
-        created_at=now,
-    )
+) -> int:
+    """A step a person's action writes outside any run, through the store (which fences
+    whoever held the lease off); returns its seq."""
+    return writes.append_operator_step(session, kind, redactor().redact(payload))
 
 
 @dataclass(frozen=True)
@@ -235,7 +208,7 @@ def _operator_edit(
         session = _locked(session_id)
         edit = prepare(session, who)
         before = {**_summary(session), **edit.before}
-        step = _append_operator_step(session, edit.payload, kind=edit.kind)
+        seq = _append_operator_step(session, edit.payload, kind=edit.kind)
         session.status = edit.status
         session.last_error = edit.last_error
         if edit.clear_final_answer:
@@ -246,7 +219,7 @@ def _operator_edit(
             action=action,
             session=session,
             before=before,
-            after={**_summary(session), "step": step.seq, **edit.after},
+            after={**_summary(session), "step": seq, **edit.after},
             request_meta=request_meta,
         )
         if session.status == Status.QUEUED:
@@ -372,11 +345,8 @@ def session_start(
         # The session's own limits, folded into its state by its first run.
         steps.append((Kind.OPERATOR, budgets_payload(state_budgets, who.label, "set at start")))
     with transaction.atomic():
-        session = _session_with_steps(
-            [
-                Step(kind=kind, payload=payload, started_at=now, finished_at=now)
-                for kind, payload in steps
-            ],
+        session = writes.new_session(
+            [writes.NewRow(kind, payload) for kind, payload in steps],
             now=now,
             agent=agent,
             agent_version=definition.version,
@@ -415,18 +385,14 @@ def session_resume(
         before = _summary(session)
         session.status = Status.QUEUED
         session.last_error = ""
-        session.fencing_token += 1
-        session.lease_owner = None
-        session.lease_expires_at = None
+        writes.fence(session)
         session.updated_at = timezone.now()
         _clear_incompatible(session)
         session.save(
             update_fields=[
                 "status",
                 "last_error",
-                "fencing_token",
-                "lease_owner",
-                "lease_expires_at",
+                *writes.FENCE_FIELDS,
                 "updated_at",
                 "incompatible_reason",
                 "incompatible_at",
@@ -561,17 +527,14 @@ def checkpoint_rollback(
         now = timezone.now()
         if current is not None:
             # A copy of what was there, kept in the version it was stored in.
-            Checkpoint.objects.create(
-                session=session,
-                seq=session.last_seq,
-                state=current.state,
-                schema_version=current.schema_version,
+            writes.add_checkpoint(
+                session,
+                current.state,
                 reason=Reason.BEFORE_ROLLBACK,
-                created_at=now,
+                schema_version=current.schema_version,
+                now=now,
             )
-        superseded = Step.objects.filter(
-            session=session, seq__gt=checkpoint_seq, superseded_at__isnull=True
-        ).update(superseded_at=now)
+        superseded = writes.supersede_after(session, checkpoint_seq, now=now)
         step = _append_operator_step(
             session,
             stored(
@@ -595,7 +558,7 @@ def checkpoint_rollback(
             action=AuditAction.ROLLBACK,
             session=session,
             before=before,
-            after={**_summary(session), "superseded_steps": superseded, "operator_step": step.seq},
+            after={**_summary(session), "superseded_steps": superseded, "operator_step": step},
             request_meta=request_meta,
         )
     return session
@@ -672,21 +635,9 @@ def session_fork(
         state = _load_checkpoint_state(target)
         cursor = state.batch_cursor or {}
         now = timezone.now()
-        fork = _session_with_steps(
-            [
-                Step(
-                    kind=s.kind,
-                    payload=s.payload,
-                    schema_version=s.schema_version,
-                    started_at=s.started_at,
-                    finished_at=s.finished_at,
-                    tokens_in=s.tokens_in,
-                    tokens_out=s.tokens_out,
-                    # Keys stay the parent's: those effects happened under them.
-                    idempotency_key=s.idempotency_key,
-                )
-                for s in steps
-            ],
+        fork = writes.new_session(
+            # Copies keep their keys: those effects happened under them.
+            [writes.NewRow.copy_of(s) for s in steps],
             now=now,
             agent=parent.agent,
             # The fork continues the parent's history: it started where the parent did.
@@ -697,25 +648,21 @@ def session_fork(
             parent=parent,
             fork_seq=checkpoint_seq,
             head=len(steps),
-            tokens_in=sum(s.tokens_in for s in steps),
-            tokens_out=sum(s.tokens_out for s in steps),
             cost=sum(model_usage_cost(s) for s in steps),
             final_answer=state.final_answer or "",
             progress_done=cursor.get("done"),
             progress_total=cursor.get("total"),
         )
         if parent.graph_thread_or_none() is not None:
-            from .graphs import copy_graph_rows
-
             seq_map = {s.seq: index for index, s in enumerate(steps, start=1)}
-            copy_graph_rows(parent=parent, fork=fork, seq_map=seq_map)
-        Checkpoint.objects.create(
-            session=fork,
+            graph.copy_graph_rows(parent=parent, fork=fork, seq_map=seq_map)
+        writes.add_checkpoint(
+            fork,
+            target.state,
             seq=len(steps),
-            state=target.state,
-            schema_version=target.schema_version,
             reason=Reason.MANUAL,
-            created_at=now,
+            schema_version=target.schema_version,
+            now=now,
         )
         audit(
             actor=who,

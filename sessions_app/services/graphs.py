@@ -20,7 +20,7 @@ from agent_runtime.state import (
 )
 
 from ..models import AgentSession, AuditAction, Status, payload_q
-from ..models.graph import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
+from ..models.graph import GraphCheckpoint, GraphThread
 from . import dispatch
 from .core import (
     ActionError,
@@ -91,33 +91,8 @@ def session_answer_interrupt(
             action=AuditAction.ANSWER_INTERRUPT,
             session=session,
             before={**before, "interrupts": interrupts},
-            after={**_summary(session), "operator_step": step.seq},
+            after={**_summary(session), "operator_step": step},
             request_meta=request_meta,
         )
         dispatch.dispatch_on_commit(session)
     return session
-
-
-def copy_graph_rows(*, parent: AgentSession, fork: AgentSession, seq_map: dict[int, int]) -> None:
-    """The graph side of a fork at checkpoint K: the thread's checkpoints and writes whose
-    steps the fork copied (renumbered by `seq_map`), and the values they need. K's own
-    pending writes were made after K and stay behind: its tasks run again in the fork."""
-    GraphThread.objects.create(session=fork, thread_id=str(fork.id))
-    for model in (GraphCheckpoint, GraphWrite):
-        rows = model.objects.filter(session=parent, seq__in=list(seq_map))
-        model.objects.bulk_create(
-            _copy(row, session=fork, seq=seq_map[row.seq]) for row in rows.iterator(chunk_size=1000)
-        )
-    blobs = GraphBlob.objects.filter(session=parent).iterator(chunk_size=1000)
-    GraphBlob.objects.bulk_create((_copy(row, session=fork) for row in blobs), batch_size=1000)
-
-
-def _copy(row: Any, **changes: Any) -> Any:
-    """A new row of the same model with `row`'s values but its id and `changes`."""
-    model = type(row)
-    values = {
-        f.attname: getattr(row, f.attname)
-        for f in model._meta.concrete_fields
-        if not f.primary_key and f.name not in changes
-    }
-    return model(**values, **changes)

@@ -14,6 +14,7 @@ from django.utils import timezone
 from ..models import AgentSession, ApiToken, AuditAction, Checkpoint, Reason, Step
 from ..permissions import can_administer
 from ..runtime import redactor
+from ..store import writes
 from ..validation import validate_checkpoint_state_json, validate_step_payload_json
 from .core import (
     ActionError,
@@ -52,12 +53,9 @@ def _locked_row(model: type[Row], pk: int, what: str) -> tuple[AgentSession, Row
 
 
 def _fence(session: AgentSession) -> tuple[int, int]:
-    """Bump the fencing token: a worker whose lease expired but who has not noticed yet
-    cannot write after an edit of the history it loaded."""
-    before = session.fencing_token
-    session.fencing_token += 1
-    session.save(update_fields=["fencing_token"])
-    return before, session.fencing_token
+    """Fence the session: a worker whose lease expired but who has not noticed yet cannot
+    write after an edit of the history it loaded."""
+    return writes.fence_now(session)
 
 
 def _refuse_unless_own_or_admin(who: ActorInfo, user: Any, what: str) -> None:
@@ -111,8 +109,7 @@ def step_edit_payload(
             return step
         where = {"step": step.seq, "kind": step.kind, "schema_version": step.schema_version}
         before = {**where, "payload": step.payload}
-        step.payload = payload
-        step.save(update_fields=["payload"])
+        writes.edit_step_payload(step, payload)
         token_before, token_after = _fence(session)
         audit(
             actor=who,
@@ -149,8 +146,7 @@ def checkpoint_edit_state(
         where = {"checkpoint": checkpoint.seq, "reason": checkpoint.reason}
         before: dict[str, Any] = {**where, "state": checkpoint.state}
         after: dict[str, Any] = {**where, "state": state}
-        checkpoint.state = state
-        checkpoint.save(update_fields=["state"])
+        writes.edit_checkpoint_state(checkpoint, state)
         if _head_checkpoint_id(session) == checkpoint.pk:
             answer = state.get("final_answer") or ""
             if answer != session.final_answer:

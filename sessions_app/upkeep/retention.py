@@ -44,6 +44,7 @@ from django.utils import timezone
 from ..models import FINAL, AgentSession, AuditAction, AuditEvent, Checkpoint, Status, Step
 from ..runtime import redactor
 from ..services.core import _actor
+from ..store import writes
 from . import search
 from .archive import S3_URL, Archive, archive_for
 
@@ -378,8 +379,7 @@ class _Runner:
                 for sid, status, updated in locked
             ],
         )
-        Step.objects.filter(session_id__in=keep)._raw_delete(Step.objects.db)
-        Checkpoint.objects.filter(session_id__in=keep)._raw_delete(Checkpoint.objects.db)
+        writes.delete_trace(keep)
         search.forget_sessions(keep)
         AgentSession.objects.filter(id__in=keep)._raw_delete(AgentSession.objects.db)
         part.sessions += len(keep)
@@ -494,7 +494,7 @@ class _Runner:
                 for sid, cids in chunk.items()
             ],
         )
-        rows._raw_delete(Checkpoint.objects.db)
+        writes.drop_rows(rows)
         touched.update(chunk)
         part.rows += len(flat)
         part.bytes += sum(b for _, b in sizes.values())
@@ -571,7 +571,7 @@ class _Runner:
                 for sid, numbers in seqs.items()
             ],
         )
-        rows._raw_delete(Step.objects.db)
+        writes.drop_rows(rows)
         for sid, numbers in seqs.items():
             # Their seqs stay taken: the session keeps counting them, and a reader can
             # tell a compacted gap from a lost step.

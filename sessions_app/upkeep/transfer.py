@@ -56,6 +56,7 @@ from ..models import (
 )
 from ..runtime import redactor
 from ..services.core import ActionError, Actor, _actor, audit
+from ..store import writes
 
 FORMAT = 1
 MAGIC = "respawn-export"
@@ -374,7 +375,7 @@ def import_session(
             clean,
             f"step seq {seq} ({kind})",
         )
-        steps.append(Step(session_id=fields["id"], **row))
+        steps.append(row)
     checkpoints = []
     for index, data in enumerate(parsed.checkpoints, start=1):
         where = f"checkpoint {index}"
@@ -390,7 +391,7 @@ def import_session(
             clean,
             f"checkpoint at seq {row['seq']}",
         )
-        checkpoints.append(Checkpoint(session_id=fields["id"], **row))
+        checkpoints.append(row)
     events = []
     for index, data in enumerate(parsed.audit, start=1):
         row = _fields(AuditEvent, data, f"audit record {index}", {"id", "session", "actor"})
@@ -398,9 +399,9 @@ def import_session(
             if not isinstance(row.get(name, {}), dict):
                 raise TransferError(f"audit record {index} {name}: not an object")
             row[name] = clean(row.get(name, {}))
-        events.append(AuditEvent(session_id=fields["id"], actor=None, **row))
+        events.append(row)
     head = fields.get("head") or 0
-    if head and head not in {c.seq for c in checkpoints}:
+    if head and head not in {c["seq"] for c in checkpoints}:
         raise TransferError(f"session head {head} has no checkpoint in the file")
     if fields.get("last_seq") != (max(seqs) if seqs else 0):
         raise TransferError(
@@ -412,15 +413,12 @@ def import_session(
         session.created_by = user.objects.filter(username=username).first() if username else None
         if parent and AgentSession.objects.filter(id=parent).exists():
             session.parent_id = parent
-        session.save(force_insert=True)
-        Step.objects.bulk_create(steps, batch_size=500)
-        Checkpoint.objects.bulk_create(checkpoints, batch_size=500)
-        AuditEvent.objects.bulk_create(events, batch_size=500)
+        counts = writes.insert_imported(session, steps, checkpoints, events)
         result = Imported(
             session=session,
-            steps=len(steps),
-            checkpoints=len(checkpoints),
-            audit=len(events),
+            steps=counts[0],
+            checkpoints=counts[1],
+            audit=counts[2],
             upgraded=upgraded,
             remapped_from=old_id if new_ids else None,
         )

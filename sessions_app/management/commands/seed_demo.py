@@ -18,7 +18,7 @@ from agent_runtime.state import NewStep, StepKind, model_payload
 from sessions_app.models import AgentSession, Status
 from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services.core import checkpoint_rollback, session_cancel, session_start
-from sessions_app.store import DjangoEffects, session_store
+from sessions_app.store import DjangoEffects, session_store, writes
 
 DEMO_USERS = [
     # username, password (outside production), group, superuser, what it may do
@@ -166,7 +166,6 @@ class Command(BaseCommand):
             ],
         )
         AgentSession.objects.filter(id=session.id).update(
-            status=Status.RUNNING,
-            lease_expires_at=timezone.now() - timedelta(minutes=5),
-            dispatched_at=timezone.now() - timedelta(minutes=6),
+            status=Status.RUNNING, dispatched_at=timezone.now() - timedelta(minutes=6)
         )
+        writes.expire_lease(session.id, ago=timedelta(minutes=5))

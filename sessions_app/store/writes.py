@@ -1,0 +1,286 @@
+"""Writes of the trace outside a worker's append: the one place besides the dialects'
+append that writes step and checkpoint rows or moves a session's fence.
+
+Who writes here: an operator's step (services), a session born with steps (a start, a fork,
+an import), a rollback's supersede and its copy of the head, the admin's edit of a step or a
+checkpoint, the OpenAI Agents SDK session's items and the LangGraph saver's steps (each a
+program writing under its own lease), retention's deletes. Graph rows are store/graph.py's.
+
+Every function here works on a session row its caller locked (`select_for_update`) in the
+transaction it writes in, and changes the row's counters on the instance: the caller saves
+it (with its own status, error and answer) before the transaction commits. The fence is
+written once, in `fence`: whoever held the lease is fenced off, so a late write of theirs
+matches no row (the dialects' append checks token and owner) and lands nowhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import connections, transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from agent_runtime.state import SCHEMA_VERSION
+from agent_runtime.store import Lease
+
+from ..models import AgentSession, AuditEvent, Checkpoint, Reason, Step
+
+# The session columns the fence moves.
+FENCE_FIELDS = ["fencing_token", "lease_owner", "lease_expires_at"]
+
+
+def fence(
+    session: AgentSession, *, owner: str | None = None, expires: datetime | None = None
+) -> tuple[int, int]:
+    """Move the session's fencing token on and give its lease to `owner` (None: to
+    nobody). Whoever held it before can write nothing more. Returns (token before, after)."""
+    before = session.fencing_token
+    session.fencing_token = before + 1
+    session.lease_owner = owner
+    session.lease_expires_at = expires if owner is not None else None
+    return before, session.fencing_token
+
+
+def holds(session: AgentSession, lease: Lease) -> bool:
+    """Whether `lease` still holds the (locked) session: its token and owner."""
+    return session.fencing_token == lease.token and session.lease_owner == lease.owner
+
+
+def fence_now(session: AgentSession, *, using: str = "default") -> tuple[int, int]:
+    """`fence` and save just the fence (an edit that changes nothing else on the row)."""
+    moved = fence(session)
+    session.save(using=using, update_fields=FENCE_FIELDS)
+    return moved
+
+
+def take_lease(session: AgentSession, owner: str, ttl: float, *, using: str = "default") -> Lease:
+    """A program's writer (a LangGraph saver) takes the session's lease: fenced, saved."""
+    fence(session, owner=owner, expires=timezone.now() + timedelta(seconds=ttl))
+    session.save(using=using, update_fields=FENCE_FIELDS)
+    return Lease(str(session.id), owner, session.fencing_token)
+
+
+def expire_lease(session_id: Any, *, ago: timedelta) -> None:
+    """Make a held lease look like its holder died `ago` (the demo's stuck session)."""
+    AgentSession.objects.filter(id=session_id).update(lease_expires_at=timezone.now() - ago)
+
+
+def advance_held(
+    lease: Lease, *, using: str = "default", head: bool, expires: datetime | None
+) -> tuple[int, bool, str, str] | None:
+    """For one step of a program's writer: advance the session's seq (and its head, with
+    `head`; its lease's expiry, with `expires`) only while `lease` holds it, in the
+    caller's transaction. Returns (the new seq, cancel requested, agent, agent version),
+    or None when the lease no longer holds (nothing was changed)."""
+    table = AgentSession._meta.db_table
+    connection = connections[using]
+    session_id: Any = _uuid(lease.session_id, connection.vendor)
+    now = timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {table} SET last_seq = last_seq + 1, step_count = step_count + 1,"
+            " head = CASE WHEN %s THEN last_seq + 1 ELSE head END,"
+            " lease_expires_at = CASE WHEN %s THEN %s ELSE lease_expires_at END,"
+            " updated_at = %s"
+            " WHERE id = %s AND fencing_token = %s AND lease_owner = %s"
+            " RETURNING last_seq, cancel_requested, agent, agent_version",
+            [head, expires is not None, expires, now, session_id, lease.token, lease.owner],
+        )
+        row = cursor.fetchone()
+    return None if row is None else (row[0], bool(row[1]), row[2], row[3])
+
+
+def _pk(session: AgentSession | Any) -> Any:
+    return session.pk if isinstance(session, AgentSession) else session
+
+
+def _uuid(value: Any, vendor: str) -> Any:
+    import uuid
+
+    as_uuid = uuid.UUID(str(value))
+    return as_uuid if vendor == "postgresql" else as_uuid.hex
+
+
+# --- Steps ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NewRow:
+    """A step written outside a run. A copied step (a fork's) keeps its schema version,
+    times, tokens and idempotency key; a new one has this code's version and `now`."""
+
+    kind: str
+    payload: dict[str, Any]
+    schema_version: int = SCHEMA_VERSION
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    tokens_in: int = 0
+    tokens_out: int = 0
+    idempotency_key: str | None = None
+
+    @classmethod
+    def copy_of(cls, step: Step) -> NewRow:
+        return cls(
+            kind=step.kind,
+            payload=step.payload,
+            schema_version=step.schema_version,
+            started_at=step.started_at,
+            finished_at=step.finished_at,
+            tokens_in=step.tokens_in,
+            tokens_out=step.tokens_out,
+            idempotency_key=step.idempotency_key,
+        )
+
+
+def add_steps(
+    session: AgentSession | Any,
+    rows: Sequence[NewRow],
+    *,
+    using: str = "default",
+    now: datetime | None = None,
+    seq: int | None = None,
+) -> list[int]:
+    """Write `rows` after the session's last seq, counting them on the (locked) instance;
+    or from `seq` on, for a program's writer whose `advance_held` already moved the row
+    (then `session` may be its id). Returns their seqs."""
+    now = now or timezone.now()
+    first = session.last_seq + 1 if seq is None else seq
+    Step.objects.using(using).bulk_create(
+        [
+            Step(
+                session_id=_pk(session),
+                seq=first + index,
+                kind=row.kind,
+                payload=row.payload,
+                schema_version=row.schema_version,
+                started_at=row.started_at or now,
+                finished_at=row.finished_at or now,
+                tokens_in=row.tokens_in,
+                tokens_out=row.tokens_out,
+                idempotency_key=row.idempotency_key,
+                created_at=now,
+            )
+            for index, row in enumerate(rows)
+        ]
+    )
+    if seq is None:
+        session.last_seq += len(rows)
+        session.step_count += len(rows)
+        session.tokens_in += sum(r.tokens_in for r in rows)
+        session.tokens_out += sum(r.tokens_out for r in rows)
+        session.updated_at = now
+    return list(range(first, first + len(rows)))
+
+
+def add_step(session: AgentSession, kind: str, payload: dict[str, Any], **options: Any) -> int:
+    """One step (add_steps' options); returns its seq."""
+    tokens = {k: options.pop(k) for k in ("tokens_in", "tokens_out") if k in options}
+    return add_steps(session, [NewRow(kind, payload, **tokens)], **options)[0]
+
+
+def append_operator_step(session: AgentSession, kind: str, payload: dict[str, Any]) -> int:
+    """A step a person's action writes outside any run. It fences: whoever held the lease
+    is fenced off, so no late write can land after a person's decision."""
+    fence(session)
+    return add_step(session, kind, payload)
+
+
+def new_session(rows: Sequence[NewRow], *, now: datetime, **fields: Any) -> AgentSession:
+    """A session born with `rows`, numbered from 1 in order (a start, a fork)."""
+    session = AgentSession.objects.create(created_at=now, updated_at=now, **fields)
+    add_steps(session, rows, now=now)
+    session.save(update_fields=["last_seq", "step_count", "tokens_in", "tokens_out"])
+    return session
+
+
+def supersede(steps: QuerySet[Step], *, now: datetime | None = None) -> int:
+    """Mark live steps superseded (never deleted): a rollback's, a program's pop or clear."""
+    return steps.filter(superseded_at__isnull=True).update(superseded_at=now or timezone.now())
+
+
+def supersede_after(session: AgentSession, seq: int, *, now: datetime) -> int:
+    """A rollback to checkpoint `seq`: every live step after it is superseded."""
+    return supersede(Step.objects.filter(session=session, seq__gt=seq), now=now)
+
+
+def edit_step_payload(step: Step, payload: dict[str, Any]) -> None:
+    """The admin's fix of a step by hand (checked and audited by the service)."""
+    step.payload = payload
+    step.save(update_fields=["payload"])
+
+
+# --- Checkpoints ---------------------------------------------------------------------------
+
+
+def add_checkpoint(
+    session: AgentSession | Any,
+    state: dict[str, Any],
+    *,
+    seq: int | None = None,
+    reason: str = Reason.AUTO,
+    schema_version: int = SCHEMA_VERSION,
+    using: str = "default",
+    now: datetime | None = None,
+) -> Checkpoint:
+    """A checkpoint at `seq` (the session's last seq when None; give it when `session` is
+    an id). A copied state keeps the schema version it was stored in."""
+    return Checkpoint.objects.using(using).create(
+        session_id=_pk(session),
+        seq=session.last_seq if seq is None else seq,
+        state=state,
+        schema_version=schema_version,
+        reason=reason,
+        created_at=now or timezone.now(),
+    )
+
+
+def edit_checkpoint_state(checkpoint: Checkpoint, state: dict[str, Any]) -> None:
+    """The admin's fix of a checkpoint by hand (checked and audited by the service)."""
+    checkpoint.state = state
+    checkpoint.save(update_fields=["state"])
+
+
+# --- Imports and retention -----------------------------------------------------------------
+
+
+def insert_imported(
+    session: AgentSession,
+    steps: Iterable[dict[str, Any]],
+    checkpoints: Iterable[dict[str, Any]],
+    events: Iterable[dict[str, Any]],
+) -> tuple[int, int, int]:
+    """An imported session, its steps, checkpoints and audit records, as the file has
+    them (checked and upgraded by the importer); in the caller's transaction."""
+    session.save(force_insert=True)
+    step_rows = [Step(session_id=session.pk, **row) for row in steps]
+    checkpoint_rows = [Checkpoint(session_id=session.pk, **row) for row in checkpoints]
+    event_rows = [AuditEvent(session_id=session.pk, actor=None, **row) for row in events]
+    with transaction.atomic():
+        Step.objects.bulk_create(step_rows, batch_size=500)
+        Checkpoint.objects.bulk_create(checkpoint_rows, batch_size=500)
+        AuditEvent.objects.bulk_create(event_rows, batch_size=500)
+    return len(step_rows), len(checkpoint_rows), len(event_rows)
+
+
+def delete_trace(session_ids: Sequence[Any]) -> None:
+    """Retention's delete of whole sessions: their steps and checkpoints (the caller
+    deletes the rest), without loading them."""
+    Step.objects.filter(session_id__in=session_ids)._raw_delete(Step.objects.db)
+    Checkpoint.objects.filter(session_id__in=session_ids)._raw_delete(Checkpoint.objects.db)
+
+
+def drop_rows(rows: QuerySet[Any]) -> None:
+    """Retention's delete of some steps or checkpoints (thinning, compaction)."""
+    if rows.model not in (Step, Checkpoint):
+        raise TypeError(f"drop_rows deletes steps or checkpoints, not {rows.model.__name__}")
+    rows._raw_delete(rows.db)
+
+
+def release(session: AgentSession) -> None:
+    """Let the session's lease go (its token stays: nothing was fenced off)."""
+    session.lease_owner = None
+    session.lease_expires_at = None
