@@ -152,9 +152,12 @@ class SessionStore(Protocol):
         status: SessionStatus | None = None,
         error: str | None = None,
         release: bool = False,
+        final_answer: str | None = None,
     ) -> AppendResult:
         """Append steps (and a checkpoint at the last one) in one transaction, fenced.
         Payloads must have the current schema version's shape (StateError otherwise).
+        The session's final answer is the checkpoint's, or `final_answer` when a run
+        that keeps no Respawn state (a foreign runner's) ends with one.
 
         Raises LeaseLost when the lease's token is no longer the session's.
         """
@@ -216,6 +219,7 @@ class _MemSession:
     lease_expires: float = 0.0
     cancel_requested: bool = False
     last_error: str | None = None
+    final_answer: str | None = None
     crash_count: int = 0
     crash_seq: int = -1
     progress: tuple[int, int | None, str] | None = None
@@ -386,6 +390,7 @@ class InMemoryStore:
         status: SessionStatus | None = None,
         error: str | None = None,
         release: bool = False,
+        final_answer: str | None = None,
     ) -> AppendResult:
         with self._lock:
             session = self._get(lease.session_id)
@@ -408,6 +413,10 @@ class InMemoryStore:
                     )
                 )
                 session.head = session.last_seq
+                if checkpoint.state.final_answer is not None:
+                    session.final_answer = checkpoint.state.final_answer
+            if final_answer is not None:
+                session.final_answer = final_answer
             if status is not None:
                 session.status = status
             if error is not None:

@@ -102,7 +102,14 @@ def run_with_runner(
         # A runner's own details (a LangGraph runner's interrupts, say) go in as they are.
         step = system_step(cast(SystemPayload, {**finished, **result.detail}))
     try:
-        store.append(lease, [step], status=status, error=result.error, release=True)
+        store.append(
+            lease,
+            [step],
+            status=status,
+            error=result.error,
+            release=True,
+            final_answer=result.final_answer,
+        )
     except LeaseLost as exc:
         return RunResult(session_id, Outcome.LEASE_LOST, error=str(exc))
     return RunResult(

@@ -341,15 +341,23 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         return AgentSession.objects.using(self._db).select_for_update().get(id=session_id)
 
     def _fenced(
-        self, lease: Lease, *, head: bool, write: Callable[[Any, tuple[str, str]], None]
+        self,
+        lease: Lease,
+        *,
+        head: bool,
+        write: Callable[[Any, tuple[str, str]], None],
+        answer: str | None = None,
     ) -> int:
-        """One transaction: advance the session's seq on (token, owner), then `write`."""
+        """One transaction: advance the session's seq on (token, owner) (and set its
+        final answer, with `answer`), then `write`."""
         from django.db import transaction
 
         # A worker's run keeps its lease by the heartbeat; a program's saver by its writes.
         expires = _now() + timedelta(seconds=self._ttl) if self._bound is None else None
         with transaction.atomic(using=self._db):
-            row = _store().advance_held(lease, using=self._db, head=head, expires=expires)
+            row = _store().advance_held(
+                lease, using=self._db, head=head, expires=expires, final_answer=answer
+            )
             if row is None:
                 raise ThreadLeaseLost(self._refusal(lease))
             seq, cancel, agent, agent_version = row
@@ -379,12 +387,13 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         *,
         head: bool,
         write: Callable[[Any, tuple[str, str]], None],
+        answer: str | None = None,
     ) -> tuple[Lease, int]:
         session_id = session_id_for(thread_id)
         lease, continuing = self._lease_for(session_id, ns, parent_id)
         if lease is not None:
             try:
-                return lease, self._fenced(lease, head=head, write=write)
+                return lease, self._fenced(lease, head=head, write=write, answer=answer)
             except ThreadLeaseLost:
                 if continuing:
                     raise
@@ -395,7 +404,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
         with transaction.atomic(using=self._db):
             lease = self._claim(session_id, thread_id, ns, parent_id)
-            return lease, self._fenced(lease, head=head, write=write)
+            return lease, self._fenced(lease, head=head, write=write, answer=answer)
 
     # -- writing -------------------------------------------------------------------------
     @_on_saver_thread
@@ -437,7 +446,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                     "changed": changed,
                 },
             )
-            state = SessionState(agent_name=agent[0], agent_version=agent[1])
+            state = SessionState(agent_name=agent[0], agent_version=agent[1], final_answer=answer)
             state.counters.steps = seq
             state.agent_state = {
                 "version": GRAPH_STATE_VERSION,
@@ -468,7 +477,10 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 blobs=blobs,
             )
 
-        lease, _ = self._write(thread_id, ns, parent_id, head=ns == "", write=write)
+        # The thread's answer so far: its last message, when the model wrote it and asked
+        # for no tool (what the graph's caller shows its user).
+        answer = _reply(checkpoint["channel_values"]) if ns == "" else None
+        lease, _ = self._write(thread_id, ns, parent_id, head=ns == "", write=write, answer=answer)
         with self._lock:
             self._chains[(session_id, ns, checkpoint["id"])] = lease.token
             self._lists.update(lists)
@@ -1151,6 +1163,23 @@ class GraphRunner:
         if state.next:
             return RunnerResult.waiting("stopped before " + ", ".join(state.next))
         return RunnerResult.completed(_final_answer({"channel_values": state.values}))
+
+
+def _reply(values: dict[str, Any]) -> str | None:
+    """The model's reply that ends a turn: the last message, when it is the model's (an
+    AI message) and asks for no tool call."""
+    messages = values.get("messages")
+    if not isinstance(messages, list) or not messages:
+        return None
+    last = messages[-1]
+    if getattr(last, "type", None) != "ai" or getattr(last, "tool_calls", None):
+        return None
+    content = getattr(last, "content", None)
+    if isinstance(content, list):  # content blocks: their text
+        content = "".join(
+            part.get("text", "") if isinstance(part, dict) else str(part) for part in content
+        )
+    return content if isinstance(content, str) and content else None
 
 
 def _final_answer(checkpoint: Any) -> str | None:

@@ -42,7 +42,14 @@ from typing import Any
 
 try:
     from agents import Agent as SDKAgent
-    from agents import RunConfig, Runner, RunState, TResponseInputItem, set_tracing_disabled
+    from agents import (
+        RunConfig,
+        RunHooks,
+        Runner,
+        RunState,
+        TResponseInputItem,
+        set_tracing_disabled,
+    )
     from agents.memory import SessionABC, SessionSettings
     from agents.run_state import CURRENT_SCHEMA_VERSION as SDK_STATE_VERSION
     from agents.version import __version__ as SDK_VERSION
@@ -327,6 +334,17 @@ class RespawnSession(SessionABC):
         dashboard or over the API, then a worker resumes the run. Returns the pending
         calls."""
         return await self._thread.run(self.wait_for_approval_sync, result)
+
+    def trace_hooks(self) -> RunHooks:
+        """Run hooks that write each tool call into the session's trace when it starts and
+        when it ends (`sdk_tool_started`, `sdk_tool_finished` steps), so the dashboard shows
+        a turn's tool calls while they run; its items come at the turn's end as always.
+        Pass them to the run: `Runner.run(agent, text, session=s, hooks=s.trace_hooks())`
+        (the workers' runs of `openai_agent` do)."""
+        return _ToolTrace(self)
+
+    async def _record_tool(self, payload: dict[str, Any]) -> None:
+        await self._thread.run(self._write, lambda session: self._system_step(session, payload))
 
     async def record_usage(self, result: Any, *, since: Any = None) -> None:
         """Record what a run's model calls used (a RunResult's usage; less `since`, the
@@ -671,6 +689,35 @@ _SESSION_FIELDS = [
 ]
 
 
+class _ToolTrace(RunHooks):
+    """RespawnSession.trace_hooks: a tool call in the trace while it runs."""
+
+    def __init__(self, session: RespawnSession) -> None:
+        self._session = session
+
+    @staticmethod
+    def _call(context: Any, tool: Any) -> dict[str, Any]:
+        return {
+            "tool": str(getattr(tool, "name", type(tool).__name__)),
+            "call_id": getattr(context, "tool_call_id", None),
+        }
+
+    async def on_tool_start(self, context: Any, agent: Any, tool: Any) -> None:
+        call = self._call(context, tool)
+        arguments = _arguments(getattr(context, "tool_arguments", None))
+        await self._session._record_tool({"event": TOOL_STARTED, **call, "arguments": arguments})
+
+    async def on_tool_end(self, context: Any, agent: Any, tool: Any, result: Any) -> None:
+        call = self._call(context, tool)
+        output = _short(result if isinstance(result, str) else json.dumps(result, default=str))
+        await self._session._record_tool({"event": TOOL_FINISHED, **call, "output": output})
+
+
+# The system events of a tool call while it runs (RespawnSession.trace_hooks).
+TOOL_STARTED = "sdk_tool_started"
+TOOL_FINISHED = "sdk_tool_finished"
+
+
 def _store() -> Any:
     """The store's writes, imported late: a program imports this module before Django is
     set up (ensure_django)."""
@@ -751,7 +798,12 @@ class OpenAIAgentRunner:
             # The answer was stored before the run could record its end.
             return RunnerResult.completed(_text_of(items[-1].get("content")))
         result = await Runner.run(
-            self.agent, [], session=session, run_config=self.run_config, max_turns=self.max_turns
+            self.agent,
+            [],
+            session=session,
+            run_config=self.run_config,
+            max_turns=self.max_turns,
+            hooks=session.trace_hooks(),
         )
         await session.record_usage(result)
         return await self._outcome(session, result)
@@ -800,7 +852,12 @@ class OpenAIAgentRunner:
                     ),
                 )
         result = await Runner.run(
-            self.agent, state, session=session, run_config=self.run_config, max_turns=self.max_turns
+            self.agent,
+            state,
+            session=session,
+            run_config=self.run_config,
+            max_turns=self.max_turns,
+            hooks=session.trace_hooks(),
         )
         await session.record_usage(result, since=carried)
         return await self._outcome(session, result)

@@ -178,9 +178,10 @@ def append_rows(
     status: SessionStatus | None,
     error: str | None,
     release: bool,
+    final_answer: str | None = None,
 ) -> AppendRows:
     """What an append of `steps` (with a checkpoint, a status, an error, the release of
-    the lease) writes."""
+    the lease, a final answer) writes."""
     now = timezone.now()
     count = len(steps)
     increments: dict[str, int | Decimal] = {
@@ -207,6 +208,8 @@ def append_rows(
         if cursor is not None:
             values["progress_done"] = cursor.get("done")
             values["progress_total"] = cursor.get("total")
+    if final_answer is not None:
+        values["final_answer"] = final_answer
     if status is not None:
         values["status"] = status.value
     if error is not None:
@@ -411,10 +414,11 @@ class DjangoSessionStore(abc.ABC):
         status: SessionStatus | None = None,
         error: str | None = None,
         release: bool = False,
+        final_answer: str | None = None,
     ) -> AppendResult:
         for step in steps:
             validate_step_payload(step.kind, step.payload)
-        rows = append_rows(steps, checkpoint, status, error, release)
+        rows = append_rows(steps, checkpoint, status, error, release, final_answer)
         if status != SessionStatus.COMPLETED:
             return self._append(lease, rows)
         with transaction.atomic():

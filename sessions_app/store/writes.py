@@ -70,25 +70,43 @@ def expire_lease(session_id: Any, *, ago: timedelta) -> None:
 
 
 def advance_held(
-    lease: Lease, *, using: str = "default", head: bool, expires: datetime | None
+    lease: Lease,
+    *,
+    using: str = "default",
+    head: bool,
+    expires: datetime | None,
+    final_answer: str | None = None,
 ) -> tuple[int, bool, str, str] | None:
     """For one step of a program's writer: advance the session's seq (and its head, with
-    `head`; its lease's expiry, with `expires`) only while `lease` holds it, in the
-    caller's transaction. Returns (the new seq, cancel requested, agent, agent version),
-    or None when the lease no longer holds (nothing was changed)."""
+    `head`; its lease's expiry, with `expires`; its final answer, with `final_answer`)
+    only while `lease` holds it, in the caller's transaction. Returns (the new seq, cancel
+    requested, agent, agent version), or None when the lease no longer holds (nothing was
+    changed)."""
     table = AgentSession._meta.db_table
     connection = connections[using]
     session_id: Any = _uuid(lease.session_id, connection.vendor)
     now = timezone.now()
+    if final_answer is not None:  # through the field: scrubbed as every other write of it
+        answer_field = AgentSession._meta.get_field("final_answer")
+        final_answer = answer_field.get_db_prep_save(final_answer, connection)
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {table} SET last_seq = last_seq + 1, step_count = step_count + 1,"
             " head = CASE WHEN %s THEN last_seq + 1 ELSE head END,"
             " lease_expires_at = CASE WHEN %s THEN %s ELSE lease_expires_at END,"
-            " updated_at = %s"
+            " final_answer = COALESCE(%s, final_answer), updated_at = %s"
             " WHERE id = %s AND fencing_token = %s AND lease_owner = %s"
             " RETURNING last_seq, cancel_requested, agent, agent_version",
-            [head, expires is not None, expires, now, session_id, lease.token, lease.owner],
+            [
+                head,
+                expires is not None,
+                expires,
+                final_answer,
+                now,
+                session_id,
+                lease.token,
+                lease.owner,
+            ],
         )
         row = cursor.fetchone()
     return None if row is None else (row[0], bool(row[1]), row[2], row[3])

@@ -64,6 +64,8 @@ def test_a_graph_killed_mid_node_resumes_from_its_last_checkpoint(settings, star
     start_worker(**env)
     wait_for_status(session, Status.COMPLETED)
     assert answer_of(session) == "Worked 3 steps."
+    session.refresh_from_db()
+    assert session.final_answer == "Worked 3 steps."  # the session's, as for any agent
     # Each work step ran once: the second run started from the last checkpoint.
     assert [w.rsplit(": ", 1)[1] for w in tool_writes(session)] == [
         "step 1 done",

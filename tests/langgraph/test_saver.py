@@ -17,6 +17,7 @@ from langgraph.types import Command
 from sessions_app.langgraph.saver import RespawnSaver, ThreadLeaseLost, session_id_for
 from sessions_app.models import (
     AgentSession,
+    ApiToken,
     AuditEvent,
     Checkpoint,
     GraphBlob,
@@ -64,7 +65,13 @@ def test_a_thread_is_a_session_with_its_trace_and_checkpoints(client, users, mak
     state = Checkpoint.objects.get(session=session, seq=session.head).state
     assert state["agent_state"]["data"]["langgraph"]["checkpoint_id"] == latest.checkpoint_id
 
+    # The thread's answer is the session's, as for any agent: on the row, in the head
+    # checkpoint and in the API.
+    assert session.final_answer == "Worked 3 steps." == state["final_answer"]
     client.force_login(users["operator"])
+    token = ApiToken.issue(users["viewer"])[1]
+    api = client.get(f"/api/sessions/{session.id}", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert api.status_code == 200 and api.json()["final_answer"] == "Worked 3 steps."
     page = client.get(reverse("sessions:detail", args=[session.id]))
     assert page.status_code == 200
     assert b"graph_writes" in page.content and b"Worked 3 steps." in page.content

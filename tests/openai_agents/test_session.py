@@ -295,3 +295,51 @@ def test_a_streamed_run_stores_its_items_too(make_session, sdk_model):
         "function_call_output",
         "message",
     ]
+
+
+def test_a_tool_call_is_in_the_trace_while_it_runs(make_session, sdk_model):
+    """With the session's trace hooks (the workers' runs pass them), the dashboard sees a
+    tool call as it starts, before the turn's items are written, and its end."""
+    from acme_sdk import run_config, support
+    from agents import function_tool
+
+    session = make_session("conv-live-tools")
+    seen: list[list[tuple[str, dict]]] = []
+
+    def committed() -> None:  # another connection: what the dashboard would read now
+        rows = Step.objects.filter(session_id=session.respawn_id).order_by("seq")
+        seen.append([(r.kind, r.payload) for r in rows])
+        connections.close_all()
+
+    @function_tool
+    def work(step: int) -> str:
+        """Do one step of work."""
+        reader = threading.Thread(target=committed)
+        reader.start()
+        reader.join()
+        return f"step {step} done"
+
+    agent = support.clone(tools=[work])
+    result = run(
+        Runner.run(
+            agent, "loop 1", session=session, run_config=run_config, hooks=session.trace_hooks()
+        )
+    )
+    assert result.final_output == "Worked 1 steps."
+    (during,) = seen
+    started = [p for k, p in during if k == "system" and p.get("event") == "sdk_tool_started"]
+    assert len(started) == 1
+    assert started[0]["tool"] == "work" and started[0]["arguments"] == {"step": 1}
+    assert started[0]["call_id"]
+    assert "tool_call" not in [k for k, _ in during]  # the items come at the turn's end
+    finished = Step.objects.get(session_id=session.respawn_id, payload__event="sdk_tool_finished")
+    assert finished.payload["call_id"] == started[0]["call_id"]
+    assert finished.payload["output"] == "step 1 done"
+    # The hooks' steps are the trace's, not the conversation's: the items are unchanged.
+    items = run(session.get_items())
+    assert [i.get("type", "message") for i in items] == [
+        "message",
+        "function_call",
+        "function_call_output",
+        "message",
+    ]
