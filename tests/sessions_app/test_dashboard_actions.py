@@ -15,7 +15,7 @@ from django.conf import settings as django_settings
 from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 
 from sessions_app.dashboard import views
-from sessions_app.dashboard.actions import ACTIONS, BULK_ACTIONS, PREVIEWS
+from sessions_app.dashboard.actions import ACTIONS, BULK_ACTIONS, PREVIEWS, Action
 from sessions_app.models import AgentSession, AuditEvent, GraphThread, Status, Step
 from sessions_app.services.core import checkpoint_rollback, session_set_legal_hold, session_start
 
@@ -167,8 +167,11 @@ def test_every_policy_of_the_table_is_a_refusal_of_the_status_policy():
             continue
         assert action.policy.endswith("_refusal"), name
         for status in Status.values:
-            refusal = getattr(AgentSession(agent="demo", status=status), action.policy)()
+            session = AgentSession(agent="demo", status=status)
+            refusal = getattr(session, action.policy)()
             assert refusal is None or (isinstance(refusal, tuple) and len(refusal) == 2), name
+            if isinstance(action, Action):
+                assert action.refusal(session) == refusal, name
 
 
 def test_the_samples_cover_every_field_and_every_action_has_a_session():
