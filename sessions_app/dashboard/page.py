@@ -25,7 +25,7 @@ from .presenters import TraceContext, status_view
 LIVE_POLL = "2s"
 TRACE_REFRESH_MAX = 500  # steps a trace re-renders in place after an action
 
-# The pieces each part shows (the names of SessionPage's `_piece` methods), in order.
+# The pieces each part shows, in order; piece `x` is SessionPage's method `_x`.
 PARTS: dict[str, tuple[str, ...]] = {
     "header": ("base", "budgets", "failures"),
     "actions": ("base", "budgets", "tool_results"),
@@ -54,10 +54,7 @@ class SessionPage:
     def steps(self, page: trace.TracePage, filters: trace.TraceFilters) -> dict[str, Any]:
         """The context of a page of steps loaded after the ones shown (on scroll, or the
         live tail): the trace piece's keys for that page."""
-        return {
-            **self._common(),
-            **self._steps_of(page, filters),
-        }
+        return {**self._common(), **self._steps_of(page, filters)}
 
     def failures(self) -> trace.Failures:
         """The session's failed steps, counted once per request (header and trace share)."""
