@@ -1,8 +1,26 @@
-from django.urls import path
+import re
+
+from django.urls import path, register_converter
+from django.urls.converters import StringConverter
 
 from . import views
+from .actions import ACTIONS, PREVIEWS
 
 app_name = "sessions"
+
+
+def _names_converter(names: list[str]) -> type[StringConverter]:
+    """A path segment that is one of `names` and nothing else: an action that is not in
+    actions.ACTIONS has no URL (a 404 before any view runs)."""
+    return type(
+        "ActionNameConverter", (StringConverter,), {"regex": "|".join(map(re.escape, names))}
+    )
+
+
+# The URL of every action and every preview comes from the table: /<id>/actions/<name>/,
+# reversed as {% url 'sessions:action' session.id 'cancel' %}.
+register_converter(_names_converter(list(ACTIONS)), "action")
+register_converter(_names_converter(list(PREVIEWS)), "previewed")
 
 urlpatterns = [
     path("", views.session_list, name="list"),
@@ -21,6 +39,6 @@ urlpatterns = [
     path("<uuid:session_id>/usage/", views.session_usage, name="usage"),
     path("<uuid:session_id>/diff/", views.checkpoint_diff, name="diff"),
     path("<uuid:session_id>/export/", views.session_export, name="export"),
-    path("<uuid:session_id>/preview/<str:action>/", views.action_preview, name="preview"),
-    path("<uuid:session_id>/actions/<str:action>/", views.session_action, name="action"),
+    path("<uuid:session_id>/preview/<previewed:action>/", views.action_preview, name="preview"),
+    path("<uuid:session_id>/actions/<action:action>/", views.session_action, name="action"),
 ]

@@ -16,7 +16,6 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
-from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -26,15 +25,12 @@ from django_htmx.http import (
     trigger_client_event,
 )
 
-from agent_runtime.state import OperatorAction
-
 from ..models import AgentSession, AuditAction, Checkpoint, Status
 from ..permissions import can_operate, can_view
 from ..selectors import core as selectors
 from ..services import core as services
-from ..services.graphs import pending_interrupts
 from ..upkeep import search
-from ..validation import InvalidInput, load_json, parse_date, parse_int
+from ..validation import InvalidInput, parse_date, parse_int
 from ..web.http import (
     BULK_LIMIT,
     DASHBOARD,
@@ -45,11 +41,11 @@ from ..web.http import (
     request_meta,
 )
 from . import charts, trace
-from .presenters import TraceContext, diff_states, status_view
+from .actions import ACTIONS, BULK_ACTIONS, OPERATE, PREVIEWS, ActionInput, Permission
+from .page import SessionPage, steps_context
+from .presenters import diff_states
 
 PAGE_SIZE = 50
-LIVE_POLL = "2s"
-TRACE_REFRESH_MAX = 500  # steps a trace re-renders in place after an action
 
 
 # --- Access -----------------------------------------------------------------------------
@@ -61,8 +57,7 @@ def _require_view(request: HtmxRequest) -> None:
 
 
 def _require_operate(request: HtmxRequest) -> None:
-    if not can_operate(request.user):
-        raise PermissionDenied("only operators can change sessions")
+    _require(request, OPERATE)
 
 
 def _get_session(request: HtmxRequest, session_id: UUID) -> AgentSession:
@@ -232,10 +227,12 @@ def session_row(request: HtmxRequest, session_id: UUID) -> HttpResponse:
 @login_required
 @require_POST
 def bulk_action(request: HtmxRequest) -> HttpResponse:
-    _require_operate(request)
-    action = request.POST.get("action", "")
-    if action not in (AuditAction.RESUME, AuditAction.CANCEL):
-        return _error(request, f"unknown bulk action {action!r}", 400)
+    """One of actions.BULK_ACTIONS (the form's `action`) on the sessions selected in the
+    list: first a confirmation, then each session on its own, and a report."""
+    bulk = BULK_ACTIONS.get(request.POST.get("action", ""))
+    _require(request, bulk.permission if bulk else OPERATE)
+    if bulk is None:
+        return _error(request, f"unknown bulk action {request.POST.get('action', '')!r}", 400)
     raw_ids = request.POST.getlist("ids")[: BULK_LIMIT + 1]
     if len(raw_ids) > BULK_LIMIT:
         return _error(request, f"at most {BULK_LIMIT} sessions at once", 400)
@@ -248,23 +245,14 @@ def bulk_action(request: HtmxRequest) -> HttpResponse:
         return _error(request, "select at least one session first", 400)
     if request.POST.get("confirm") != "yes":
         return render(
-            request, "sessions/bulk.html", {"action": action, "sessions": sessions, "preview": True}
+            request,
+            "sessions/bulk.html",
+            {"action": bulk.name, "sessions": sessions, "preview": True},
         )
     results = []
     for index, session in enumerate(sessions):
         try:
-            if action == AuditAction.RESUME:
-                outcome = services.session_resume_in_bulk(
-                    session_id=session.id,
-                    position=index,
-                    actor=request.user,
-                    request_meta=_meta(request),
-                )
-            else:
-                services.session_cancel(
-                    session_id=session.id, actor=request.user, request_meta=_meta(request)
-                )
-                outcome = "cancelled"
+            outcome = bulk.run_one(session, index, request.user, _meta(request))
             results.append((session, True, outcome))
         except services.ActionError as exc:
             results.append((session, False, str(exc)))
@@ -272,7 +260,7 @@ def bulk_action(request: HtmxRequest) -> HttpResponse:
     response = render(
         request,
         "sessions/bulk.html",
-        {"action": action, "results": results, "done": done, "failed": len(results) - done},
+        {"action": bulk.name, "results": results, "done": done, "failed": len(results) - done},
     )
     if done:
         # The rows and the counts redraw themselves from the database.
@@ -304,119 +292,18 @@ def list_charts(request: HtmxRequest) -> HttpResponse:
 
 
 # --- Session detail ---------------------------------------------------------------------
-
-
-def _trace_context(
-    request: HtmxRequest,
-    session: AgentSession,
-    params: Any,
-    *,
-    limit: int | None = None,
-    failures: trace.Failures | None = None,
-) -> dict[str, Any]:
-    """The trace as the page (or its #trace part) shows it: from `from`, with filters."""
-    filters = trace.TraceFilters.from_query(params)
-    start = positive_int(params.get("from"))
-    after = start - 1 if start else 0
-    page = trace.trace_page(session, after=after, filters=filters, limit=limit or trace.TRACE_PAGE)
-    failures = failures or trace.failures(session)
-    return {
-        "trace": page,
-        "items": page.items,
-        "more": page.more,
-        "last_seq_shown": page.last_seq,
-        "next_context": page.context,
-        "tf": filters,
-        "trace_errors": filters.errors,
-        "show_superseded": filters.superseded,
-        "superseded_count": selectors.superseded_count(session),
-        "from_seq": start,
-        "earlier_from": max(start - trace.TRACE_PAGE, 1) if start and start > 1 else None,
-        "failures": failures,
-        "first_error": failures.first,
-        "latest_from": max(session.last_seq - trace.TRACE_PAGE + 1, 1),
-        "trace_query": filters.query(**{"from": start}),
-        "filter_query": filters.query(),
-        "kinds": list(trace.KIND_FILTERS),
-        "is_live": session.is_runnable,
-        "live_poll": LIVE_POLL,
-        "can_operate": can_operate(request.user),
-        "session": session,
-    }
-
-
-def _detail_context(
-    request: HtmxRequest, session: AgentSession, part: str = "page"
-) -> dict[str, Any]:
-    """What the page (or one of its parts: panel, header, actions) needs, and no more:
-    each part is polled or re-rendered on its own, and a 100,000-step trace must not make
-    a header refresh slow."""
-    operate = can_operate(request.user)
-    state = selectors.head_state(session)
-    context: dict[str, Any] = {
-        "session": session,
-        "state": state,
-        "status": status_view(session),
-        "plan": trace.current_plan(session, state) if state or session.head else [],
-        "can_operate": operate,
-        "is_live": session.is_runnable,
-        "live_poll": LIVE_POLL,
-        "now": timezone.now(),
-        "duration": (session.updated_at - session.created_at) if session.updated_at else None,
-        "schema_version": state.get("schema_version"),
-        "model": _model_name(session),
-        "pending": state.get("pending_approval") if session.can_decide() else None,
-        "uncertain": selectors.uncertain_call(session, state),
-        # A LangGraph session stopped in interrupt(): what the graph asked.
-        "interrupts": pending_interrupts(session),
-    }
-    if part in ("page", "panel", "actions") and operate:
-        context["tool_results"] = selectors.live_tool_results(session)
-    if part in ("page", "panel", "header", "actions"):
-        context["budgets"] = selectors.session_budgets(session, state)
-        context["paused_by_budget"] = session.paused_by_budget
-    if part in ("page", "panel", "header"):
-        context["failures"] = trace.failures(session)
-    if part != "page":
-        return context
-    context.update(_trace_context(request, session, request.GET, failures=context["failures"]))
-    checkpoints, older_checkpoints = selectors.latest_checkpoints(session)
-    context.update(
-        {
-            "checkpoints": checkpoints,
-            "older_checkpoints": older_checkpoints,
-            "audit": selectors.recent_audit(session),
-        }
-    )
-    return context
-
-
-def _model_name(session: AgentSession) -> str:
-    if settings.RESPAWN_MODEL:
-        return settings.RESPAWN_MODEL
-    try:
-        from ..runtime import agent_registry
-
-        return agent_registry().get(session.agent).model
-    except KeyError:
-        return "unknown agent"
+# The page and each part it redraws take their context from page.SessionPage.
 
 
 @login_required
 @require_GET
 def session_detail(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     session = _get_session(request, session_id)
+    page = SessionPage(request, session)
     if request.htmx and request.htmx.target == "trace":
         # The trace's own navigation (filters, jumps, the refresh after an action).
-        upto = positive_int(request.GET.get("upto"))
-        start = positive_int(request.GET.get("from")) or 1
-        limit = min(max(upto - start + 1, trace.TRACE_PAGE), TRACE_REFRESH_MAX) if upto else None
-        return render(
-            request,
-            "sessions/detail.html#trace",
-            _trace_context(request, session, request.GET, limit=limit),
-        )
-    return render(request, "sessions/detail.html", _detail_context(request, session))
+        return render(request, "sessions/detail.html#trace", page.context("trace"))
+    return render(request, "sessions/detail.html", page.context("page"))
 
 
 @login_required
@@ -428,7 +315,7 @@ def session_header(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     if part not in ("panel", "header", "actions"):
         raise Http404("no such part")
     response = render(
-        request, f"sessions/detail.html#{part}", _detail_context(request, session, part)
+        request, f"sessions/detail.html#{part}", SessionPage(request, session).context(part)
     )
     if part == "header" and not session.is_runnable:
         # Settled: stop polling, and tell the actions to redraw for the new status.
@@ -448,30 +335,12 @@ def session_steps(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     except InvalidInput as exc:
         return _error(request, f"{exc} (a step number)", 400)
     filters = trace.TraceFilters.from_query(request.GET)
-    context = None
-    turns, runs = positive_int(request.GET.get("turns")), positive_int(request.GET.get("runs"))
-    if turns is not None and runs is not None:
-        context = TraceContext(turns, runs, request.GET.get("worker", "")[:200])
-    page = trace.trace_page(session, after=after, filters=filters, context=context)
+    page = trace.trace_page(session, after=after, filters=filters, context=steps_context(request))
     if not page.views and not page.more and not session.is_runnable:
         # Caught up with a session that will not change: nothing to add, stop asking.
         return HttpResponseStopPolling()
     return render(
-        request,
-        "sessions/detail.html#steps",
-        {
-            "session": session,
-            "items": page.items,
-            "more": page.more,
-            "last_seq_shown": page.last_seq,
-            "next_context": page.context,
-            "tf": filters,
-            "filter_query": filters.query(),
-            "show_superseded": filters.superseded,
-            "can_operate": can_operate(request.user),
-            "is_live": session.is_runnable,
-            "live_poll": LIVE_POLL,
-        },
+        request, "sessions/detail.html#steps", SessionPage(request, session).steps(page, filters)
     )
 
 
@@ -555,22 +424,27 @@ def checkpoint_diff(request: HtmxRequest, session_id: UUID) -> HttpResponse:
 
 
 # --- Previews and actions ---------------------------------------------------------------
+# Which actions there are, who may take them and what each does: actions.ACTIONS. One
+# view serves them all, so access, errors and the redraw are the same for every one.
+
+
+def _require(request: HtmxRequest, permission: Permission) -> None:
+    if not permission.allows(request.user):
+        raise PermissionDenied(permission.refusal)
 
 
 @login_required
 @require_GET
 def action_preview(request: HtmxRequest, session_id: UUID, action: str) -> HttpResponse:
+    """What an action will do, with the button that confirms it (resume, roll back)."""
     session = _get_session(request, session_id)
-    _require_operate(request)
-    if action == AuditAction.RESUME:
-        preview = selectors.preview_resume(session)
-    elif action == AuditAction.ROLLBACK:
-        seq = positive_int(request.GET.get("seq"))
-        if seq is None:
-            return _error(request, "choose a checkpoint (a step number) to roll back to", 400)
-        preview = selectors.preview_rollback(session, seq)
-    else:
-        raise Http404("no preview for that action")
+    previewed = PREVIEWS[action]  # the URL admits no other name
+    _require(request, previewed.permission)
+    assert previewed.preview is not None
+    try:
+        preview = previewed.preview(session, request.GET)
+    except services.ActionError as exc:
+        return _error(request, str(exc), exc.status)
     return render(request, "sessions/preview.html", {"session": session, "preview": preview})
 
 
@@ -590,7 +464,7 @@ def _action_response(
     response = render(
         request,
         "sessions/detail.html#panel",
-        _detail_context(request, session, "panel"),
+        SessionPage(request, session).context("panel"),
         status=status,
     )
     trigger_client_event(response, "trace-changed", after="swap")
@@ -601,163 +475,20 @@ def _action_response(
 @login_required
 @require_POST
 def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpResponse:
+    """Take one of actions.ACTIONS on the session (its `run` reads the form and calls the
+    service, which enforces the status policy under the session's lock)."""
     session = _get_session(request, session_id)
-    _require_operate(request)
-    who, meta = request.user, _meta(request)
-    post = request.POST
+    taken = ACTIONS[action]  # the URL admits no other name
+    _require(request, taken.permission)
+    given = ActionInput(session=session, form=request.POST, actor=request.user, meta=_meta(request))
     try:
-        if action == AuditAction.RESUME:
-            services.session_resume(session_id=session.id, actor=who, request_meta=meta)
-            text = "Resumed: queued for a worker from its head checkpoint."
-        elif action == AuditAction.CANCEL:
-            # Read before the cancel, which ends the lease: the worker learns of it at its
-            # next write.
-            stops_worker = session.has_live_worker()
-            services.session_cancel(session_id=session.id, actor=who, request_meta=meta)
-            text = "Cancelled: the worker stops at its next step." if stops_worker else "Cancelled."
-        elif action == AuditAction.ROLLBACK:
-            seq = _int(post.get("checkpoint_seq"), "checkpoint")
-            services.checkpoint_rollback(
-                session_id=session.id, checkpoint_seq=seq, actor=who, request_meta=meta
-            )
-            text = (
-                f"Rolled back to checkpoint {seq}; later steps are superseded. "
-                "Paused until resumed."
-            )
-        elif action == AuditAction.FORK:
-            seq = _int(post.get("checkpoint_seq"), "checkpoint")
-            fork = services.session_fork(
-                session_id=session.id, checkpoint_seq=seq, actor=who, request_meta=meta
-            )
-            messages.success(request, f"Forked from checkpoint {seq} of {session.id}.")
-            url = reverse("sessions:detail", args=[fork.id])
-            return HttpResponseClientRedirect(url) if request.htmx else redirect(url)
-        elif action == AuditAction.APPROVE:
-            services.session_approve(
-                session_id=session.id, actor=who, reason=post.get("reason", ""), request_meta=meta
-            )
-            text = "Approved: the tool call runs now."
-        elif action == AuditAction.REJECT:
-            services.session_reject(
-                session_id=session.id, actor=who, reason=post.get("reason", ""), request_meta=meta
-            )
-            text = "Rejected: the model is told, and the session goes on."
-        elif action == "answer":
-            from ..services.graphs import session_answer_interrupt
-
-            value = _json(post.get("value", ""), "the answer", text_allowed=True)
-            session_answer_interrupt(
-                session_id=session.id, value=value, actor=who, request_meta=meta
-            )
-            text = "Answered: the graph resumes with it."
-        elif action == "uncertain":
-            resolution = post.get("resolution", "")
-            output = None
-            if resolution == OperatorAction.RECORD_RESULT:
-                output = _json(post.get("output", ""), "the recorded result")
-            services.session_resolve_uncertain(
-                session_id=session.id,
-                resolution=resolution,
-                output=output,
-                note=post.get("note", ""),
-                actor=who,
-                request_meta=meta,
-            )
-            text = {
-                OperatorAction.RERUN: "The tool call runs again, with the same idempotency key.",
-                OperatorAction.RECORD_RESULT: "Result recorded by hand; the session goes on.",
-                OperatorAction.FAIL: "Session failed: the side effect stays uncertain, on record.",
-            }[OperatorAction(resolution)]  # checked by the service above
-        elif action == AuditAction.MESSAGE:
-            services.session_send_message(
-                session_id=session.id, content=post.get("content", ""), actor=who, request_meta=meta
-            )
-            text = "Message sent; the session is queued."
-        elif action == "instruct":
-            services.session_add_instruction(
-                session_id=session.id, text=post.get("text", ""), actor=who, request_meta=meta
-            )
-            text = "Instruction added as an operator step; the session is queued."
-        elif action == "correct":
-            seq = _int(post.get("result_seq"), "tool result")
-            output = _json(post.get("output", ""), "the corrected output")
-            services.session_correct_result(
-                session_id=session.id,
-                result_seq=seq,
-                output=output,
-                note=post.get("note", ""),
-                actor=who,
-                request_meta=meta,
-            )
-            text = f"Result of step {seq} corrected (an operator step); the session is queued."
-        elif action == "budgets":
-            changes = _budget_fields(post)
-            services.session_set_budgets(
-                session_id=session.id,
-                budgets=changes,
-                resume=post.get("resume") == "on",
-                actor=who,
-                request_meta=meta,
-            )
-            text = "Budgets set" + (
-                "; the session is queued." if post.get("resume") == "on" else "."
-            )
-        elif action in ("hold", "release"):
-            services.session_set_legal_hold(
-                session_id=session.id,
-                hold=action == "hold",
-                note=post.get("note", ""),
-                actor=who,
-                request_meta=meta,
-            )
-            text = (
-                "On legal hold: no retention policy deletes anything of it."
-                if action == "hold"
-                else "Legal hold released: retention policies apply to it again."
-            )
-        else:
-            raise Http404("no such action")
+        done = taken.run(given)
     except services.ActionError as exc:
         return _action_response(request, session, ok=False, text=str(exc), status=exc.status)
-    return _action_response(request, session, ok=True, text=text)
-
-
-def _budget_fields(post: Any) -> dict[str, Any]:
-    """The budgets a form gives: a field left empty is unchanged, `none` lifts the limit."""
-    changes: dict[str, Any] = {}
-    for name in services.BUDGET_FIELDS:
-        raw = (post.get(name) or "").strip()
-        if not raw:
-            continue
-        if raw.lower() == "none":
-            changes[name] = None
-            continue
-        try:
-            changes[name] = int(raw) if name in ("max_steps", "max_tokens") else float(raw)
-        except ValueError:
-            kind = "a whole number" if name in ("max_steps", "max_tokens") else "a number"
-            raise services.ActionError(
-                f"{name.replace('_', ' ')}: expected {kind} or 'none', got {raw[:40]!r}"
-            ) from None
-    return changes
-
-
-def _int(raw: str | None, what: str) -> int:
-    try:
-        return parse_int(raw if raw is not None else "", what)
-    except InvalidInput:
-        raise services.ActionError(f"choose a {what} (a step number)", code="invalid") from None
-
-
-def _json(raw: str, what: str, *, text_allowed: bool = False) -> Any:
-    """JSON from a form field (depth-checked first); with `text_allowed`, what does not
-    parse as JSON is taken as plain text."""
-    try:
-        return load_json(raw, what)
-    except InvalidInput as exc:
-        if text_allowed and exc.problem.startswith("not valid JSON"):
-            return raw
-        raise services.ActionError(str(exc), code="invalid") from None
+    if done.goto:
+        messages.success(request, done.text)
+        return HttpResponseClientRedirect(done.goto) if request.htmx else redirect(done.goto)
+    return _action_response(request, session, ok=True, text=done.text)
 
 
 # --- Audit log and attention ------------------------------------------------------------

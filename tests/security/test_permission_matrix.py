@@ -12,6 +12,7 @@ import pytest
 from django.contrib.auth.models import Group, Permission, User
 from django.urls import URLPattern, URLResolver, get_resolver
 
+from sessions_app.dashboard.actions import ACTIONS, PREVIEWS
 from sessions_app.models import ApiToken, AuditEvent, Checkpoint, Step
 from sessions_app.services.core import session_start
 
@@ -21,20 +22,6 @@ pytestmark = pytest.mark.django_db
 
 ROLES = ["anonymous", "viewer", "operator", "staff", "staff_all_permissions", "superuser"]
 NO_ROLE = ("staff", "staff_all_permissions")  # staff status (and model permissions), no role
-DASHBOARD_ACTIONS = [
-    "hold",
-    "release",
-    "resume",
-    "cancel",
-    "rollback",
-    "fork",
-    "approve",
-    "reject",
-    "message",
-    "instruct",
-    "correct",
-    "budgets",
-]
 
 
 def walk(patterns, prefix=""):
@@ -77,12 +64,14 @@ def world(users):
 
 
 def fill(route: str, world) -> list[str]:
-    """Concrete URLs for a route pattern (one per action for <str:action>)."""
+    """Concrete URLs for a route pattern (one per action of the dashboard's table for
+    <action:action>, one per previewed action for <previewed:action>)."""
     session = world["session"]
     url = "/" + route
     url = url.replace("<uuid:session_id>", str(session.id))
-    if "<str:action>" in url:
-        return [url.replace("<str:action>", a) for a in DASHBOARD_ACTIONS + ["no-such-action"]]
+    for parameter, names in (("<action:action>", ACTIONS), ("<previewed:action>", PREVIEWS)):
+        if parameter in url:
+            return [url.replace(parameter, name) for name in names]
     return [url]
 
 

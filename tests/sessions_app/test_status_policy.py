@@ -12,6 +12,7 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 from django.utils import timezone
 
+from sessions_app.dashboard.actions import ACTIONS as DASHBOARD_ACTIONS
 from sessions_app.models import AgentSession, Status
 from sessions_app.services import core as services
 from sessions_app.services.core import ActionError, session_start
@@ -56,6 +57,8 @@ def test_the_service_refuses_exactly_what_the_policy_refuses(status, action):
     session = _session_in(status)
     run, rule = ACTIONS[action]
     allowed = getattr(session, rule)()
+    # The dashboard's table names the same rule for the action.
+    assert (DASHBOARD_ACTIONS[action].refusal(session) is None) == allowed
     try:
         run(session)
     except ActionError as exc:

@@ -1,0 +1,173 @@
+"""The session page's context, built in one place.
+
+The page and every part of it that is redrawn on its own (the panel after an action, the
+polled header, the actions card when the session settles, the trace after an action or a
+filter, the next page of steps) take their context from `SessionPage`, so a part redrawn
+after an action says what the whole page would say. Each part asks only for the pieces it
+shows: a 100,000-step trace must not make a header refresh slow."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from ..models import AgentSession
+from ..permissions import can_operate
+from ..selectors import core as selectors
+from ..services.graphs import pending_interrupts
+from ..web.http import HtmxRequest, positive_int
+from . import trace
+from .actions import ACTIONS
+from .presenters import TraceContext, status_view
+
+LIVE_POLL = "2s"
+TRACE_REFRESH_MAX = 500  # steps a trace re-renders in place after an action
+
+# The pieces each part shows, in order; piece `x` is SessionPage's method `_x`.
+PARTS: dict[str, tuple[str, ...]] = {
+    "header": ("base", "budgets", "failures"),
+    "actions": ("base", "budgets", "tool_results"),
+    "panel": ("base", "budgets", "failures", "tool_results"),
+    "trace": ("trace",),
+    "page": ("base", "budgets", "failures", "tool_results", "trace", "checkpoints"),
+}
+
+
+class SessionPage:
+    """The context of one session's page, or of one of its parts, for one request."""
+
+    def __init__(self, request: HtmxRequest, session: AgentSession) -> None:
+        self.request = request
+        self.session = session
+        self.operate = can_operate(request.user)
+        self._found_failures: trace.Failures | None = None
+
+    def context(self, part: str = "page") -> dict[str, Any]:
+        """The context of `part`, a key of PARTS."""
+        context: dict[str, Any] = self._common()
+        for piece in PARTS[part]:
+            context.update(getattr(self, f"_{piece}")(context, part))
+        return context
+
+    def steps(self, page: trace.TracePage, filters: trace.TraceFilters) -> dict[str, Any]:
+        """The context of a page of steps loaded after the ones shown (on scroll, or the
+        live tail): the trace piece's keys for that page."""
+        return {**self._common(), **self._steps_of(page, filters)}
+
+    def failures(self) -> trace.Failures:
+        """The session's failed steps, counted once per request (header and trace share)."""
+        if self._found_failures is None:
+            self._found_failures = trace.failures(self.session)
+        return self._found_failures
+
+    # --- The pieces ---------------------------------------------------------------------
+
+    def _common(self) -> dict[str, Any]:
+        """What every part reads: the session, whether it may be changed, and polling."""
+        return {
+            "session": self.session,
+            "can_operate": self.operate,
+            "actions": ACTIONS,
+            "is_live": self.session.is_runnable,
+            "live_poll": LIVE_POLL,
+        }
+
+    def _base(self, context: dict[str, Any], part: str) -> dict[str, Any]:
+        session = self.session
+        state = selectors.head_state(session)
+        return {
+            "state": state,
+            "status": status_view(session),
+            "plan": trace.current_plan(session, state) if state or session.head else [],
+            "now": timezone.now(),
+            "duration": (session.updated_at - session.created_at) if session.updated_at else None,
+            "schema_version": state.get("schema_version"),
+            "model": _model_name(session),
+            "pending": state.get("pending_approval") if session.can_decide() else None,
+            "uncertain": selectors.uncertain_call(session, state),
+            # A LangGraph session stopped in interrupt(): what the graph asked.
+            "interrupts": pending_interrupts(session),
+        }
+
+    def _budgets(self, context: dict[str, Any], part: str) -> dict[str, Any]:
+        return {
+            "budgets": selectors.session_budgets(self.session, context["state"]),
+            "paused_by_budget": self.session.paused_by_budget,
+        }
+
+    def _failures(self, context: dict[str, Any], part: str) -> dict[str, Any]:
+        return {"failures": self.failures()}
+
+    def _tool_results(self, context: dict[str, Any], part: str) -> dict[str, Any]:
+        # Only operators see the correction form that lists them.
+        return {"tool_results": selectors.live_tool_results(self.session)} if self.operate else {}
+
+    def _checkpoints(self, context: dict[str, Any], part: str) -> dict[str, Any]:
+        checkpoints, older_checkpoints = selectors.latest_checkpoints(self.session)
+        return {
+            "checkpoints": checkpoints,
+            "older_checkpoints": older_checkpoints,
+            "audit": selectors.recent_audit(self.session),
+        }
+
+    def _trace(self, context: dict[str, Any], part: str) -> dict[str, Any]:
+        """The trace as the page (or its #trace part) shows it: from `from`, with filters.
+        The trace redrawn on its own (after an action) goes as far as `upto`, so the steps
+        it showed stay shown."""
+        params = self.request.GET
+        session = self.session
+        filters = trace.TraceFilters.from_query(params)
+        start = positive_int(params.get("from"))
+        upto = positive_int(params.get("upto")) if part == "trace" else None
+        limit = trace.TRACE_PAGE
+        if upto:
+            limit = min(max(upto - (start or 1) + 1, trace.TRACE_PAGE), TRACE_REFRESH_MAX)
+        after = start - 1 if start else 0
+        page = trace.trace_page(session, after=after, filters=filters, limit=limit)
+        failures = self.failures()
+        return {
+            "trace": page,
+            **self._steps_of(page, filters),
+            "trace_errors": filters.errors,
+            "superseded_count": selectors.superseded_count(session),
+            "from_seq": start,
+            "earlier_from": max(start - trace.TRACE_PAGE, 1) if start and start > 1 else None,
+            "failures": failures,
+            "first_error": failures.first,
+            "latest_from": max(session.last_seq - trace.TRACE_PAGE + 1, 1),
+            "trace_query": filters.query(**{"from": start}),
+            "kinds": list(trace.KIND_FILTERS),
+        }
+
+    @staticmethod
+    def _steps_of(page: trace.TracePage, filters: trace.TraceFilters) -> dict[str, Any]:
+        return {
+            "items": page.items,
+            "more": page.more,
+            "last_seq_shown": page.last_seq,
+            "next_context": page.context,
+            "tf": filters,
+            "filter_query": filters.query(),
+            "show_superseded": filters.superseded,
+        }
+
+
+def steps_context(request: HtmxRequest) -> TraceContext | None:
+    """The turns and runs the page before showed (and the worker of its run), if it said."""
+    turns, runs = positive_int(request.GET.get("turns")), positive_int(request.GET.get("runs"))
+    if turns is None or runs is None:
+        return None
+    return TraceContext(turns, runs, request.GET.get("worker", "")[:200])
+
+
+def _model_name(session: AgentSession) -> str:
+    if settings.RESPAWN_MODEL:
+        return settings.RESPAWN_MODEL
+    try:
+        from ..runtime import agent_registry
+
+        return agent_registry().get(session.agent).model
+    except KeyError:
+        return "unknown agent"
