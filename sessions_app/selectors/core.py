@@ -53,6 +53,7 @@ from ..models import (
     payload_q,
 )
 from ..runtime import agent_registry
+from ..sdk_glue import PROGRAM_AGENTS
 from ..store import LATE_CALL_ACTION, session_store
 from ..validation import InvalidInput, check_datetime, parse_date
 
@@ -603,12 +604,23 @@ def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
     )
     cutoff = now - timedelta(seconds=settings.RESPAWN_APPROVAL_SLA)
     recent = now - timedelta(days=FAILED_RECENT_DAYS)
+    # A program's own LangGraph thread waits for its program's next call, at an interrupt
+    # or not: only a tool call that waits for a person's approval makes it one.
+    asked = (
+        Checkpoint.objects.alias(approval=KT("state__pending_approval__call_id"))
+        .filter(
+            session__agent__in=program_agents(),
+            seq=F("session__head"),
+            approval__isnull=False,
+        )
+        .values("session_id")
+    )
     return {
         "stuck": AgentSession.objects.filter(AgentSession.stuck_q(now)),
         "uncertain": AgentSession.objects.filter(id__in=uncertain),
-        "approvals": AgentSession.objects.filter(
-            status=Status.WAITING_INPUT, updated_at__lt=cutoff
-        ).exclude(id__in=uncertain),
+        "approvals": AgentSession.objects.filter(status=Status.WAITING_INPUT, updated_at__lt=cutoff)
+        .exclude(id__in=uncertain)
+        .exclude(Q(agent__in=program_agents()) & ~Q(id__in=asked)),
         "incompatible": incompatible_sessions(),
         "budget": AgentSession.objects.filter(AgentSession.paused_by_budget_q()),
         "failed": AgentSession.objects.filter(status=Status.FAILED, updated_at__gte=recent),
@@ -1004,10 +1016,21 @@ class CompatReport:
     loads_now: list[str] = field(default_factory=list)
     # (agent, the version each session started on) -> how many sessions
     sessions_per_agent_version: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Sessions a program runs itself (RespawnSaver or RespawnSession under the default
+    # agent name, no agent of that name here): agent -> how many; not checked, no failure.
+    by_program: dict[str, int] = field(default_factory=dict)
 
     @property
     def failing_sessions(self) -> int:
         return len({f.session_id for f in self.failures})
+
+
+def program_agents() -> list[str]:
+    """Agent names of sessions their own program runs, not the workers: the names
+    RespawnSaver and RespawnSession give when told none, unless this deployment registers
+    an agent of that name."""
+    registered = set(agent_registry().names())
+    return sorted(name for name in PROGRAM_AGENTS if name not in registered)
 
 
 def _has_column(model: type[AgentSession], column: str) -> bool:
@@ -1021,7 +1044,9 @@ def state_compat_report(*, every_session: bool = False) -> CompatReport:
     checkpoint and the live history, through the upgraders), with this code, and check it
     against the agents this code has (agent_runtime.compat): the agent exists, its version
     continues the session, its own state loads, and every tool call still to run names a
-    tool that exists and takes the stored arguments.
+    tool that exists and takes the stored arguments (an agent run by a foreign runner is
+    checked by its runner: a LangGraph graph's nodes, an SDK agent's tools). Sessions their
+    own program runs (`program_agents`) are counted in `by_program`, never failures.
 
     Reads only columns that exist before this release's migrations: the deploy gate runs
     with the new code against the old schema."""
@@ -1036,10 +1061,15 @@ def state_compat_report(*, every_session: bool = False) -> CompatReport:
                 id__in=sessions.values("id"), incompatible_at__isnull=False
             ).values_list("id", "incompatible_at")
         )
-    report = CompatReport(schema_version=SCHEMA_VERSION, checked=len(rows))
+    by_program = set(program_agents())
+    report = CompatReport(schema_version=SCHEMA_VERSION)
     store = session_store()
     registry = agent_registry()
     for session_id, agent, status in rows:
+        if agent in by_program:
+            report.by_program[agent] = report.by_program.get(agent, 0) + 1
+            continue
+        report.checked += 1
         try:
             head = store.load_head(str(session_id))
         except IncompatibleSchemaError as exc:

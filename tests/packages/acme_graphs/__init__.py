@@ -72,3 +72,21 @@ def builder() -> StateGraph:
 
 
 agents = [graph_agent("acme-graph", builder(), version="1", description="loops and approvals")]
+
+
+def builder_without_model() -> StateGraph:
+    """The next release, whose model node is called `assistant`: a session waiting in
+    `model` (at an interrupt) has nothing to resume in it."""
+    graph = StateGraph(State)
+    graph.add_node("assistant", model)
+    graph.add_node("tools", tools)
+    graph.add_edge(START, "assistant")
+    graph.add_conditional_edges("assistant", route, ["tools", END])
+    graph.add_edge("tools", "assistant")
+    return graph
+
+
+agents_renamed_node = [graph_agent("acme-graph", builder_without_model(), version="2")]
+
+# A deployment that runs the threads a RespawnSaver wrote under its default agent name.
+agents_named_langgraph = [graph_agent("langgraph", builder(), version="1")]
