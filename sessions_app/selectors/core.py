@@ -17,8 +17,9 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, TruncHour
 from django.utils import timezone
 
-from agent_runtime.agents import version_key
+from agent_runtime.agents import Agent, version_key
 from agent_runtime.compat import session_problems
+from agent_runtime.runners import DescribedRunner, RunnerDescription, ToolDescription
 from agent_runtime.state import (
     SCHEMA_VERSION,
     STATE_BUDGETS,
@@ -350,9 +351,9 @@ class ToolView:
     description: str
     parameters: list[dict[str, Any]]  # name, type, required, description
     schema: str  # the JSON schema, pretty-printed
-    idempotent: bool
+    idempotent: bool | None  # None: a runner's tool, which Respawn does not run
     needs_approval: bool
-    timeout: float
+    timeout: float | None
     retries: int
 
 
@@ -361,16 +362,18 @@ class AgentView:
     name: str
     version: str
     description: str
+    kind: str  # "Respawn's loop", or what its runner runs ("LangGraph graph", ...)
     model: str
     instructions: str  # the text, or which function computes it
     source: str  # where it was found: RESPAWN_AGENTS entry or entry point
-    limits: Any
+    limits: Any  # None: a runner runs the turn, Respawn applies no limits of its own
     state_version: int | None
     state_upgraders: list[int]
     compatible_since: str | None
     tools: list[ToolView]
     live: list[tuple[str, int]]  # (version started on, live sessions), newest first
     live_total: int
+    nodes: list[str] = field(default_factory=list)  # a graph's nodes
 
 
 @dataclass(frozen=True)
@@ -380,10 +383,7 @@ class AgentsOverview:
     missing: list[tuple[str, int]]
 
 
-def _tool_view(tool: Any) -> ToolView:
-    import json
-
-    schema = tool.spec.parameters
+def _parameters(schema: dict[str, Any]) -> list[dict[str, Any]]:
     required = set(schema.get("required") or [])
     parameters = []
     for name, prop in (schema.get("properties") or {}).items():
@@ -399,16 +399,67 @@ def _tool_view(tool: Any) -> ToolView:
                 "description": prop.get("description", ""),
             }
         )
+    return parameters
+
+
+def _tool_view(tool: Any) -> ToolView:
+    import json
+
+    schema = tool.spec.parameters
     return ToolView(
         name=tool.name,
         description=tool.description,
-        parameters=parameters,
+        parameters=_parameters(schema),
         schema=json.dumps(schema, indent=2, sort_keys=True),
         idempotent=tool.idempotent,
         needs_approval=tool.needs_approval,
         timeout=tool.timeout,
         retries=tool.retries,
     )
+
+
+def _runner_tool_view(tool: ToolDescription) -> ToolView:
+    import json
+
+    return ToolView(
+        name=tool.name,
+        description=tool.description,
+        parameters=_parameters(tool.parameters),
+        schema=json.dumps(tool.parameters, indent=2, sort_keys=True),
+        idempotent=None,
+        needs_approval=tool.needs_approval,
+        timeout=None,
+        retries=0,
+    )
+
+
+def runner_description(agent: Agent) -> RunnerDescription | None:
+    """What an agent's runner says it runs (agent_runtime.runners.DescribedRunner), or
+    None: Respawn's own loop, or a runner that does not say."""
+    if isinstance(agent.runner, DescribedRunner):
+        return agent.runner.describe()
+    return None
+
+
+def session_model(session: AgentSession, configured: str) -> str:
+    """The model a session's header names: the one its agent is configured with
+    (`configured`, the deployment's RESPAWN_MODEL or Respawn's agent's), else the one its
+    runner says it calls, else the one its last model step recorded."""
+    if configured and configured != "unknown agent":
+        return configured
+    registry = agent_registry()
+    if session.agent in registry:
+        described = runner_description(registry.get(session.agent))
+        if described is not None and described.model:
+            return described.model
+    payload = (
+        Step.objects.filter(session=session, kind="model", superseded_at__isnull=True)
+        .order_by("-seq")
+        .values_list("payload", flat=True)
+        .first()
+    )
+    recorded = str((payload or {}).get("model") or "") if isinstance(payload, dict) else ""
+    return recorded or configured or "not recorded"
 
 
 def agents_overview() -> AgentsOverview:
@@ -431,6 +482,7 @@ def agents_overview() -> AgentsOverview:
         live.setdefault(agent, []).append((version, n))
     views = []
     for agent in agent_registry():
+        described = runner_description(agent)
         instructions = agent.instructions
         if not isinstance(instructions, str):
             instructions = (
@@ -439,21 +491,31 @@ def agents_overview() -> AgentsOverview:
                 f"{getattr(instructions, '__qualname__', repr(instructions))}"
             )
         versions = sorted(live.get(agent.name, []), key=lambda vn: version_key(vn[0]), reverse=True)
+        tools = [_tool_view(t) for t in agent.tools]
+        kind, model, nodes = "Respawn's loop", agent.model, []
+        if agent.runner is not None:
+            kind = described.kind if described else f"runner {type(agent.runner).__name__}"
+            model = (described.model if described else "") or f"chosen by its {kind}"
+            instructions = described.instructions if described else ""
+            tools = [_runner_tool_view(t) for t in described.tools] if described else []
+            nodes = list(described.nodes) if described else []
         views.append(
             AgentView(
                 name=agent.name,
                 version=agent.version,
                 description=agent.description,
-                model=agent.model or f"runner: {type(agent.runner).__name__}",
+                kind=kind,
+                model=model,
                 instructions=instructions,
                 source=found.sources.get(agent.name, ""),
-                limits=agent.limits,
+                limits=agent.limits if agent.runner is None else None,
                 state_version=agent.state.version if agent.state else None,
                 state_upgraders=sorted(agent.state.upgraders) if agent.state else [],
                 compatible_since=agent.compatible_since,
-                tools=[_tool_view(t) for t in agent.tools],
+                tools=tools,
                 live=versions,
                 live_total=sum(n for _, n in versions),
+                nodes=nodes,
             )
         )
     names = set(agent_registry().names())
@@ -882,14 +944,20 @@ class Budget:
 
 def session_budgets(session: AgentSession, state: dict[str, Any] | None = None) -> list[Budget]:
     """The session's budgets as its next run will see them (the head checkpoint's, with
-    the set_budgets steps written after it) beside what it has used."""
+    the set_budgets steps written after it) beside what it has used. The same four for
+    every kind of agent; a foreign runner's session (a LangGraph graph, an SDK agent) has
+    no default limit, since Respawn's loop does not run it."""
     state = head_state(session) if state is None else state
     limits = dict(state.get("budgets") or {})
-    if not limits:  # no checkpoint yet: the agent's limits
-        registry = agent_registry()
-        if session.agent in registry:
-            agent_limits = registry.get(session.agent).limits
-            limits = {k: getattr(agent_limits, k) for k in STATE_BUDGETS}
+    registry = agent_registry()
+    agent = registry.get(session.agent) if session.agent in registry else None
+    if (agent is not None and agent.runner is not None) or session.agent in program_agents():
+        # A LangGraph graph or an SDK agent runs its own turn loop: no limit of Respawn's
+        # stops it (its checkpoints carry the engine's default budgets, never applied), so
+        # its budgets read as the built-in loop's do when nothing limits them.
+        limits = {}
+    elif not limits and agent is not None:  # no checkpoint yet: the agent's limits
+        limits = {k: getattr(agent.limits, k) for k in STATE_BUDGETS}
     # The steps fold in by the engine's own rule, on a state holding just these budgets (a
     # limit nothing set stays None: no limit).
     start: dict[str, Any] = {k: limits.get(k) for k in STATE_BUDGETS}
