@@ -351,6 +351,7 @@ class ToolView:
     description: str
     parameters: list[dict[str, Any]]  # name, type, required, description
     schema: str  # the JSON schema, pretty-printed
+    json_schema: dict[str, Any]  # the same, as data (the API's)
     idempotent: bool | None  # None: a runner's tool, which Respawn does not run
     needs_approval: bool
     timeout: float | None
@@ -411,6 +412,7 @@ def _tool_view(tool: Any) -> ToolView:
         description=tool.description,
         parameters=_parameters(schema),
         schema=json.dumps(schema, indent=2, sort_keys=True),
+        json_schema=schema,
         idempotent=tool.idempotent,
         needs_approval=tool.needs_approval,
         timeout=tool.timeout,
@@ -426,6 +428,7 @@ def _runner_tool_view(tool: ToolDescription) -> ToolView:
         description=tool.description,
         parameters=_parameters(tool.parameters),
         schema=json.dumps(tool.parameters, indent=2, sort_keys=True),
+        json_schema=tool.parameters,
         idempotent=None,
         needs_approval=tool.needs_approval,
         timeout=None,

@@ -112,3 +112,18 @@ def test_a_foreign_sessions_header_names_its_model_and_no_default_budget(client,
     assert (steps.name, steps.limit, steps.used, steps.reached) == ("steps", None, 300, False)
     page = client.get(reverse("sessions:detail", args=[graph.id])).content.decode()
     assert "started on version <b>1</b>" in page and "reached" not in page
+
+
+def test_api_lists_a_graphs_nodes_and_an_sdk_agents_tools(client, users, foreign):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {ApiToken.issue(users['viewer'])[1]}"}
+    agents = {a["name"]: a for a in client.get("/api/agents", **auth).json()}
+    sdk, graph = agents["acme-sdk"], agents["acme-graph"]
+    assert (sdk["kind"], sdk["model"]) == ("OpenAI Agents SDK agent", "acme-model")
+    refund = next(t for t in sdk["tools"] if t["name"] == "refund")
+    assert refund["needs_approval"] and refund["idempotent"] is None
+    assert refund["parameters"]["required"] == ["order", "amount"]
+    assert (graph["kind"], graph["nodes"], graph["tools"]) == (
+        "LangGraph graph",
+        ["model", "tools"],
+        [],
+    )
