@@ -61,13 +61,13 @@ def route(state: State) -> str:
     return "tools" if getattr(last, "tool_calls", None) else END
 
 
-def builder() -> StateGraph:
+def builder(model_node: str = "model") -> StateGraph:
     graph = StateGraph(State)
-    graph.add_node("model", model)
+    graph.add_node(model_node, model)
     graph.add_node("tools", tools)
-    graph.add_edge(START, "model")
-    graph.add_conditional_edges("model", route, ["tools", END])
-    graph.add_edge("tools", "model")
+    graph.add_edge(START, model_node)
+    graph.add_conditional_edges(model_node, route, ["tools", END])
+    graph.add_edge("tools", model_node)
     return graph
 
 
@@ -77,13 +77,7 @@ agents = [graph_agent("acme-graph", builder(), version="1", description="loops a
 def builder_without_model() -> StateGraph:
     """The next release, whose model node is called `assistant`: a session waiting in
     `model` (at an interrupt) has nothing to resume in it."""
-    graph = StateGraph(State)
-    graph.add_node("assistant", model)
-    graph.add_node("tools", tools)
-    graph.add_edge(START, "assistant")
-    graph.add_conditional_edges("assistant", route, ["tools", END])
-    graph.add_edge("tools", "assistant")
-    return graph
+    return builder(model_node="assistant")
 
 
 agents_renamed_node = [graph_agent("acme-graph", builder_without_model(), version="2")]
