@@ -382,6 +382,8 @@ class AgentsOverview:
     agents: list[AgentView]
     # Agents with live sessions that this deployment does not have: (name, live sessions)
     missing: list[tuple[str, int]]
+    # Sessions programs run themselves (program_agents): (name, which program, live sessions)
+    by_program: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 def _parameters(schema: dict[str, Any]) -> list[dict[str, Any]]:
@@ -522,10 +524,18 @@ def agents_overview() -> AgentsOverview:
             )
         )
     names = set(agent_registry().names())
+    programs = set(program_agents())
     missing = sorted(
-        (agent, sum(n for _, n in rows)) for agent, rows in live.items() if agent not in names
+        (agent, sum(n for _, n in rows))
+        for agent, rows in live.items()
+        if agent not in names and agent not in programs
     )
-    return AgentsOverview(agents=views, missing=missing)
+    by_program = sorted(
+        (agent, PROGRAM_AGENTS[agent], sum(n for _, n in rows))
+        for agent, rows in live.items()
+        if agent in programs
+    )
+    return AgentsOverview(agents=views, missing=missing, by_program=by_program)
 
 
 # --- Needs attention --------------------------------------------------------------------

@@ -127,3 +127,13 @@ def test_api_lists_a_graphs_nodes_and_an_sdk_agents_tools(client, users, foreign
         ["model", "tools"],
         [],
     )
+
+
+def test_a_programs_own_sessions_are_not_listed_as_of_a_missing_agent(client, users, acme):
+    AgentSession.objects.create(agent="langgraph", status=Status.WAITING_INPUT)
+    AgentSession.objects.create(agent="gone", status=Status.PAUSED)
+    client.force_login(users["viewer"])
+    page = client.get(reverse("sessions:agents")).content.decode()
+    missing = page[page.index('class="agents-missing') : page.index("</section>")]
+    assert "gone</a>: 1 live session" in missing and "langgraph" not in missing
+    assert "langgraph</a> (a LangGraph program using RespawnSaver): 1 live session" in page
