@@ -37,25 +37,30 @@ def waiting_refund(sdk_model, settings):  # noqa: F811
     return row
 
 
-def test_an_sdk_tool_a_waiting_call_needs_is_named_when_removed(settings, waiting_refund):
+def _fails_on(settings, release: str, session) -> tuple[str, str, str]:
+    """The gate passes with the agents the session runs on and fails with `release`: the
+    "failed:" and "error:" lines it prints for the session, and how it ended."""
     out, error = compat_gate()
     assert error is None, out
-    settings.RESPAWN_AGENTS = ["acme_sdk:agents_without_refund"]
+    settings.RESPAWN_AGENTS = [release]
     out, error = compat_gate()
     assert error is not None and error.returncode == 1, out
-    assert "1 of 1 session(s) would fail" in str(error)
-    block = out[out.index(f"FAIL {waiting_refund.id}") :].splitlines()
-    assert block[3].startswith("  failed: tool call waiting for approval at seq ")
-    assert block[3].endswith(" (refund)")
-    assert block[4] == (
+    block = out[out.index(f"FAIL {session.id}") :].splitlines()
+    return block[3], block[4], str(error)
+
+
+def test_an_sdk_tool_a_waiting_call_needs_is_named_when_removed(settings, waiting_refund):
+    failed, error, ended = _fails_on(settings, "acme_sdk:agents_without_refund", waiting_refund)
+    assert "1 of 1 session(s) would fail" in ended
+    assert failed.startswith("  failed: tool call waiting for approval at seq ")
+    assert failed.endswith(" (refund)")
+    assert error == (
         "  error:  agent 'acme-sdk' (SDK agent 'acme-support') has no tool 'refund' "
         "(its tools: work)"
     )
 
 
-def test_an_approved_sdk_call_not_yet_run_is_named_a_rejected_one_is_not(
-    settings, users, waiting_refund
-):
+def test_an_approved_sdk_call_not_yet_run_is_named(settings, users, waiting_refund):
     session_approve(session_id=waiting_refund.id, actor=users["operator"])
     settings.RESPAWN_AGENTS = ["acme_sdk:agents_without_refund"]
     out, error = compat_gate("--json")
@@ -84,15 +89,10 @@ def graph_at_interrupt(settings):
 def test_a_graph_node_an_interrupt_waits_in_is_named_when_removed(
     settings, users, graph_at_interrupt
 ):
-    out, error = compat_gate()
-    assert error is None, out
-    settings.RESPAWN_AGENTS = ["acme_graphs:agents_renamed_node"]
-    out, error = compat_gate()
-    assert error is not None and error.returncode == 1, out
-    block = out[out.index(f"FAIL {graph_at_interrupt.id}") :].splitlines()
-    assert block[3].startswith("  failed: interrupt waiting for an answer at seq ")
-    assert block[3].endswith(" (model)")
-    assert block[4] == (
+    failed, error, _ = _fails_on(settings, "acme_graphs:agents_renamed_node", graph_at_interrupt)
+    assert failed.startswith("  failed: interrupt waiting for an answer at seq ")
+    assert failed.endswith(" (model)")
+    assert error == (
         "  error:  the graph of agent 'acme-graph' has no node 'model' (its nodes: "
         "assistant, tools): resuming the session would not run it"
     )
