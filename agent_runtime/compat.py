@@ -6,15 +6,18 @@ agent refuses it (`Agent.refusal`), when its agent state cannot be loaded (a ver
 no upgrader, or newer than the code), or when a tool call it still has to run — pending,
 waiting for a person's approval, or uncertain after a crash — names a tool that is gone or
 has arguments the tool's new schema no longer accepts. `session_problems` finds each of
-these from a loaded session, with the same functions a worker's run uses.
+these from a loaded session, with the same functions a worker's run uses. An agent whose
+turn loop is a foreign runner (a LangGraph graph, an OpenAI Agents SDK agent) is checked
+by its runner (`CheckedRunner.session_problems`: a call waiting for approval to a tool
+that is gone, an interrupt or next node gone from the graph), since Respawn's loop does
+not run its tool calls.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .agents import AgentRegistry, AgentStateError, UnknownAgent
 from .loop.trace import RunTools, next_action, replay, uncertain_resolution
+from .runners import CheckedRunner, Problem
 from .state import OperatorAction, StateError
 from .store import SessionHead
 from .tools import ToolError
@@ -23,11 +26,7 @@ from .tools import ToolError
 # are tool calls that would fail when they run, which the model then sees.
 REFUSALS = frozenset({"agent", "agent version", "agent state"})
 
-
-@dataclass(frozen=True)
-class Problem:
-    where: str  # "agent", "agent state", "tool call at seq 12 (send_payment)"
-    error: str
+__all__ = ["REFUSALS", "Problem", "session_problems"]
 
 
 def session_problems(head: SessionHead, agents: AgentRegistry) -> list[Problem]:
@@ -56,6 +55,11 @@ def session_problems(head: SessionHead, agents: AgentRegistry) -> list[Problem]:
             agent.state.load(state.agent_state)
         except AgentStateError as exc:
             problems.append(Problem("agent state", f"agent {agent.name!r}: {exc}"))
+    if agent.runner is not None:
+        # Respawn's loop runs none of its calls: what it still has to do is the runner's.
+        if isinstance(agent.runner, CheckedRunner):
+            problems.extend(agent.runner.session_problems(head))
+        return problems
     action = next_action(head.history)
     if not isinstance(action, RunTools):
         return problems

@@ -21,6 +21,17 @@ storage reports the cancel), and lets `LeaseLost` propagate: then nothing more i
 Any other exception fails the session with its message. This module is the protocol only:
 the run around a runner is agent_runtime.loop.foreign's. Adapters for other frameworks
 (`sessions_app.langgraph.saver.graph_agent`) are built on this.
+
+A runner may also say what it runs and check a stored session against it, so that the
+dashboard and the deploy gate treat every kind of agent alike:
+
+    def describe(self) -> RunnerDescription: ...   # kind, model, instructions, tools, nodes
+    def session_problems(self, head: SessionHead) -> list[Problem]: ...
+
+`describe` feeds the agents page and the session header (`DescribedRunner`);
+`session_problems` names what a deploy of this runner would strand in a live session (a
+call waiting for approval to a tool that is gone, an interrupt in a node that is gone)
+and is called by agent_runtime.compat, the deploy gate (`CheckedRunner`).
 """
 
 from __future__ import annotations
@@ -31,6 +42,37 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from .store import Lease, LeaseLost, SessionHead, SessionStore
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why a session would not run on this code: where (what it names in the session) and
+    the error. Found by the deploy gate (agent_runtime.compat) and by runners."""
+
+    where: str  # "agent", "agent state", "tool call at seq 12 (send_payment)"
+    error: str
+
+
+@dataclass(frozen=True)
+class ToolDescription:
+    """A tool as a runner declares it (the agents page shows it like a Respawn tool)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)  # the JSON schema
+    needs_approval: bool = False
+
+
+@dataclass(frozen=True)
+class RunnerDescription:
+    """What a runner runs: `kind` ("LangGraph graph"), the model it calls (empty when it
+    does not say), its instructions, its tools and, for a graph, its nodes."""
+
+    kind: str
+    model: str = ""
+    instructions: str = ""
+    tools: tuple[ToolDescription, ...] = ()
+    nodes: tuple[str, ...] = ()
 
 
 class RunnerAgent(Protocol):
@@ -120,3 +162,19 @@ class RunContext:
 @runtime_checkable
 class Runner(Protocol):
     def run(self, context: RunContext) -> RunnerResult: ...
+
+
+@runtime_checkable
+class DescribedRunner(Protocol):
+    """A runner that says what it runs (optional, beside `run`)."""
+
+    def describe(self) -> RunnerDescription: ...
+
+
+@runtime_checkable
+class CheckedRunner(Protocol):
+    """A runner that checks a stored session against what it runs now (optional, beside
+    `run`): the problems a run of `head` (loaded whole, by `load_head`) would meet, empty
+    when it would run."""
+
+    def session_problems(self, head: SessionHead) -> list[Problem]: ...

@@ -18,6 +18,17 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+# The agent names a program's own sessions get when it writes them with RespawnSaver or
+# RespawnSession and names no agent: that program runs them, not Respawn's workers (unless
+# an agent of that name is registered), so the deploy gate leaves them to it and a graph
+# thread waiting at an interrupt between the program's calls is no approval waiting.
+CHECKPOINTER_AGENT = "langgraph"
+SDK_SESSION_AGENT = "openai-agents"
+PROGRAM_AGENTS = {
+    CHECKPOINTER_AGENT: "a LangGraph program using RespawnSaver",
+    SDK_SESSION_AGENT: "an OpenAI Agents SDK program using RespawnSession",
+}
+
 
 def ensure_django(conn_string: str | None = None) -> None:
     """Set Django up from Respawn's settings when the program has not; `conn_string` is the

@@ -225,9 +225,9 @@ class ToolOut(Schema):
     name: str
     description: str
     parameters: dict[str, Any] = Field(description="the JSON schema of its arguments")
-    idempotent: bool
+    idempotent: bool | None = Field(description="null: a runner's tool, run by its runner")
     needs_approval: bool
-    timeout: float
+    timeout: float | None
     retries: int
 
 
@@ -248,8 +248,10 @@ class AgentOut(Schema):
     name: str
     version: str
     description: str
+    kind: str = Field(description="Respawn's loop, or what its runner runs (LangGraph graph, ...)")
     model: str
     limits: LimitsOut
+    nodes: list[str] = Field(description="a graph's nodes; empty for other agents")
     state_version: int | None = Field(description="its own state's version; null: none")
     compatible_since: str | None
     tools: list[ToolOut]
@@ -669,7 +671,9 @@ def list_agents(request: ApiRequest):
                 "name": view.name,
                 "version": view.version,
                 "description": view.description,
+                "kind": view.kind,
                 "model": view.model,
+                "nodes": view.nodes,
                 "limits": {
                     "max_steps": agent.limits.max_steps,
                     "max_tokens": agent.limits.max_tokens,
@@ -683,13 +687,13 @@ def list_agents(request: ApiRequest):
                     {
                         "name": t.name,
                         "description": t.description,
-                        "parameters": t.spec.parameters,
+                        "parameters": t.json_schema,
                         "idempotent": t.idempotent,
                         "needs_approval": t.needs_approval,
                         "timeout": t.timeout,
                         "retries": t.retries,
                     }
-                    for t in agent.tools
+                    for t in view.tools
                 ],
                 "live_sessions": [{"version": v, "sessions": n} for v, n in view.live],
             }

@@ -62,7 +62,13 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
     ) from exc
 
 from agent_runtime.agents import Agent
-from agent_runtime.runners import RunContext, RunnerCancelled, RunnerResult
+from agent_runtime.runners import (
+    Problem,
+    RunContext,
+    RunnerCancelled,
+    RunnerDescription,
+    RunnerResult,
+)
 from agent_runtime.state import (
     OperatorAction,
     SessionState,
@@ -70,10 +76,11 @@ from agent_runtime.state import (
     as_operator,
     step_text,
 )
-from agent_runtime.store import Lease, LeaseLost
+from agent_runtime.store import Lease, LeaseLost, SessionHead
 
 from ..sdk_glue import DatabaseThread, ensure_django, session_id_in
 from ..sdk_glue import now as _now
+from . import gate
 
 __all__ = [
     "AsyncRespawnSaver",
@@ -182,7 +189,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
     database: the Django alias to write through (from_conn_string picks it).
     agent: the agent name of sessions this saver starts (name a `graph_agent` to let
-    the workers resume and run those threads from the dashboard).
+    the workers resume and run those threads from the dashboard). The default,
+    "langgraph", says the program runs them: the deploy gate leaves them to it.
     lease: a worker's lease: the saver writes only that session, under that lease.
     lease_ttl: how long a standalone saver's lease outlives its last write.
     """
@@ -191,7 +199,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         self,
         *,
         database: str = "default",
-        agent: str = "langgraph",
+        agent: str = gate.CHECKPOINTER_AGENT,
         lease: Lease | None = None,
         lease_ttl: float = 30.0,
         serde: SerializerProtocol | None = None,
@@ -1113,6 +1121,14 @@ class GraphRunner:
             return graph.compile(checkpointer=saver)
         return graph.copy(update={"checkpointer": saver})
 
+    def describe(self) -> RunnerDescription:
+        """The graph's nodes (sessions_app.langgraph.gate)."""
+        return gate.describe(self.graph)
+
+    def session_problems(self, head: SessionHead) -> list[Problem]:
+        """Nodes the session would run next that the graph no longer has (.gate)."""
+        return gate.session_problems(self.graph, head, latest_checkpoint(head.session_id))
+
     def run(self, context: RunContext) -> RunnerResult:
         saver = RespawnSaver(lease=context.lease, agent=context.agent.name)
         try:
@@ -1180,6 +1196,32 @@ def _reply(values: dict[str, Any]) -> str | None:
             part.get("text", "") if isinstance(part, dict) else str(part) for part in content
         )
     return content if isinstance(content, str) and content else None
+
+
+def latest_checkpoint(session_id: str, *, database: str = "default") -> gate.Latest | None:
+    """A thread's latest checkpoint as a run would load it, read on the caller's thread
+    (the deploy gate reads every live session: no saver thread for each)."""
+    from ..models import GraphWrite
+
+    saver = RespawnSaver(database=database)
+    try:
+        row = saver._latest(uuid.UUID(str(session_id)), "")
+        if row is None:
+            return None
+        loaded = saver._tuple(str(session_id), row, _Values(saver))
+    finally:
+        saver.close()
+    interrupted = GraphWrite.objects.using(database).filter(
+        session_id=row.session_id, ns="", checkpoint_id=row.checkpoint_id, channel=gate.INTERRUPT
+    )
+    return gate.Latest(
+        seq=row.seq,
+        checkpoint=dict(loaded.checkpoint),
+        interrupted=frozenset(
+            _node_of(task_id, path)
+            for task_id, path in interrupted.values_list("task_id", "task_path")
+        ),
+    )
 
 
 def _final_answer(checkpoint: Any) -> str | None:

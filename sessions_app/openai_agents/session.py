@@ -62,7 +62,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
 
 from agent_runtime.agents import Agent
 from agent_runtime.loop import NEW_INPUT_ACTIONS
-from agent_runtime.runners import RunContext, RunnerResult
+from agent_runtime.runners import Problem, RunContext, RunnerDescription, RunnerResult
 from agent_runtime.state import (
     OperatorAction,
     PayloadField,
@@ -76,10 +76,11 @@ from agent_runtime.state import (
     text_parts,
     validate_step_payload,
 )
-from agent_runtime.store import Lease, LeaseLost
+from agent_runtime.store import Lease, LeaseLost, SessionHead
 
-from ..sdk_glue import DatabaseThread, ensure_django, session_id_in
+from ..sdk_glue import SDK_SESSION_AGENT, DatabaseThread, ensure_django, session_id_in
 from ..sdk_glue import now as _now
+from . import gate
 
 # Traces would go to the SDK vendor's servers: nothing leaves the machine unless asked.
 set_tracing_disabled(True)
@@ -98,7 +99,7 @@ ITEM = "item"
 
 # Session ids that are not UUIDs map to Respawn session ids in this namespace (uuid5).
 SESSION_NAMESPACE = uuid.UUID("0b7f3c1e-8a4d-4c52-b1f6-5e9a2d7c4f31")
-DEFAULT_AGENT = "openai-agents"
+DEFAULT_AGENT = SDK_SESSION_AGENT  # the program runs its sessions (see sdk_glue)
 # The version of what this module keeps in a checkpoint's agent state.
 STATE_VERSION = 1
 STATE_KEY = "openai_agents"
@@ -782,6 +783,14 @@ class OpenAIAgentRunner:
             return _run_coroutine(self._run(context, session))
         finally:
             session.close()
+
+    def describe(self) -> RunnerDescription:
+        """The SDK agent's model, instructions and tools (sessions_app.openai_agents.gate)."""
+        return gate.describe(self.agent, self.run_config)
+
+    def session_problems(self, head: SessionHead) -> list[Problem]:
+        """Calls the session still has to run to tools this agent no longer has (.gate)."""
+        return gate.session_problems(self.agent, head, state_key=STATE_KEY)
 
     async def _run(self, context: RunContext, session: RespawnSession) -> RunnerResult:
         checkpoint = context.head.checkpoint

@@ -17,8 +17,9 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, TruncHour
 from django.utils import timezone
 
-from agent_runtime.agents import version_key
+from agent_runtime.agents import Agent, version_key
 from agent_runtime.compat import session_problems
+from agent_runtime.runners import DescribedRunner, RunnerDescription, ToolDescription
 from agent_runtime.state import (
     SCHEMA_VERSION,
     STATE_BUDGETS,
@@ -53,6 +54,7 @@ from ..models import (
     payload_q,
 )
 from ..runtime import agent_registry
+from ..sdk_glue import PROGRAM_AGENTS
 from ..store import LATE_CALL_ACTION, session_store
 from ..validation import InvalidInput, check_datetime, parse_date
 
@@ -349,9 +351,10 @@ class ToolView:
     description: str
     parameters: list[dict[str, Any]]  # name, type, required, description
     schema: str  # the JSON schema, pretty-printed
-    idempotent: bool
+    json_schema: dict[str, Any]  # the same, as data (the API's)
+    idempotent: bool | None  # None: a runner's tool, which Respawn does not run
     needs_approval: bool
-    timeout: float
+    timeout: float | None
     retries: int
 
 
@@ -360,16 +363,18 @@ class AgentView:
     name: str
     version: str
     description: str
+    kind: str  # "Respawn's loop", or what its runner runs ("LangGraph graph", ...)
     model: str
     instructions: str  # the text, or which function computes it
     source: str  # where it was found: RESPAWN_AGENTS entry or entry point
-    limits: Any
+    limits: Any  # None: a runner runs the turn, Respawn applies no limits of its own
     state_version: int | None
     state_upgraders: list[int]
     compatible_since: str | None
     tools: list[ToolView]
     live: list[tuple[str, int]]  # (version started on, live sessions), newest first
     live_total: int
+    nodes: list[str] = field(default_factory=list)  # a graph's nodes
 
 
 @dataclass(frozen=True)
@@ -377,12 +382,11 @@ class AgentsOverview:
     agents: list[AgentView]
     # Agents with live sessions that this deployment does not have: (name, live sessions)
     missing: list[tuple[str, int]]
+    # Sessions programs run themselves (program_agents): (name, which program, live sessions)
+    by_program: list[tuple[str, str, int]] = field(default_factory=list)
 
 
-def _tool_view(tool: Any) -> ToolView:
-    import json
-
-    schema = tool.spec.parameters
+def _parameters(schema: dict[str, Any]) -> list[dict[str, Any]]:
     required = set(schema.get("required") or [])
     parameters = []
     for name, prop in (schema.get("properties") or {}).items():
@@ -398,16 +402,69 @@ def _tool_view(tool: Any) -> ToolView:
                 "description": prop.get("description", ""),
             }
         )
+    return parameters
+
+
+def _tool_view(tool: Any) -> ToolView:
+    import json
+
+    schema = tool.spec.parameters
     return ToolView(
         name=tool.name,
         description=tool.description,
-        parameters=parameters,
+        parameters=_parameters(schema),
         schema=json.dumps(schema, indent=2, sort_keys=True),
+        json_schema=schema,
         idempotent=tool.idempotent,
         needs_approval=tool.needs_approval,
         timeout=tool.timeout,
         retries=tool.retries,
     )
+
+
+def _runner_tool_view(tool: ToolDescription) -> ToolView:
+    import json
+
+    return ToolView(
+        name=tool.name,
+        description=tool.description,
+        parameters=_parameters(tool.parameters),
+        schema=json.dumps(tool.parameters, indent=2, sort_keys=True),
+        json_schema=tool.parameters,
+        idempotent=None,
+        needs_approval=tool.needs_approval,
+        timeout=None,
+        retries=0,
+    )
+
+
+def runner_description(agent: Agent) -> RunnerDescription | None:
+    """What an agent's runner says it runs (agent_runtime.runners.DescribedRunner), or
+    None: Respawn's own loop, or a runner that does not say."""
+    if isinstance(agent.runner, DescribedRunner):
+        return agent.runner.describe()
+    return None
+
+
+def session_model(session: AgentSession, configured: str) -> str:
+    """The model a session's header names: the one its agent is configured with
+    (`configured`, the deployment's RESPAWN_MODEL or Respawn's agent's), else the one its
+    runner says it calls, else the one its last model step recorded."""
+    if configured and configured != "unknown agent":
+        return configured
+    registry = agent_registry()
+    if session.agent in registry:
+        described = runner_description(registry.get(session.agent))
+        if described is not None and described.model:
+            return described.model
+    payload = (
+        Step.objects.filter(session=session, kind="model", superseded_at__isnull=True)
+        .order_by("-seq")
+        .values_list("payload", flat=True)
+        .first()
+    )
+    recorded = str((payload or {}).get("model") or "") if isinstance(payload, dict) else ""
+    return recorded or configured or "not recorded"
 
 
 def agents_overview() -> AgentsOverview:
@@ -430,6 +487,7 @@ def agents_overview() -> AgentsOverview:
         live.setdefault(agent, []).append((version, n))
     views = []
     for agent in agent_registry():
+        described = runner_description(agent)
         instructions = agent.instructions
         if not isinstance(instructions, str):
             instructions = (
@@ -438,28 +496,46 @@ def agents_overview() -> AgentsOverview:
                 f"{getattr(instructions, '__qualname__', repr(instructions))}"
             )
         versions = sorted(live.get(agent.name, []), key=lambda vn: version_key(vn[0]), reverse=True)
+        tools = [_tool_view(t) for t in agent.tools]
+        kind, model, nodes = "Respawn's loop", agent.model, []
+        if agent.runner is not None:
+            kind = described.kind if described else f"runner {type(agent.runner).__name__}"
+            model = (described.model if described else "") or f"chosen by its {kind}"
+            instructions = described.instructions if described else ""
+            tools = [_runner_tool_view(t) for t in described.tools] if described else []
+            nodes = list(described.nodes) if described else []
         views.append(
             AgentView(
                 name=agent.name,
                 version=agent.version,
                 description=agent.description,
-                model=agent.model or f"runner: {type(agent.runner).__name__}",
+                kind=kind,
+                model=model,
                 instructions=instructions,
                 source=found.sources.get(agent.name, ""),
-                limits=agent.limits,
+                limits=agent.limits if agent.runner is None else None,
                 state_version=agent.state.version if agent.state else None,
                 state_upgraders=sorted(agent.state.upgraders) if agent.state else [],
                 compatible_since=agent.compatible_since,
-                tools=[_tool_view(t) for t in agent.tools],
+                tools=tools,
                 live=versions,
                 live_total=sum(n for _, n in versions),
+                nodes=nodes,
             )
         )
     names = set(agent_registry().names())
+    programs = set(program_agents())
     missing = sorted(
-        (agent, sum(n for _, n in rows)) for agent, rows in live.items() if agent not in names
+        (agent, sum(n for _, n in rows))
+        for agent, rows in live.items()
+        if agent not in names and agent not in programs
     )
-    return AgentsOverview(agents=views, missing=missing)
+    by_program = sorted(
+        (agent, PROGRAM_AGENTS[agent], sum(n for _, n in rows))
+        for agent, rows in live.items()
+        if agent in programs
+    )
+    return AgentsOverview(agents=views, missing=missing, by_program=by_program)
 
 
 # --- Needs attention --------------------------------------------------------------------
@@ -603,12 +679,23 @@ def _attention_querysets(now: datetime) -> dict[str, QuerySet[AgentSession]]:
     )
     cutoff = now - timedelta(seconds=settings.RESPAWN_APPROVAL_SLA)
     recent = now - timedelta(days=FAILED_RECENT_DAYS)
+    # A program's own LangGraph thread waits for its program's next call, at an interrupt
+    # or not: only a tool call that waits for a person's approval makes it one.
+    asked = (
+        Checkpoint.objects.alias(approval=KT("state__pending_approval__call_id"))
+        .filter(
+            session__agent__in=program_agents(),
+            seq=F("session__head"),
+            approval__isnull=False,
+        )
+        .values("session_id")
+    )
     return {
         "stuck": AgentSession.objects.filter(AgentSession.stuck_q(now)),
         "uncertain": AgentSession.objects.filter(id__in=uncertain),
-        "approvals": AgentSession.objects.filter(
-            status=Status.WAITING_INPUT, updated_at__lt=cutoff
-        ).exclude(id__in=uncertain),
+        "approvals": AgentSession.objects.filter(status=Status.WAITING_INPUT, updated_at__lt=cutoff)
+        .exclude(id__in=uncertain)
+        .exclude(Q(agent__in=program_agents()) & ~Q(id__in=asked)),
         "incompatible": incompatible_sessions(),
         "budget": AgentSession.objects.filter(AgentSession.paused_by_budget_q()),
         "failed": AgentSession.objects.filter(status=Status.FAILED, updated_at__gte=recent),
@@ -870,14 +957,20 @@ class Budget:
 
 def session_budgets(session: AgentSession, state: dict[str, Any] | None = None) -> list[Budget]:
     """The session's budgets as its next run will see them (the head checkpoint's, with
-    the set_budgets steps written after it) beside what it has used."""
+    the set_budgets steps written after it) beside what it has used. The same four for
+    every kind of agent; a foreign runner's session (a LangGraph graph, an SDK agent) has
+    no default limit, since Respawn's loop does not run it."""
     state = head_state(session) if state is None else state
     limits = dict(state.get("budgets") or {})
-    if not limits:  # no checkpoint yet: the agent's limits
-        registry = agent_registry()
-        if session.agent in registry:
-            agent_limits = registry.get(session.agent).limits
-            limits = {k: getattr(agent_limits, k) for k in STATE_BUDGETS}
+    registry = agent_registry()
+    agent = registry.get(session.agent) if session.agent in registry else None
+    if (agent is not None and agent.runner is not None) or session.agent in program_agents():
+        # A LangGraph graph or an SDK agent runs its own turn loop: no limit of Respawn's
+        # stops it (its checkpoints carry the engine's default budgets, never applied), so
+        # its budgets read as the built-in loop's do when nothing limits them.
+        limits = {}
+    elif not limits and agent is not None:  # no checkpoint yet: the agent's limits
+        limits = {k: getattr(agent.limits, k) for k in STATE_BUDGETS}
     # The steps fold in by the engine's own rule, on a state holding just these budgets (a
     # limit nothing set stays None: no limit).
     start: dict[str, Any] = {k: limits.get(k) for k in STATE_BUDGETS}
@@ -1004,10 +1097,21 @@ class CompatReport:
     loads_now: list[str] = field(default_factory=list)
     # (agent, the version each session started on) -> how many sessions
     sessions_per_agent_version: dict[tuple[str, str], int] = field(default_factory=dict)
+    # Sessions a program runs itself (RespawnSaver or RespawnSession under the default
+    # agent name, no agent of that name here): agent -> how many; not checked, no failure.
+    by_program: dict[str, int] = field(default_factory=dict)
 
     @property
     def failing_sessions(self) -> int:
         return len({f.session_id for f in self.failures})
+
+
+def program_agents() -> list[str]:
+    """Agent names of sessions their own program runs, not the workers: the names
+    RespawnSaver and RespawnSession give when told none, unless this deployment registers
+    an agent of that name."""
+    registered = set(agent_registry().names())
+    return sorted(name for name in PROGRAM_AGENTS if name not in registered)
 
 
 def _has_column(model: type[AgentSession], column: str) -> bool:
@@ -1021,7 +1125,9 @@ def state_compat_report(*, every_session: bool = False) -> CompatReport:
     checkpoint and the live history, through the upgraders), with this code, and check it
     against the agents this code has (agent_runtime.compat): the agent exists, its version
     continues the session, its own state loads, and every tool call still to run names a
-    tool that exists and takes the stored arguments.
+    tool that exists and takes the stored arguments (an agent run by a foreign runner is
+    checked by its runner: a LangGraph graph's nodes, an SDK agent's tools). Sessions their
+    own program runs (`program_agents`) are counted in `by_program`, never failures.
 
     Reads only columns that exist before this release's migrations: the deploy gate runs
     with the new code against the old schema."""
@@ -1036,10 +1142,15 @@ def state_compat_report(*, every_session: bool = False) -> CompatReport:
                 id__in=sessions.values("id"), incompatible_at__isnull=False
             ).values_list("id", "incompatible_at")
         )
-    report = CompatReport(schema_version=SCHEMA_VERSION, checked=len(rows))
+    by_program = set(program_agents())
+    report = CompatReport(schema_version=SCHEMA_VERSION)
     store = session_store()
     registry = agent_registry()
     for session_id, agent, status in rows:
+        if agent in by_program:
+            report.by_program[agent] = report.by_program.get(agent, 0) + 1
+            continue
+        report.checked += 1
         try:
             head = store.load_head(str(session_id))
         except IncompatibleSchemaError as exc:

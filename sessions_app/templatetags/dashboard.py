@@ -19,6 +19,7 @@ from ..dashboard.presenters import (
     format_ms,
 )
 from ..models import Status
+from ..selectors import core as selectors
 
 register = template.Library()
 
@@ -98,3 +99,9 @@ def qs(params: dict[str, Any] | None = None, **override: Any) -> str:
     values = {**(params or {}), **override}
     values = {k: v for k, v in values.items() if not (v is None or v is False or v == "")}
     return "?" + urlencode(values) if values else "?"
+
+
+@register.simple_tag
+def session_model(session: Any, configured: str) -> str:
+    """The model a session's header names, for every kind of agent (see the selector)."""
+    return selectors.session_model(session, configured)

@@ -6,6 +6,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandError
 
+from sessions_app.sdk_glue import PROGRAM_AGENTS
 from sessions_app.selectors.core import CompatReport, state_compat_report
 
 
@@ -25,12 +26,22 @@ def _agents_line(report: CompatReport) -> str:
     return f"live sessions per agent version started on: {counts}"
 
 
+def _program_line(report: CompatReport) -> str:
+    counts = ", ".join(
+        f"{agent} ({PROGRAM_AGENTS[agent]}): {n}" for agent, n in sorted(report.by_program.items())
+    )
+    return f"not checked, run and checked by their own program: {counts}"
+
+
 class Command(BaseCommand):
     help = (
         "Load the head checkpoint and live steps of every session that may still run (all but "
         "completed and cancelled ones) with this code, as a worker would, and check each "
         "against this code's agents (the agent exists and continues it, its agent state "
-        "loads, every tool call still to run names a tool that takes its stored arguments). "
+        "loads, every tool call still to run names a tool that takes its stored arguments; "
+        "a LangGraph graph still has the nodes a session waits in, an OpenAI Agents SDK "
+        "agent the tools its calls wait for). Sessions a program runs itself (RespawnSaver "
+        "or RespawnSession under their default agent name) are counted, not checked. "
         "Exits 1 with a report of each problem. Run it with the new release before `migrate`."
     )
 
@@ -67,6 +78,7 @@ class Command(BaseCommand):
                             str(v): n for v, n in report.sessions_per_version.items()
                         },
                         "loads_now": report.loads_now,
+                        "run_by_their_program": report.by_program,
                         "sessions_per_agent_version": [
                             {"agent": agent, "version": version, "sessions": n}
                             for (agent, version), n in report.sessions_per_agent_version.items()
@@ -115,3 +127,5 @@ class Command(BaseCommand):
             )
         out.write(_versions_line(report))
         out.write(_agents_line(report))
+        if report.by_program:
+            out.write(_program_line(report))

@@ -61,14 +61,26 @@ def route(state: State) -> str:
     return "tools" if getattr(last, "tool_calls", None) else END
 
 
-def builder() -> StateGraph:
+def builder(model_node: str = "model") -> StateGraph:
     graph = StateGraph(State)
-    graph.add_node("model", model)
+    graph.add_node(model_node, model)
     graph.add_node("tools", tools)
-    graph.add_edge(START, "model")
-    graph.add_conditional_edges("model", route, ["tools", END])
-    graph.add_edge("tools", "model")
+    graph.add_edge(START, model_node)
+    graph.add_conditional_edges(model_node, route, ["tools", END])
+    graph.add_edge("tools", model_node)
     return graph
 
 
 agents = [graph_agent("acme-graph", builder(), version="1", description="loops and approvals")]
+
+
+def builder_without_model() -> StateGraph:
+    """The next release, whose model node is called `assistant`: a session waiting in
+    `model` (at an interrupt) has nothing to resume in it."""
+    return builder(model_node="assistant")
+
+
+agents_renamed_node = [graph_agent("acme-graph", builder_without_model(), version="2")]
+
+# A deployment that runs the threads a RespawnSaver wrote under its default agent name.
+agents_named_langgraph = [graph_agent("langgraph", builder(), version="1")]

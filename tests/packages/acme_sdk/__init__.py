@@ -83,3 +83,16 @@ agents = [
 
 # The next release of the same agent (tests of the version rule).
 agents_v2 = [openai_agent("acme-sdk", support, version="2", run_config=run_config, max_turns=30)]
+
+# A release without the refund tool: a refund waiting for approval cannot run on it.
+support_without_refund = Agent(
+    name="acme-support",
+    instructions="You help Acme's customers.",
+    model="acme-model",
+    tools=[work],
+)
+agents_without_refund = [
+    openai_agent(
+        "acme-sdk", support_without_refund, version="2", run_config=run_config, max_turns=30
+    )
+]
