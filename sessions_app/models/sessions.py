@@ -25,6 +25,7 @@ from agent_runtime.state import (
 )
 
 from ..redaction import ScrubbedCharField, ScrubbedJSONField, ScrubbedTextField
+from ..sdk_glue import PROGRAM_AGENTS
 
 
 class Status(models.TextChoices):
@@ -267,9 +268,32 @@ class AgentSession(models.Model):
         """paused_by_budget as a query ("needs attention")."""
         return Q(status=Status.PAUSED, last_error__startswith=BUDGET_REACHED)
 
+    def run_by_program(self) -> bool:
+        """A session a program writes itself (RespawnSaver or RespawnSession under their
+        default agent name, with no agent of that name registered here): Respawn's workers
+        do not run it, so nothing may queue it for them."""
+        if self.agent not in PROGRAM_AGENTS:
+            return False
+        from ..runtime import agent_registry
+
+        return self.agent not in agent_registry().names()
+
+    def program_refusal(self) -> tuple[str, str] | None:
+        """Why an action that queues the session for a worker is refused: its own program
+        runs it."""
+        if self.run_by_program():
+            return (
+                f"this session is run by its own program ({PROGRAM_AGENTS[self.agent]}), "
+                "not by Respawn's workers: continue it from that program",
+                "bad_status",
+            )
+        return None
+
     def resume_refusal(self) -> tuple[str, str] | None:
         """Why a resume is refused now (message, error code), or None: the one rule the
         resume action enforces and the dashboard offers the button by."""
+        if (refusal := self.program_refusal()) is not None:
+            return refusal
         if self.status in RUNNABLE and self.lease_is_live():
             return "session is already running", "already_running"
         if self.status in RUNNABLE and not self.is_stuck() and not self.is_incompatible:
@@ -303,6 +327,8 @@ class AgentSession(models.Model):
 
     def message_refusal(self) -> tuple[str, str] | None:
         """A new user message continues a session that has stopped on its own."""
+        if (refusal := self.program_refusal()) is not None:
+            return refusal
         if self.status == Status.WAITING_INPUT:
             return (
                 "session is waiting for an approval: approve or reject the pending tool call first",
@@ -321,6 +347,8 @@ class AgentSession(models.Model):
 
     def edit_refusal(self) -> tuple[str, str] | None:
         """An operator's instruction or corrected tool result, then a resume."""
+        if (refusal := self.program_refusal()) is not None:
+            return refusal
         if self.status in RUNNABLE:
             return (
                 "cannot edit a session that is queued or running; cancel it or wait",
@@ -351,7 +379,7 @@ class AgentSession(models.Model):
 
     def budgets_resume(self) -> bool:
         """Whether new budgets may queue the session to continue (a paused or failed one)."""
-        return self.status in (Status.PAUSED, Status.FAILED)
+        return self.status in (Status.PAUSED, Status.FAILED) and not self.run_by_program()
 
     def rollback_refusal(self) -> tuple[str, str] | None:
         """Any session may go back to a checkpoint, except under a live worker."""
@@ -369,7 +397,10 @@ class AgentSession(models.Model):
 
     def decision_refusal(self) -> tuple[str, str] | None:
         """A person's decision (approve or reject a call, decide an uncertain call, answer
-        a graph's question) is taken only while the session waits for one."""
+        a graph's question) is taken only while the session waits for one, and a worker
+        carries it out."""
+        if (refusal := self.program_refusal()) is not None:
+            return refusal
         if self.status != Status.WAITING_INPUT:
             return "nothing is waiting for approval in this session", "bad_status"
         return None

@@ -1110,8 +1110,7 @@ def program_agents() -> list[str]:
     """Agent names of sessions their own program runs, not the workers: the names
     RespawnSaver and RespawnSession give when told none, unless this deployment registers
     an agent of that name."""
-    registered = set(agent_registry().names())
-    return sorted(name for name in PROGRAM_AGENTS if name not in registered)
+    return sorted(name for name in PROGRAM_AGENTS if AgentSession(agent=name).run_by_program())
 
 
 def _has_column(model: type[AgentSession], column: str) -> bool:

@@ -862,7 +862,9 @@ def session_check_compat(
         problem = str(exc)
         session_mark_incompatible(session_id=session.id, reason=problem)
     else:
-        problems = session_problems(head, agent_registry())
+        # A program's own session is checked by that program (as the deploy gate leaves
+        # it), once its blobs load.
+        problems = [] if session.run_by_program() else session_problems(head, agent_registry())
         problem = "; ".join(f"{p.where}: {p.error}" for p in problems)
         refusals = [p for p in problems if p.where in REFUSALS]
         if refusals:

@@ -264,3 +264,32 @@ def test_importing_without_langgraph_says_what_to_install():
         "sessions_app.langgraph.saver needs LangGraph: install it with `pip install langgraph`"
         in done.stderr
     )
+
+
+def test_a_programs_own_thread_is_not_queued_for_workers_nor_marked_incompatible(make_saver, users):
+    """A thread a program checkpoints under the default agent name is run by that program:
+    resume, a message or an answer from the dashboard would queue it for workers that do
+    not have it (and fail it), so each is refused naming why; the compatibility re-check
+    leaves it to its program, as the deploy gate does."""
+    from sessions_app.services.core import (
+        ActionError,
+        session_check_compat,
+        session_resume,
+        session_send_message,
+    )
+
+    graph = builder().compile(checkpointer=make_saver())
+    graph.invoke(_say("loop 1"), _config("program-thread"))
+    session = AgentSession.objects.get(id=session_id_for("program-thread"))
+    assert session.agent == "langgraph" and session.run_by_program()
+    for act in (
+        lambda: session_resume(session_id=session.id, actor=users["operator"]),
+        lambda: session_send_message(session_id=session.id, content="hi", actor=users["operator"]),
+    ):
+        with pytest.raises(ActionError, match="run by its own program"):
+            act()
+    session.refresh_from_db()
+    assert session.status == "waiting_input"
+    assert session_check_compat(session_id=session.id, actor=users["operator"]) == ""
+    session.refresh_from_db()
+    assert session.incompatible_at is None
