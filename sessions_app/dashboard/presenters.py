@@ -33,6 +33,7 @@ from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
 from ..formats import format_duration, format_ms
 from ..models import AgentSession, Status, Step
+from ..sdk_glue import PROGRAM_AGENTS
 
 LONG_TEXT = 600  # characters before a block is collapsed behind "show all"
 SUMMARY_CHARS = 160  # characters of a step's one-line summary
@@ -119,6 +120,11 @@ def status_view(session: AgentSession) -> StatusView:
             f"Completed with {n} failed tool call{'' if n == 1 else 's'}",
             "finished with an answer, but tool calls failed (on the tool, or on the "
             "infrastructure after every retry): their effects may be missing",
+        )
+    if session.status == Status.WAITING_INPUT and session.run_by_program():
+        return StatusView(
+            "Waiting for its program",
+            f"{PROGRAM_AGENTS[session.agent]} writes it: its next call continues it",
         )
     label, hint = STATUS_TEXT.get(session.status, (session.status, ""))
     return StatusView(label, hint)

@@ -464,7 +464,7 @@ def session_model(session: AgentSession, configured: str) -> str:
         .first()
     )
     recorded = str((payload or {}).get("model") or "") if isinstance(payload, dict) else ""
-    return recorded or configured or "not recorded"
+    return recorded or "not recorded"
 
 
 def agents_overview() -> AgentsOverview:

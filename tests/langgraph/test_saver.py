@@ -266,7 +266,9 @@ def test_importing_without_langgraph_says_what_to_install():
     )
 
 
-def test_a_programs_own_thread_is_not_queued_for_workers_nor_marked_incompatible(make_saver, users):
+def test_a_programs_own_thread_is_not_queued_for_workers_nor_marked_incompatible(
+    make_saver, users, client
+):
     """A thread a program checkpoints under the default agent name is run by that program:
     resume, a message or an answer from the dashboard would queue it for workers that do
     not have it (and fail it), so each is refused naming why; the compatibility re-check
@@ -293,3 +295,8 @@ def test_a_programs_own_thread_is_not_queued_for_workers_nor_marked_incompatible
     assert session_check_compat(session_id=session.id, actor=users["operator"]) == ""
     session.refresh_from_db()
     assert session.incompatible_at is None
+    # Its page says who it waits for, and offers no action the workers would take.
+    client.force_login(users["operator"])
+    page = client.get(reverse("sessions:detail", args=[session.id])).content.decode()
+    assert "Waiting for its program" in page and "Waiting for a person" not in page
+    assert reverse("sessions:action", args=[session.id, "resume"]) not in page
