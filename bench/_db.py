@@ -33,25 +33,39 @@ def database_name(name: str) -> str:
     return name
 
 
+def database_url(name: str) -> str:
+    """The URL of bench database `name` (see database_name) on the server."""
+    return with_db(server_url(), database_name(name))
+
+
+def migrate_database(url: str) -> None:
+    """Run Django's migrations on the database at `url`, in a child process."""
+    env = {
+        **os.environ,
+        "DATABASE_URL": url,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "RESPAWN_PRODUCTION": "0",  # a benchmark, not a deployment: no SECRET_KEY needed
+    }
+    subprocess.run(
+        [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
+    )
+
+
+def drop_database(name: str) -> None:
+    """Drop bench database `name` (see database_name), connections to it included."""
+    with psycopg.connect(with_db(server_url(), "postgres"), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{database_name(name)}" WITH (FORCE)')
+
+
 def fresh_database(name: str, *, migrate: bool = True) -> str:
     """Drop and create database `name` (see database_name) on the server, migrate it;
     returns its URL."""
-    name = database_name(name)
-    admin = with_db(server_url(), "postgres")
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = with_db(server_url(), name)
+    drop_database(name)
+    with psycopg.connect(with_db(server_url(), "postgres"), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database_name(name)}"')
+    url = database_url(name)
     if migrate:
-        env = {
-            **os.environ,
-            "DATABASE_URL": url,
-            "DJANGO_SETTINGS_MODULE": "config.settings",
-            "RESPAWN_PRODUCTION": "0",  # a benchmark, not a deployment: no SECRET_KEY needed
-        }
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-        )
+        migrate_database(url)
     return url
 
 

@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from ._db import database_name, fresh_database, server_url, setup_django, with_db
+from ._db import database_url, fresh_database, migrate_database, setup_django
 from ._workload import AGENTS, STATUSES
 
 DB_NAME = "respawn_bench_admin"
@@ -391,17 +391,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("RESPAWN_PRODUCTION", "0")  # a benchmark: no SECRET_KEY needed
 
-    url = with_db(server_url(), database_name(DB_NAME))
+    url = database_url(DB_NAME)
     if args.reuse:
-        import subprocess
-        import sys
-
-        from ._db import ROOT
-
-        env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings"}
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-        )
+        migrate_database(url)
     else:
         print(f"seeding {DB_NAME}: {args.sessions:,} sessions, {args.steps:,} steps", flush=True)
         url = fresh_database(DB_NAME)
