@@ -286,6 +286,8 @@ def main() -> None:
         print(f"{'recovery median (s)':36} {recoveries[len(recoveries) // 2]:6.2f}")
         print(f"{'recovery longest (s)':36} {recoveries[-1]:6.2f}")
     print(f"{'recoveries still pending at the end':36} {len(pending_recovery):6d}")
+    if lost or duplicated or effects_dup or unfinished:
+        raise SystemExit("steps or side effects lost or doubled, or sessions unfinished: above")
 
 
 if __name__ == "__main__":
