@@ -21,6 +21,9 @@ import pytest
 from ..conftest import ROOT, database_url, program_env
 
 AT_ONCE = 3  # benches running at once
+# The test database is set up only for a run with tests that ask for it; its name names
+# the benches' databases (and the benches never touch it).
+pytestmark = pytest.mark.django_db
 # (bench, its tiniest arguments, a line of figures it must print), the slowest first. Each
 # bench makes databases of its own on the server, named by RESPAWN_BENCH_DB_PREFIX below.
 NUMBER = r"[\d,]+(?:\.\d+)?"
@@ -79,10 +82,12 @@ def bench_env(django_db_setup, django_db_blocker):
     """The environment of a bench: the test server and Redis, bench databases under a
     prefix of the test database's name, all dropped afterwards."""
     with django_db_blocker.unblock():
-        server = database_url()
-    prefix = f"{server.rsplit('/', 1)[1]}_bench"
+        server, _, test_database = database_url().rpartition("/")
+    # Every database under the prefix is dropped below: never one but the test run's own.
+    assert test_database.startswith("test_"), f"{test_database} is not a test database"
+    prefix = f"{test_database}_bench"
     yield program_env(RESPAWN_BENCH_DB_PREFIX=prefix)
-    with psycopg.connect(server.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+    with psycopg.connect(f"{server}/postgres", autocommit=True) as conn:
         names = conn.execute(
             "SELECT datname FROM pg_database WHERE left(datname, %s) = %s",
             [len(prefix), prefix],
