@@ -27,7 +27,8 @@ uninterrupted run (`slow`), one result per tool call and one side effect per key
 processes must serve the final state from the replica. Printed: the faults, steps per
 second, recovery times (a worker kill until its session's next committed step; a web kill
 until it answers; the Redis failover until the Sentinels name a new master and until a
-session started after it commits its first step) and the PostgreSQL connections used.
+session started after it commits its first step) and the PostgreSQL connections used. It
+exits 1 when a check fails.
 """
 
 from __future__ import annotations
