@@ -67,6 +67,19 @@ CASES = [
 ]  # fmt: skip
 
 
+def latency_percentiles_in_order(out: str) -> None:
+    """bench.throughput's latency line: p50 <= p90 <= max (its p90 was once the least of
+    a few samples)."""
+    found = re.search(rf"p50 ({NUMBER}) ms +p90 ({NUMBER}) ms +max ({NUMBER}) ms", out)
+    assert found, out
+    p50, p90, most = (float(x.replace(",", "")) for x in found.groups())
+    assert p50 <= p90 <= most, found.group(0)
+
+
+# What some benches print is checked further than one figure line.
+FURTHER_CHECKS = {"throughput": latency_percentiles_in_order}
+
+
 def cited_benches() -> set[str]:
     """The benches README.md and docs/*.md tell people to run."""
     text = "\n".join(p.read_text() for p in [ROOT / "README.md", *ROOT.glob("docs/*.md")])
@@ -134,3 +147,5 @@ def test_bench_runs_and_prints_its_figures(bench_runs, name, args, figure):
     assert re.search(figure, done.stdout, re.MULTILINE), (
         f"bench.{name} printed no line matching {figure!r}:\n{done.stdout}"
     )
+    if name in FURTHER_CHECKS:
+        FURTHER_CHECKS[name](done.stdout)
