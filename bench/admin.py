@@ -3,7 +3,7 @@
     python -m bench.admin [--sessions 1000000] [--steps 10000000] [--rounds 20] [--reuse]
 
 Seeds a database of its own (respawn_bench_admin): sessions, their steps (one session of
-100,000), checkpoints about every fourth step and an audit trail, loaded with COPY into
+100,000, or of a tenth of --steps when that is fewer), checkpoints about every fourth step and an audit trail, loaded with COPY into
 tables whose indexes and constraints are dropped first and rebuilt afterwards (the
 rebuild times are printed: they are also what migration 0011's indexes cost to build).
 Then renders each admin page with Django's test client (in process: server time, no
@@ -26,7 +26,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from ._db import database_name, fresh_database, server_url, setup_django, with_db
+from ._db import database_url, fresh_database, migrate_database, setup_django
 from ._workload import AGENTS, STATUSES
 
 DB_NAME = "respawn_bench_admin"
@@ -391,17 +391,9 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("RESPAWN_PRODUCTION", "0")  # a benchmark: no SECRET_KEY needed
 
-    url = with_db(server_url(), database_name(DB_NAME))
+    url = database_url(DB_NAME)
     if args.reuse:
-        import subprocess
-        import sys
-
-        from ._db import ROOT
-
-        env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "config.settings"}
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-        )
+        migrate_database(url)
     else:
         print(f"seeding {DB_NAME}: {args.sessions:,} sessions, {args.steps:,} steps", flush=True)
         url = fresh_database(DB_NAME)
@@ -484,12 +476,12 @@ def main() -> None:
         (f"sessions: last page (p={p_all})", f"{S}?p={p_all}"),
         (f"sessions: failed, last page (p={p_failed})", f"{S}?status=failed&p={p_failed}"),
         ("session: change page", change("agentsession", small)),
-        ("session: change page (100,000 steps)", change("agentsession", big)),
+        (f"session: change page ({big_last:,} steps)", change("agentsession", big)),
         ("steps: first page", ST),
         ("steps: kind=error", f"{ST}?kind=error"),
         ("steps: kind=tool_result", f"{ST}?kind=tool_result"),
         ("steps: schema newer", f"{ST}?schema_version=newer"),
-        ("steps: one session (100,000)", f"{ST}?session={big}"),
+        (f"steps: one session ({big_last:,})", f"{ST}?session={big}"),
         (f"steps: one session, last page (p={p_big})", f"{ST}?session={big}&p={p_big}"),
         ("steps: one session, kind=tool_result", f"{ST}?session={big}&kind=tool_result"),
         ("steps: small session", f"{ST}?session={small}"),
@@ -501,7 +493,7 @@ def main() -> None:
         ("checkpoints: reason=before-rollback", f"{CP}?reason=before-rollback"),
         ("checkpoints: reason=auto", f"{CP}?reason=auto"),
         ("checkpoints: schema newer", f"{CP}?schema_version=newer"),
-        ("checkpoints: one session (100,000 steps)", f"{CP}?session={big}"),
+        (f"checkpoints: one session ({big_last:,} steps)", f"{CP}?session={big}"),
         ("checkpoint: change page", change("checkpoint", checkpoint)),
         ("audit: first page", AU),
         ("audit: action=rollback", f"{AU}?action=rollback"),

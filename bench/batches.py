@@ -20,7 +20,7 @@ import statistics
 import time
 import uuid
 
-from ._db import fresh_database, server_url, setup_django, with_db
+from ._db import drop_database, fresh_database, setup_django
 
 BENCH_DB = "respawn_bench_batches"
 
@@ -108,12 +108,10 @@ def main() -> None:
     print(f"  durable / plain: {best['durable'] / best['plain']:.2f}x the time")
     print(f"  durable / engine: {best['durable'] / best['engine']:.2f}x the time")
     if not args.keep:
-        import psycopg
         from django.db import connections
 
         connections.close_all()
-        with psycopg.connect(with_db(server_url(), "postgres"), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{BENCH_DB}" WITH (FORCE)')
+        drop_database(BENCH_DB)
 
 
 if __name__ == "__main__":

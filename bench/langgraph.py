@@ -112,8 +112,8 @@ def main() -> None:
     parser.add_argument("--payload-bytes", type=int, default=200)
     args = parser.parse_args()
 
-    respawn_url = fresh_database("bench_langgraph_respawn")
-    postgres_url = fresh_database("bench_langgraph_postgres", migrate=False)
+    respawn_url = fresh_database("respawn_bench_langgraph_respawn")
+    postgres_url = fresh_database("respawn_bench_langgraph_postgres", migrate=False)
     setup_django(respawn_url)
     from langgraph.checkpoint.postgres import PostgresSaver
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ._db import fresh_database, setup_django
 
-DB = "respawn_openai_bench_session"
+DB = "respawn_bench_openai_session"
 
 
 def _turn_items(n: int) -> tuple[list, list, list]:

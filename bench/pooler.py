@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psycopg
 
-from ._db import fresh_database, setup_django
+from ._db import database_name, fresh_database, setup_django
 
 DB_NAME = "respawn_bench_pooler"
 
@@ -93,7 +93,7 @@ def one_round(sessions: int, turns: int) -> tuple[float, int]:
     """Steps per second of one round, and the steps."""
     from django.db.models import Max
 
-    from sessions_app.models import Step
+    from sessions_app.models import AgentSession, Step
 
     from ._workers import start_session
     from .throughput import wait_final
@@ -101,6 +101,9 @@ def one_round(sessions: int, turns: int) -> tuple[float, int]:
     started = time.time()
     ids = [start_session(turns) for _ in range(sessions)]
     wait_final(ids, 600)
+    failed = AgentSession.objects.filter(id__in=ids).exclude(status="completed").count()
+    if failed:  # a rate of failed runs (a worker that cannot reach its database) means nothing
+        raise SystemExit(f"{failed} of {sessions} sessions did not complete: see the worker logs")
     steps = Step.objects.filter(session_id__in=ids, seq__gt=1)
     last = steps.aggregate(last=Max("created_at"))["last"].timestamp()
     count = steps.count()
@@ -122,6 +125,7 @@ def main() -> None:
     queue = f"bench-pooler-{os.getpid()}"
     os.environ.update(REDIS_URL=redis_url, RESPAWN_QUEUE=queue)
     url = fresh_database(DB_NAME)
+    database = database_name(DB_NAME)
     setup_django(url)
     from django.conf import settings
 
@@ -142,7 +146,7 @@ def main() -> None:
     targets = {
         "direct": (f"{url}?application_name=bench-direct", {}),
         "unprepared": (f"{url}?application_name=bench-unprepared", safe),
-        "pgbouncer": (bouncer.url(DB_NAME), safe),
+        "pgbouncer": (bouncer.url(database), safe),
     }
     queues = {mode: f"{queue}-{mode}" for mode in targets}
     settings.RQ_QUEUES = {
@@ -176,7 +180,7 @@ def main() -> None:
             rates: dict[str, list[float]] = {mode: [] for mode in targets}
             bouncer_cpu, bouncer_steps = 0.0, 0
             sampler = ConnectionSampler(
-                url, DB_NAME, bouncer.process.pid, int(db.get("PORT") or 5432)
+                url, database, bouncer.process.pid, int(db.get("PORT") or 5432)
             )
             sampler.start()
             try:

@@ -1,15 +1,15 @@
 """Where a durable step's time goes: Respawn's loop against the floor, taken apart.
 
-    python -m bench.profile_step [--steps 600] [--profile]
+    python -m bench.profile_step [--steps 600] [--replays 600] [--profile]
 
 1. split: one session through the real loop and Django store, timing separately the
    append statement's round trip (send, execute, commit, answer), the store's Python
    around it, and the engine between two appends (redaction, validation, state fold,
    conversation, the scripted model, the tool call and its thread).
 2. statement: the exact statement the store sends for a tool result with its checkpoint
-   and for a step without one, replayed (interleaved, 600 times each) on fresh databases
-   with the full schema, without the foreign keys, and the floor's INSERT: the server's
-   share. (The payload's full-text index left the append in migration 0018: the workers
+   and for a step without one, replayed (interleaved, `--replays` times each) on fresh
+   databases with the full schema, without the foreign keys, and the floor's INSERT: the
+   server's share. (The payload's full-text index left the append in migration 0018: the workers
    index steps in batches, sessions_app.upkeep.search.)
 3. with --profile: a pyinstrument profile of the same loop (needs the bench extra).
 """
@@ -220,6 +220,9 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument(
+        "--replays", type=int, default=600, help="executions of the statement per variant"
+    )
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     url = fresh_database(DB_NAME)
@@ -234,10 +237,10 @@ def main() -> None:
         flush=True,
     )
     print("\nthe append statement alone, replayed (p50 per execution, checkpoint every third):")
-    for name, ms in statement_ab().items():
+    for name, ms in statement_ab(args.replays).items():
         print(f"  {name:40} {ms:.3f} ms")
     print("... and without the WAL flush (synchronous_commit off): the server's work")
-    for name, ms in statement_ab(flush=False).items():
+    for name, ms in statement_ab(args.replays, flush=False).items():
         print(f"  {name:40} {ms:.3f} ms")
     if args.profile:
         print()

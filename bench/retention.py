@@ -24,7 +24,7 @@ import statistics
 import threading
 import time
 
-from ._db import database_name, fresh_database, server_url, setup_django, with_db
+from ._db import database_url, fresh_database, setup_django
 
 DB_NAME = "respawn_bench_retention"
 POLICY = {
@@ -89,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.reuse:
-        url = with_db(server_url(), database_name(DB_NAME))
+        url = database_url(DB_NAME)
     else:
         from .admin import seed
 

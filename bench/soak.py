@@ -9,7 +9,8 @@ tool call and its result, SIGKILL of the worker process only (its supervisor sta
 SIGCONT, and Redis FLUSHALL. New sessions keep arriving. Afterwards every session is
 checked against the trace of an uninterrupted run; it prints a table of the faults and of
 lost steps, duplicated steps, duplicated side effects, unfinished sessions and the longest
-recovery (a fault until the session's next committed step).
+recovery (a fault until the session's next committed step), and exits 1 unless the four
+counts are 0.
 """
 
 from __future__ import annotations
@@ -286,6 +287,8 @@ def main() -> None:
         print(f"{'recovery median (s)':36} {recoveries[len(recoveries) // 2]:6.2f}")
         print(f"{'recovery longest (s)':36} {recoveries[-1]:6.2f}")
     print(f"{'recoveries still pending at the end':36} {len(pending_recovery):6d}")
+    if lost or duplicated or effects_dup or unfinished:
+        raise SystemExit("steps or side effects lost or doubled, or sessions unfinished: above")
 
 
 if __name__ == "__main__":

@@ -26,9 +26,7 @@ import time
 from ._db import fresh_database, server_url, setup_django, with_db
 from ._workload import Timings, table_bytes, warm
 
-DB_RESPAWN = "respawn_bench_steps"
-DB_LANGGRAPH = "respawn_bench_langgraph"
-DB_DBOS = "respawn_bench_dbos"
+DB_NAME = "respawn_bench_steps"  # the peers' databases: its name + _langgraph, + _dbos
 
 
 class Contender:
@@ -118,18 +116,20 @@ class Peer(Contender):
         return timings, steps, self.peer.bytes() - before, wall
 
 
-def setup(payload_bytes: int, peers: bool) -> list[Contender]:
-    url = fresh_database(DB_RESPAWN)
+def setup(payload_bytes: int, peers: bool, database: str = DB_NAME) -> list[Contender]:
+    """The contenders, each on a fresh database named after `database` (a bench of its own
+    that runs them, bench.storage, names its own)."""
+    url = fresh_database(database)
     setup_django(url)
     contenders: list[Contender] = [Floor(url, payload_bytes), Respawn(url, payload_bytes)]
     if peers:
         from ._peers import DBOSPeer, LangGraphPeer
 
-        lg_url = fresh_database(DB_LANGGRAPH, migrate=False)
+        lg_url = fresh_database(f"{database}_langgraph", migrate=False)
         contenders.append(
             Peer("LangGraph + PostgresSaver (sync)", LangGraphPeer(lg_url, payload_bytes))
         )
-        dbos_url = fresh_database(DB_DBOS, migrate=False)
+        dbos_url = fresh_database(f"{database}_dbos", migrate=False)
         contenders.append(Peer("DBOS workflow + steps", DBOSPeer(dbos_url, payload_bytes)))
     return contenders
 

@@ -47,7 +47,7 @@ def main() -> None:
     from . import steps as bench_steps
     from ._respawn import turns_for
 
-    contenders = bench_steps.setup(args.payload_bytes, args.peers)
+    contenders = bench_steps.setup(args.payload_bytes, args.peers, "respawn_bench_storage")
     results: dict[str, dict[int, dict]] = {c.name: {} for c in contenders}
     try:
         for c in contenders:

@@ -14,31 +14,18 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
-import sys
 import threading
 import time
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-ROOT = Path(__file__).resolve().parent.parent
+from ._db import database_name, drop_database, fresh_database, setup_django
+
 BENCH_DB = "respawn_bench_upgrade"
 CHECKPOINTS_PER_SESSION = 100
-
-
-def server_urls(database_url: str) -> tuple[str, str]:
-    """(maintenance URL, bench URL) on the same server as database_url."""
-    parts = urlsplit(database_url)
-    if parts.scheme not in ("postgres", "postgresql"):
-        raise SystemExit(f"the benchmark needs PostgreSQL; DATABASE_URL is {database_url!r}")
-    return (
-        urlunsplit(parts._replace(path="/postgres")),
-        urlunsplit(parts._replace(path=f"/{BENCH_DB}")),
-    )
+MIGRATION_0009_TARGET = 2  # the version 0009 rewrites to, as released (0015 goes on to v3)
 
 
 def v1_state(n: int) -> dict:
@@ -89,7 +76,7 @@ class LongestTransaction(threading.Thread):
                     "SELECT coalesce(max(extract(epoch FROM clock_timestamp() - xact_start)), 0)"
                     " FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
                     " AND xact_start IS NOT NULL",
-                    (BENCH_DB,),
+                    (database_name(BENCH_DB),),
                 ).fetchone()[0]
                 self.longest = max(self.longest, float(age))
 
@@ -102,10 +89,18 @@ class LongestTransaction(threading.Thread):
         self.join()
 
 
-def load_v1_checkpoints(rows: int) -> None:
+def models_at(migration: str):
+    """The models as migration `migration` of sessions_app left them: the bench database sits
+    there while it is measured, without the columns later migrations add."""
     from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
 
-    from sessions_app.models import AgentSession
+    state = MigrationExecutor(connection).loader.project_state(("sessions_app", migration))
+    return state.apps
+
+
+def load_v1_checkpoints(rows: int, AgentSession) -> None:  # noqa: N803 (a model class)
+    from django.db import connection
 
     sessions = [uuid.uuid4() for _ in range(max(1, -(-rows // CHECKPOINTS_PER_SESSION)))]
     AgentSession.objects.bulk_create(
@@ -127,10 +122,8 @@ def load_v1_checkpoints(rows: int) -> None:
         cursor.execute("ANALYZE sessions_app_checkpoint")
 
 
-def versions() -> dict[int, int]:
+def versions(Checkpoint) -> dict[int, int]:  # noqa: N803 (a model class)
     from django.db.models import Count
-
-    from sessions_app.models import Checkpoint
 
     return dict(Checkpoint.objects.values_list("schema_version").annotate(n=Count("id")).order_by())
 
@@ -142,33 +135,23 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the database afterwards")
     args = parser.parse_args()
 
-    maintenance, bench_url = server_urls(
-        os.environ.get("DATABASE_URL") or "postgres://postgres@127.0.0.1:5432/respawn"
-    )
-    with psycopg.connect(maintenance, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {BENCH_DB}")
-
-    os.environ.update(
-        DATABASE_URL=bench_url, RESPAWN_DB_POOL="0", DJANGO_SETTINGS_MODULE="config.settings"
-    )
-    sys.path.insert(0, str(ROOT))
-    import django
-
-    django.setup()
+    bench_url = fresh_database(BENCH_DB, migrate=False)  # migrated below, up to 0008 first
+    setup_django(bench_url)
     from django.core.management import call_command
     from django.db import connections
 
     from agent_runtime.state import SCHEMA_VERSION
-    from sessions_app.models import Checkpoint, Step
     from sessions_app.upkeep.state_upgrade import upgrade_blobs
 
     migration = importlib.import_module("sessions_app.migrations.0009_upgrade_state_blobs")
     migration.BATCH_SIZE = args.batch_size
     try:
         call_command("migrate", "sessions_app", "0008", verbosity=0)
+        apps = models_at("0008_session_incompatible")
+        Checkpoint = apps.get_model("sessions_app", "Checkpoint")  # noqa: N806 (a model class)
+        Step = apps.get_model("sessions_app", "Step")  # noqa: N806 (a model class)
         started = time.monotonic()
-        load_v1_checkpoints(args.rows)
+        load_v1_checkpoints(args.rows, apps.get_model("sessions_app", "AgentSession"))
         print(
             f"state upgrade: {args.rows:,} v1 checkpoints in PostgreSQL "
             f"(loaded in {time.monotonic() - started:.1f}s), batches of {args.batch_size}"
@@ -184,33 +167,34 @@ def main() -> None:
             started = time.monotonic()
             call_command("migrate", "sessions_app", "0009", verbosity=0)
             seconds = time.monotonic() - started
-        assert versions() == {SCHEMA_VERSION: args.rows}, versions()
+        assert versions(Checkpoint) == {MIGRATION_0009_TARGET: args.rows}, versions(Checkpoint)
         report("migration 0009 forward", seconds, watch.longest)
 
         with LongestTransaction(bench_url) as watch:
             started = time.monotonic()
             call_command("migrate", "sessions_app", "0008", verbosity=0)
             seconds = time.monotonic() - started
-        assert versions() == {1: args.rows}, versions()
+        assert versions(Checkpoint) == {1: args.rows}, versions(Checkpoint)
         report("migration 0009 reverse", seconds, watch.longest)
 
         with LongestTransaction(bench_url) as watch:
             summary = upgrade_blobs(Checkpoint, Step, batch_size=args.batch_size)
         table = summary.tables[0]
-        assert table.upgraded == args.rows and versions() == {SCHEMA_VERSION: args.rows}
+        assert table.upgraded == args.rows, table
+        assert versions(Checkpoint) == {SCHEMA_VERSION: args.rows}, versions(Checkpoint)
         report(
-            "upgrade_state",
+            f"upgrade_state (to v{SCHEMA_VERSION})",
             summary.seconds,
             watch.longest,
             f" (timed inside: {table.max_transaction_seconds:.3f}s, "
             f"at most {table.max_transaction_rows} rows)",
         )
-        call_command("migrate", "sessions_app", verbosity=0)  # record 0009 as applied
+        # Up to the latest: 0009 and 0015 find every row current and rewrite none.
+        call_command("migrate", "sessions_app", verbosity=0)
     finally:
         connections.close_all()
         if not args.keep:
-            with psycopg.connect(maintenance, autocommit=True) as conn:
-                conn.execute(f"DROP DATABASE IF EXISTS {BENCH_DB} WITH (FORCE)")
+            drop_database(BENCH_DB)
 
 
 if __name__ == "__main__":

@@ -125,6 +125,7 @@ def _run_table(
     *,
     target: int,
     needs_rewrite: Callable[[int], bool],
+    beyond_reach: Callable[[int], bool],
     batch_size: int,
     dry_run: bool,
     pause: float,
@@ -193,10 +194,10 @@ def _run_table(
             summary.batches += 1
             summary.max_transaction_seconds = max(summary.max_transaction_seconds, elapsed)
             summary.max_transaction_rows = max(summary.max_transaction_rows, len(changed))
-        # Rows at a version the target cannot be reached from are counted as refused.
-        for _, version in heads:
-            if version != target and not needs_rewrite(version):
-                summary.refused += 1
+        # Rows at a version the target cannot be reached from are counted as refused; rows
+        # the run has no business with (past an upgrade's target, below a downgrade's) are
+        # left alone.
+        summary.refused += sum(1 for _, version in heads if beyond_reach(version))
         if on_batch is not None:
             on_batch(summary)
         if pause and stale:
@@ -224,8 +225,10 @@ def upgrade_blobs(
             table,
             target=target,
             # Rows newer than this code go through the loader too, so that they are
-            # reported as refused; rows between target and this code's version are left.
+            # reported as refused (with the loader's reason); rows between target and this
+            # code's version are left.
             needs_rewrite=lambda version: version < target or version > SCHEMA_VERSION,
+            beyond_reach=lambda version: False,
             batch_size=batch_size,
             dry_run=dry_run,
             pause=pause,
@@ -254,6 +257,7 @@ def downgrade_blobs(
             table,
             target=target,
             needs_rewrite=lambda version: version == from_version,
+            beyond_reach=lambda version: version > from_version,
             batch_size=batch_size,
             dry_run=False,
             pause=0.0,

@@ -28,6 +28,7 @@ from sessions_app.services.core import (
     session_send_message,
 )
 from sessions_app.store import session_store
+from sessions_app.upkeep.state_upgrade import downgrade_blobs, upgrade_blobs
 from sessions_app.workers.jobs import run_session_job
 from tests.agent_runtime.test_upgraders import UPGRADES_FROM_V1, as_dicts
 from tests.fixtures.loader import V1_SESSIONS, dump_blobs, dump_tables, insert_fixture, read_fixture
@@ -270,6 +271,36 @@ def test_upgrade_refuses_a_newer_blob_and_leaves_it_untouched():
         f"checkpoint seq 7 of session {session_id}: checkpoint state was written by schema " in out
     )
     assert Checkpoint.objects.filter(schema_version=99).values().get() == v99
+
+
+def test_a_migration_to_an_older_version_leaves_newer_blobs_and_refuses_none():
+    """Migration 0009 (to version 2) run on blobs `upgrade_state` already took to version 3:
+    they are past its target, not beyond this code's reach; nothing to rewrite or refuse."""
+    for name in V1_SESSIONS:
+        insert_fixture(name)
+    upgrade()
+    before = dump_tables()
+    summary = upgrade_blobs(Checkpoint, Step, target=2)
+    assert (summary.upgraded, summary.refused) == (0, 0)
+    assert dump_tables() == before
+
+
+def test_reversing_a_migration_leaves_older_blobs_and_refuses_none():
+    """Migration 0015 reversed (version 3 down to 2) on blobs still at version 1: older than
+    what it rewrites, they stay; only blobs newer than 3 would stop it."""
+    for name in V1_SESSIONS:
+        insert_fixture(name)
+    before = dump_tables()
+    summary = downgrade_blobs(Checkpoint, Step, from_version=3)
+    assert (summary.upgraded, summary.refused) == (0, 0)
+    assert dump_tables() == before
+
+
+def test_reversing_a_migration_refuses_a_newer_blob():
+    make_v99(insert_fixture("mid_run"))
+    summary = downgrade_blobs(Checkpoint, Step, from_version=3)
+    assert summary.refused == 1
+    assert Checkpoint.objects.filter(schema_version=99).count() == 1
 
 
 def test_upgrade_progress_bar_goes_to_stderr():

@@ -1,0 +1,1 @@
+"""The benchmarks (bench/), run at their tiniest as the docs cite them."""
