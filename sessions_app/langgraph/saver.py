@@ -157,6 +157,20 @@ def _summary(value: Any) -> str:
     return _short(repr(value))
 
 
+def _model_of(values: Any) -> str:
+    """The model an AI message among these writes names (its response metadata, as the
+    LangChain chat models record it), for the session's header; "" if none does."""
+    for value in values:
+        for message in value if isinstance(value, list | tuple) else [value]:
+            if getattr(message, "type", None) != "ai":
+                continue
+            metadata = getattr(message, "response_metadata", None) or {}
+            name = metadata.get("model_name") or metadata.get("model")
+            if isinstance(name, str) and name:
+                return name[:200]
+    return ""
+
+
 def _node_of(task_id: str, task_path: str) -> str:
     if task_path:
         return task_path.split(", ")[-1] if task_path.startswith("~__pregel_pull") else task_path
@@ -568,6 +582,9 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             "ns": ns,
             "writes": [{"channel": c, "value": _summary(v)} for c, v in writes],
         }
+        model = _model_of(v for _, v in writes)
+        if model:
+            payload["model"] = model
         db = self._db
 
         def write(seq: int, agent: tuple[str, str]) -> None:

@@ -449,7 +449,8 @@ def runner_description(agent: Agent) -> RunnerDescription | None:
 def session_model(session: AgentSession, configured: str) -> str:
     """The model a session's header names: the one its agent is configured with
     (`configured`, the deployment's RESPAWN_MODEL or Respawn's agent's), else the one its
-    runner says it calls, else the one its last model step recorded."""
+    runner says it calls, else the one its last model step recorded (or a graph's last
+    task that wrote a model's message: sessions_app.langgraph)."""
     if configured and configured != "unknown agent":
         return configured
     registry = agent_registry()
@@ -457,8 +458,10 @@ def session_model(session: AgentSession, configured: str) -> str:
         described = runner_description(registry.get(session.agent))
         if described is not None and described.model:
             return described.model
+    graph_model = payload_q(PayloadField.MODEL, "isnull", value=False, kind="system")
     payload = (
-        Step.objects.filter(session=session, kind="model", superseded_at__isnull=True)
+        Step.objects.filter(Q(kind="model") | graph_model, session=session)
+        .filter(superseded_at__isnull=True)
         .order_by("-seq")
         .values_list("payload", flat=True)
         .first()

@@ -75,6 +75,8 @@ def test_a_thread_is_a_session_with_its_trace_and_checkpoints(client, users, mak
     page = client.get(reverse("sessions:detail", args=[session.id]))
     assert page.status_code == 200
     assert b"graph_writes" in page.content and b"Worked 3 steps." in page.content
+    # The header names the model the graph's messages say answered them.
+    assert b"model <code>acme-fake-1</code>" in page.content
     first = Checkpoint.objects.filter(session=session).order_by("seq").first()
     diff = client.get(reverse("sessions:diff", args=[session.id]), {"a": first.pk, "b": "head"})
     assert diff.status_code == 200

@@ -35,18 +35,27 @@ def _request(messages: list) -> tuple[str, int]:
     return "", 0
 
 
+# What a LangChain chat model records of itself on each message it returns.
+MODEL = {"model_name": "acme-fake-1"}
+
+
 def model(state: State) -> dict:
     request, done = _request(state["messages"])
     if match := re.match(r"approve (?P<what>.+)", request):
         answer = interrupt({"question": f"may I {match['what']}?"})
-        return {"messages": [AIMessage(f"{match['what']}: {answer}")]}
+        return {"messages": [AIMessage(f"{match['what']}: {answer}", response_metadata=MODEL)]}
     match = re.match(r"loop (?P<n>\d+)", request)
     wanted = int(match["n"]) if match else 0
     if done < wanted:
         call = {"name": "work", "args": {"step": done + 1}, "id": f"call-{len(state['messages'])}"}
-        return {"messages": [AIMessage("", tool_calls=[call])]}
+        return {"messages": [AIMessage("", tool_calls=[call], response_metadata=MODEL)]}
     return {
-        "messages": [AIMessage(f"Worked {wanted} steps." if wanted else f"You said: {request}")]
+        "messages": [
+            AIMessage(
+                f"Worked {wanted} steps." if wanted else f"You said: {request}",
+                response_metadata=MODEL,
+            )
+        ]
     }
 
 
