@@ -78,12 +78,22 @@ def _basic_credentials(match: re.Match[str]) -> str:
     return match.group("head") + marker("basic-credentials")
 
 
+# What says a 40-character run is an AWS secret key: the text speaks of AWS or of a
+# secret, or holds an access key id beside it.
+AWS_CONTEXT = ("aws", "akia", "asia", "secret")
+
+
 def _aws_secret(match: re.Match[str]) -> str:
     """A run of exactly 40 base64 characters (no padding) that mixes upper case, lower case
-    and digits: an AWS secret access key. A 40-digit hex string (a git commit, a SHA-1)
-    is left alone, and so are longer runs (base64 data)."""
+    and digits, in text that speaks of AWS or of a secret (AWS_CONTEXT): an AWS
+    secret access key. Without that context such a run is a hash, an id, a signed URL's
+    signature or ciphertext, and a run must read it back as it was. A 40-digit hex string
+    (a git commit, a SHA-1) is left alone, and so are longer runs (base64 data)."""
     run = match.group(0)
     if len(run) != 40 or "=" in run:
+        return run
+    text = match.string.lower()
+    if not any(word in text for word in AWS_CONTEXT):
         return run
     if any(c.isupper() for c in run) and any(c.islower() for c in run):
         if any(c.isdigit() for c in run):

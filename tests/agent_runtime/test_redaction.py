@@ -168,9 +168,27 @@ def test_the_host_and_path_of_a_url_survive():
 def test_aws_secret_access_keys_but_not_hex_digests():
     r = Redactor()
     assert AWS_SECRET not in r.text(f"aws_secret_access_key = {AWS_SECRET}")
-    assert AWS_SECRET not in r.text(f"the key {AWS_SECRET} in prose")
+    assert AWS_SECRET not in r.text(f"the AWS key {AWS_SECRET} in prose")
+    assert AWS_SECRET not in r.text(f"AKIAIOSFODNN7EXAMPLE {AWS_SECRET}")
+    assert AWS_SECRET not in r.text(f"secret: {AWS_SECRET}")
     commit = "3f786850e387550fdab836ed7e6dc881de23001b"  # a git commit: 40 hex characters
     assert r.text(f"commit {commit}") == f"commit {commit}"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "Zk8Qm2Lx7Wn4Tv9Rb3Hc6Jp1Fs5Gy8Dk2Qw7Lm3X",  # a base64 id
+        "order/Zk8Qm2Lx7Wn4Tv9Rb3Hc6Jp1Fs5Gy8Dk2Qw7Lm3X",  # a path with one
+        "https://cdn.example/x.png?sig=Zk8Qm2Lx7Wn4Tv9Rb3Hc6Jp1Fs5Gy8Dk2Qw7Lm3X",
+        {"checksum": "Zk8Qm2Lx7Wn4Tv9Rb3Hc6Jp1Fs5Gy8Dk2Qw7Lm3X", "n": 1},
+    ],
+)
+def test_forty_characters_with_no_context_are_data_not_a_secret(value):
+    """A 40-character mixed-case run is what hashes, ids, signatures and ciphertext look
+    like: with nothing saying it is a secret it comes back as it went in (an SDK item, a
+    tool argument replayed after a crash)."""
+    assert Redactor().redact(value) == value
 
 
 @pytest.mark.parametrize(
