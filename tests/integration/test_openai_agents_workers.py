@@ -51,6 +51,16 @@ def test_an_sdk_run_killed_mid_tool_resumes_from_the_last_stored_turn(
     session = session_start(agent="acme-sdk", input="loop 3")
     # Dies while the second work call runs: the first turn (call and output) is stored.
     wait_for(lambda: len(tool_results(session)) == 1, timeout=60, interval=0.02, what="step 1")
+    # The second call is in the trace while it runs, before its turn's items are stored.
+    wait_for(
+        lambda: Step.objects.filter(
+            session=session, payload__event="sdk_tool_started", payload__arguments__step=2
+        ).exists(),
+        timeout=60,
+        interval=0.02,
+        what="the second work call in the trace",
+    )
+    assert len(tool_results(session)) == 1
     kill_once_logged(first, log, "work 2 started", "the second work call to start")
     start_worker(**env(sdk_model, log, ACME_SDK_DELAY="0.1"))
     wait_for_status(session, Status.COMPLETED)
