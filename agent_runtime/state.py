@@ -221,40 +221,160 @@ class SessionState:
                 f"state has schema_version {version!r}; expected {SCHEMA_VERSION} "
                 "(load it through agent_runtime.upgraders)"
             )
-        try:
-            agent = data["agent"]
-            pending = data.get("pending_approval")
-            counters = data["counters"]
-            model, tools = counters["model"], counters["tools"]
-            return cls(
-                agent_name=str(agent["name"]),
-                agent_version=str(agent["version"]),
-                turn=int(data.get("turn", 0)),
-                plan=[
-                    PlanItem(id=str(p["id"]), title=str(p["title"]), status=str(p["status"]))
-                    for p in data["plan"]
-                ],
-                memory_refs=[str(ref) for ref in data["memory_refs"]],
-                counters=Counters(
-                    steps=int(counters["steps"]),
-                    model_calls=int(model["calls"]),
-                    tokens_in=int(model["tokens_in"]),
-                    tokens_out=int(model["tokens_out"]),
-                    cost=float(model["cost"]),
-                    tool_calls=int(tools["calls"]),
-                    retries=int(tools["retries"]),
-                ),
-                budgets=Budgets(**data["budgets"]),
-                pending_approval=PendingApproval(**pending) if pending else None,
-                uncertain_calls=[str(c) for c in data.get("uncertain_calls", [])],
-                batch_cursor=data.get("batch_cursor"),
-                final_answer=data.get("final_answer"),
-                agent_state=_agent_state(data["agent_state"]),
+        top = _fields(
+            data,
+            "state",
+            required=("agent", "plan", "memory_refs", "counters", "budgets", "agent_state"),
+            optional=(
+                "schema_version",
+                "turn",
+                "pending_approval",
+                "uncertain_calls",
+                "batch_cursor",
+                "final_answer",
+            ),
+        )
+        agent = _fields(top["agent"], "agent", required=("name", "version"))
+        counters = _fields(top["counters"], "counters", required=("steps", "model", "tools"))
+        model = _fields(
+            counters["model"],
+            "counters.model",
+            required=("calls", "tokens_in", "tokens_out", "cost"),
+        )
+        tools = _fields(counters["tools"], "counters.tools", required=("calls", "retries"))
+        budgets = _fields(
+            top["budgets"], "budgets", optional=("max_steps", "max_tokens", "max_cost")
+        )
+        pending = top.get("pending_approval")
+        if pending is not None:
+            pending = _fields(
+                pending,
+                "pending_approval",
+                required=("call_id", "tool", "arguments", "model_seq"),
+                optional=("requested_at",),
             )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateError(
-                f"state does not match schema version {SCHEMA_VERSION}: {exc}"
-            ) from exc
+        plan = top["plan"]
+        if not isinstance(plan, list):
+            raise _wrong("plan", "a list", plan)
+        return cls(
+            agent_name=_text(agent["name"], "agent.name"),
+            agent_version=_text(agent["version"], "agent.version", numbers=True),
+            turn=_whole(top.get("turn", 0), "turn"),
+            plan=[_plan_item(item, f"plan[{i}]") for i, item in enumerate(plan)],
+            memory_refs=_texts(top["memory_refs"], "memory_refs"),
+            counters=Counters(
+                steps=_whole(counters["steps"], "counters.steps"),
+                model_calls=_whole(model["calls"], "counters.model.calls"),
+                tokens_in=_whole(model["tokens_in"], "counters.model.tokens_in"),
+                tokens_out=_whole(model["tokens_out"], "counters.model.tokens_out"),
+                cost=_amount(model["cost"], "counters.model.cost"),
+                tool_calls=_whole(tools["calls"], "counters.tools.calls"),
+                retries=_whole(tools["retries"], "counters.tools.retries"),
+            ),
+            budgets=Budgets(
+                max_steps=_whole(budgets.get("max_steps", 200), "budgets.max_steps", minimum=1),
+                max_tokens=_maybe(_whole, budgets.get("max_tokens"), "budgets.max_tokens"),
+                max_cost=_maybe(_amount, budgets.get("max_cost"), "budgets.max_cost"),
+            ),
+            pending_approval=None
+            if pending is None
+            else PendingApproval(
+                call_id=_text(pending["call_id"], "pending_approval.call_id"),
+                tool=_text(pending["tool"], "pending_approval.tool"),
+                arguments=_object(pending["arguments"], "pending_approval.arguments"),
+                model_seq=_whole(pending["model_seq"], "pending_approval.model_seq"),
+                requested_at=_maybe(
+                    _text, pending.get("requested_at"), "pending_approval.requested_at"
+                ),
+            ),
+            uncertain_calls=_texts(top.get("uncertain_calls", []), "uncertain_calls"),
+            batch_cursor=_maybe(_object, top.get("batch_cursor"), "batch_cursor"),
+            final_answer=_maybe(_text, top.get("final_answer"), "final_answer"),
+            agent_state=_agent_state(top["agent_state"]),
+        )
+
+
+# --- Reading a stored state strictly: a wrong type is named, never coerced -----------------
+
+
+def _wrong(where: str, expected: str, value: Any) -> StateError:
+    shown = repr(value)
+    shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return StateError(
+        f"state does not match schema version {SCHEMA_VERSION}: {where}: expected {expected}, "
+        f"got {shown}"
+    )
+
+
+def _fields(
+    value: Any, where: str, *, required: tuple[str, ...] = (), optional: tuple[str, ...] = ()
+) -> dict[str, Any]:
+    """An object with these keys (the required ones present), and no others."""
+    if not isinstance(value, dict):
+        raise _wrong(where, "an object", value)
+    missing = [k for k in required if k not in value]
+    if missing:
+        raise _wrong(where, "the key(s) " + ", ".join(missing), sorted(value))
+    unknown = sorted(str(k) for k in value if k not in required and k not in optional)
+    if unknown:
+        known = ", ".join((*required, *optional))
+        raise StateError(
+            f"state does not match schema version {SCHEMA_VERSION}: {where}: unknown key(s) "
+            f"{', '.join(unknown)} (known: {known})"
+        )
+    return value
+
+
+def _whole(value: Any, where: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _wrong(where, f"an integer >= {minimum}", value)
+    return value
+
+
+def _amount(value: Any, where: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or value != value
+        or value in (float("inf"), float("-inf"))
+        or value < 0
+    ):
+        raise _wrong(where, "a number >= 0", value)
+    return float(value)
+
+
+def _text(value: Any, where: str, *, numbers: bool = False) -> str:
+    if numbers and isinstance(value, int) and not isinstance(value, bool):
+        return str(value)  # an agent version written as a number by older code
+    if not isinstance(value, str):
+        raise _wrong(where, "a string", value)
+    return value
+
+
+def _texts(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list):
+        raise _wrong(where, "a list of strings", value)
+    return [_text(item, f"{where}[{i}]") for i, item in enumerate(value)]
+
+
+def _object(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _wrong(where, "an object", value)
+    return value
+
+
+def _maybe(read: Any, value: Any, where: str) -> Any:
+    """`read(value, where)`, or None for None."""
+    return None if value is None else read(value, where)
+
+
+def _plan_item(value: Any, where: str) -> PlanItem:
+    item = _fields(value, where, required=("id", "title", "status"))
+    return PlanItem(
+        id=_text(item["id"], f"{where}.id"),
+        title=_text(item["title"], f"{where}.title"),
+        status=_text(item["status"], f"{where}.status"),
+    )
 
 
 def _agent_state(value: Any) -> dict[str, Any] | None:

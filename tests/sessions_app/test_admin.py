@@ -267,6 +267,26 @@ def test_step_payload_the_schema_rejects_saves_nothing(client, demo, staff, payl
         (lambda s: s.update(counters={"steps": "many"}) or s.pop("plan"), "does not load"),
         (lambda s: s.update(schema_version=99), "schema_version must stay"),
         (lambda s: s.update(plan=[{"title": "x"}]), "does not load"),
+        # What used to be saved "successfully" and then failed every page and run.
+        (
+            lambda s: s["budgets"].update(max_steps="ten"),
+            "budgets.max_steps: expected an integer >= 1, got 'ten'",
+        ),
+        (
+            lambda s: s["budgets"].update(max_cost="abc"),
+            "budgets.max_cost: expected a number >= 0, got 'abc'",
+        ),
+        (
+            lambda s: s["budgets"].update(max_steps=-3),
+            "budgets.max_steps: expected an integer >= 1, got -3",
+        ),
+        (
+            lambda s: s.update(uncertain_calls="x"),
+            "uncertain_calls: expected a list of strings, got 'x'",
+        ),
+        (lambda s: s.update(turn="3"), "turn: expected an integer >= 0, got '3'"),
+        (lambda s: s.update(colour="blue"), "state: unknown key(s) colour"),
+        (lambda s: s["budgets"].update(max_step=9), "budgets: unknown key(s) max_step"),
     ],
 )
 def test_checkpoint_state_the_schema_rejects_saves_nothing(client, demo, staff, change, message):
