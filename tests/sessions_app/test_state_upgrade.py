@@ -345,6 +345,27 @@ def test_the_job_refuses_a_v99_session_marks_it_and_writes_nothing():
     assert not session.is_stuck()
 
 
+def test_a_state_not_of_its_versions_shape_is_refused_by_the_run_not_counted_as_a_crash():
+    """A head checkpoint whose budgets say "ten" (written past every check, by SQL): the
+    run names the field and writes nothing; no worker died, so nothing counts towards a
+    poison session, however often it is tried."""
+    session_id = insert_fixture("mid_run")
+    upgrade()  # its blobs at this code's version: what the run reads is the state as stored
+    checkpoint = Checkpoint.objects.get(session_id=session_id, seq=7)
+    assert checkpoint.schema_version == SCHEMA_VERSION
+    state = {**checkpoint.state, "budgets": {"max_steps": "ten"}}
+    Checkpoint.objects.filter(pk=checkpoint.pk).update(state=state)
+    before = dump_blobs()
+    for _ in range(6):
+        assert run_session_job(session_id) == "incompatible"
+    assert dump_blobs() == before
+    session = head_session(session_id)
+    assert session.crash_count == 0 and session.lease_owner is None
+    assert session.status != "failed"
+    assert session.incompatible_reason.startswith("checkpoint at seq 7: ")
+    assert "budgets.max_steps: expected an integer >= 1, got 'ten'" in session.incompatible_reason
+
+
 def test_the_job_refuses_a_session_with_a_v99_step():
     session_id = insert_fixture("mid_run")
     make_v99(session_id, step_seq=8)

@@ -241,6 +241,28 @@ def _tables() -> tuple[int, int, int, int]:
             "newer than this code understands",
         ),
         (
+            # A state of the right version but not its shape: a page or a run would meet it.
+            lambda data, records: _rezip(
+                [
+                    r
+                    if r["kind"] != "checkpoint"
+                    else {
+                        **r,
+                        "data": {
+                            **r["data"],
+                            "state": {
+                                **r["data"]["state"],
+                                "budgets": {"max_steps": "ten"},
+                            },
+                        },
+                    }
+                    for r in records
+                ],
+                fix_digest=True,
+            ),
+            "budgets.max_steps: expected an integer >= 1, got 'ten'",
+        ),
+        (
             lambda data, records: _rezip([records[0], *records[2:]], fix_digest=True),
             "exactly one session, right after the header",
         ),
