@@ -27,6 +27,7 @@ from agent_runtime.state import (
     OperatorAction,
     PayloadField,
     SessionState,
+    StateError,
     SystemEvent,
     SystemPayload,
     apply_budgets,
@@ -964,7 +965,11 @@ def session_budgets(session: AgentSession, state: dict[str, Any] | None = None) 
     every kind of agent; a foreign runner's session (a LangGraph graph, an SDK agent) has
     no default limit, since Respawn's loop does not run it."""
     state = head_state(session) if state is None else state
-    limits = dict(state.get("budgets") or {})
+    try:
+        limits = asdict(SessionState.from_dict(state).budgets) if state else {}
+    except StateError:
+        # A state this code cannot read (the page says why) has no limits a run applies.
+        limits = {}
     registry = agent_registry()
     agent = registry.get(session.agent) if session.agent in registry else None
     if (agent is not None and agent.runner is not None) or session.agent in program_agents():
