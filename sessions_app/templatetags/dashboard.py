@@ -17,11 +17,19 @@ from ..dashboard.presenters import (
     format_count,
     format_duration,
     format_ms,
+    pretty,
 )
 from ..models import Status
 from ..selectors import core as selectors
 
 register = template.Library()
+
+
+@register.filter(name="json")
+def as_json(value: Any) -> str:
+    """A JSON value as JSON (what a tool receives and an operator reads), indented; not
+    Python's repr (single quotes, True, None)."""
+    return pretty(value)
 
 
 @register.filter

@@ -135,6 +135,8 @@ def test_approve_and_reject(client, users, waiting):
     client.force_login(users["operator"])
     page = client.get(reverse("sessions:detail", args=[waiting.id])).content.decode()
     assert "Waiting for approval" in page and "send_payment" in page
+    # The arguments as the tool gets them: JSON, not a Python dict.
+    assert "&quot;amount_cents&quot;: " in page and "&#x27;amount_cents&#x27;" not in page
     response = client.post(
         reverse("sessions:action", args=[waiting.id, "approve"]), {"reason": "ok"}, **HX
     )
