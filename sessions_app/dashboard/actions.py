@@ -320,7 +320,10 @@ ACTIONS: dict[str, Action] = _actions(
         cancel,
         services.session_cancel,
         "cancel_refusal",
-        confirm="Cancel this session? It cannot be resumed afterwards.",
+        confirm=(
+            "Cancel this session? A run in progress stops; only a rollback to one of its "
+            "checkpoints runs it again."
+        ),
     ),
     Action(
         "rollback",

@@ -300,10 +300,15 @@ class AgentSession(models.Model):
             # Queued and dispatched moments ago: a worker will take it. Resuming again
             # would only hand out a second job (and, under a burst of clicks, many).
             return "session is already queued; a worker will pick it up", "already_running"
-        if self.status in (Status.COMPLETED, Status.CANCELLED):
+        if self.status == Status.COMPLETED:
             return (
-                f"a {self.get_status_display().lower()} session cannot be resumed; "
-                "send it a new message instead",
+                "a completed session cannot be resumed; send it a new message instead",
+                "bad_status",
+            )
+        if self.status == Status.CANCELLED:
+            return (
+                "a cancelled session cannot be resumed; roll it back to one of its "
+                "checkpoints to run it again",
                 "bad_status",
             )
         if self.status == Status.WAITING_INPUT:

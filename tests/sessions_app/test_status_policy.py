@@ -140,3 +140,20 @@ def test_the_status_hints_say_what_the_policy_allows():
     assert not cancelled.can_resume() and not cancelled.can_message()
     assert cancelled.can_roll_back()
     assert "rollback" in STATUS_TEXT[Status.CANCELLED][1]
+
+
+def test_a_refusal_and_a_confirmation_name_only_ways_back_the_policy_leaves():
+    """A cancelled session's resume refusal points at a rollback (which the policy allows),
+    not at a message (which it refuses); the cancel confirmation says the same, not that
+    nothing can run it again."""
+    from sessions_app.dashboard.actions import ACTIONS as TABLE
+
+    cancelled = AgentSession(agent="demo", status=Status.CANCELLED)
+    message, _ = cancelled.resume_refusal()
+    assert "roll it back" in message and "message" not in message
+    assert cancelled.can_roll_back() and not cancelled.can_message()
+    completed = AgentSession(agent="demo", status=Status.COMPLETED)
+    message, _ = completed.resume_refusal()
+    assert "new message" in message and completed.can_message()
+    cancel = TABLE["cancel"]
+    assert "rollback" in cancel.confirm and "cannot be resumed" not in cancel.confirm
