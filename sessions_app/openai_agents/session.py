@@ -23,9 +23,11 @@ pending call. A worker then resumes the run: name the agent (`agent=`) after one
 with `openai_agent`, which also runs SDK agents on the workers from the start, with crash
 recovery, cancel, resume and fork as for any session.
 
-Tracing export is switched off when this module is imported (the SDK would otherwise send
-traces to its vendor); call `agents.set_tracing_disabled(False)` after the import to have
-them. The openai-agents package is needed (`pip install 'respawn[openai-agents]'`).
+Importing this module changes none of the SDK's global state: a program's own runs trace as
+the program configured the SDK (`agents.set_tracing_disabled(True)`, or
+`RunConfig(tracing_disabled=True)`, keeps their traces on the machine); the runs Respawn's
+workers make are run with tracing disabled. The openai-agents package is needed
+(`pip install 'respawn[openai-agents]'`).
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ try:
         Runner,
         RunState,
         TResponseInputItem,
-        set_tracing_disabled,
     )
     from agents.memory import SessionABC, SessionSettings
+    from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
     from agents.run_state import CURRENT_SCHEMA_VERSION as SDK_STATE_VERSION
     from agents.version import __version__ as SDK_VERSION
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
@@ -81,9 +83,6 @@ from agent_runtime.store import Lease, LeaseLost, SessionHead
 from ..sdk_glue import SDK_SESSION_AGENT, DatabaseThread, ensure_django, session_id_in
 from ..sdk_glue import now as _now
 from . import gate
-
-# Traces would go to the SDK vendor's servers: nothing leaves the machine unless asked.
-set_tracing_disabled(True)
 
 __all__ = [
     "OpenAIAgentRunner",
@@ -151,12 +150,64 @@ def check_run_state_version(data: dict[str, Any]) -> str:
 
 
 def _plain(item: Any) -> dict[str, Any]:
-    """An SDK item as plain JSON (the SDK hands dicts; a pydantic model is dumped)."""
+    """An SDK item as plain JSON (the SDK hands dicts; a pydantic model is dumped). A value
+    JSON cannot hold is refused (TypeError), as the SDK's own sessions refuse it, not
+    stored as its str()."""
     if hasattr(item, "model_dump"):
         item = item.model_dump(mode="json", exclude_unset=True)
     if not isinstance(item, dict):
         raise TypeError(f"a session item must be a dict, got {type(item).__name__}")
-    return json.loads(json.dumps(item, default=str))
+    try:
+        text = json.dumps(item, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"a session item must be JSON (what json.dumps takes), and this one is not: {exc}"
+        ) from None
+    return json.loads(text)
+
+
+# PostgreSQL's jsonb cannot hold the NUL character (\u0000). An item with one is stored with
+# every NUL, and every ESCAPE, written as ESCAPE + a letter, and its step says so
+# (ITEM_ESCAPED): reading it reverses that, so the item comes back exactly as it was added.
+ESCAPE = "\ue000"  # a private-use character: no text means anything by it
+ITEM_ESCAPED = "item_nul_escaped"
+_ESCAPES = {"\x00": ESCAPE + "0", ESCAPE: ESCAPE + "e"}
+_UNESCAPES = {code: char for char, code in _ESCAPES.items()}
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {fn(k): _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, fn) for v in value]
+    return value
+
+
+def _escape(text: str) -> str:
+    if "\x00" not in text and ESCAPE not in text:
+        return text
+    return "".join(_ESCAPES.get(char, char) for char in text)
+
+
+def _unescape(text: str) -> str:
+    if ESCAPE not in text:
+        return text
+    out, chars = [], iter(text)
+    for char in chars:
+        out.append(_UNESCAPES.get(char + next(chars, ""), char) if char == ESCAPE else char)
+    return "".join(out)
 
 
 def _text_of(content: Any) -> str:
@@ -221,6 +272,14 @@ def step_for(item: dict[str, Any], names: dict[str, str]) -> tuple[str, dict[str
     return StepKind.SYSTEM, {"event": "sdk_item", "type": str(kind or role or "item"), ITEM: item}
 
 
+def _step_of(item: dict[str, Any], names: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    """step_for, with an item that holds a NUL character escaped (ITEM_ESCAPED)."""
+    if not _has_nul(item):
+        return step_for(item, names)
+    kind, payload = step_for(_map_strings(item, _escape), names)
+    return kind, {**payload, ITEM_ESCAPED: True}
+
+
 # A person's word on a call that needs approval.
 APPROVAL_DECISIONS = (OperatorAction.APPROVE, OperatorAction.REJECT)
 
@@ -254,6 +313,8 @@ def item_of(
     if ITEM not in payload:
         return {"role": "user", "content": step_text(payload) or ""}
     item = payload[ITEM]
+    if payload.get(ITEM_ESCAPED):
+        item = _map_strings(item, _unescape)
     if correction is not None and item.get("type") == "function_call_output":
         corrected = {
             "output": correction.get("output"),
@@ -276,14 +337,16 @@ class RespawnSession(SessionABC):
     workers resume its paused runs and answer its new messages.
     database: the Django database alias to write through.
     lease: a worker's lease: this session then writes only under it (used by the workers).
-    session_settings: the SDK's settings for the session (`SessionSettings(limit=N)`: how
-    many of the latest items a run reads).
+    session_settings: the SDK's settings for the session (`SessionSettings(limit=N)` or
+    `{"limit": N}`: how many of the latest items a run reads, and `get_items()` returns
+    when given no limit of its own).
 
     The SDK's protocol methods are coroutines, whose database work runs on the session's
     own thread; `get_items_sync` and the other `*_sync` methods do the same from code that
     is not async, on the caller's thread (and its Django connection). Every write is one
     transaction under the session row's lock, so concurrent writers never interleave inside
-    one call, and a pop returns each item once.
+    one call, and a pop returns each item once. After `close()` every call raises
+    RuntimeError, as the SDK's own sessions do.
     """
 
     def __init__(
@@ -295,11 +358,17 @@ class RespawnSession(SessionABC):
         lease: Lease | None = None,
         check: Callable[[], None] | None = None,
         agent_version: str = "",
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
         ensure_django()
         self.session_id = session_id
-        self.session_settings = session_settings
+        # As the SDK's own sessions: a dict is made SessionSettings, None the defaults.
+        self.session_settings = (
+            coerce_session_settings(session_settings)
+            if session_settings is not None
+            else SessionSettings()
+        )
+        self._closed = False
         self.respawn_id = session_id_for(session_id)
         self._agent = agent
         self._db = database
@@ -318,23 +387,23 @@ class RespawnSession(SessionABC):
     # -- the SDK's protocol ---------------------------------------------------------------
     # The items are the SDK's own (plain dicts of its TypedDicts), as add_items stored them.
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        return await self._thread.run(self.get_items_sync, limit)
+        return await self._on_thread(self.get_items_sync, limit)
 
     async def add_items(self, items: list[Any]) -> None:
-        await self._thread.run(self.add_items_sync, items)
+        await self._on_thread(self.add_items_sync, items)
 
     async def pop_item(self) -> TResponseInputItem | None:
-        return await self._thread.run(self.pop_item_sync)
+        return await self._on_thread(self.pop_item_sync)
 
     async def clear_session(self) -> None:
-        await self._thread.run(self.clear_session_sync)
+        await self._on_thread(self.clear_session_sync)
 
     async def wait_for_approval(self, result: Any) -> list[dict[str, Any]]:
         """Store a run that stopped on tool calls needing approval (a RunResult, or its
         RunState): the session waits until each call is approved or rejected in the
         dashboard or over the API, then a worker resumes the run. Returns the pending
         calls."""
-        return await self._thread.run(self.wait_for_approval_sync, result)
+        return await self._on_thread(self.wait_for_approval_sync, result)
 
     def trace_hooks(self) -> RunHooks:
         """Run hooks that write each tool call into the session's trace when it starts and
@@ -345,17 +414,20 @@ class RespawnSession(SessionABC):
         return _ToolTrace(self)
 
     async def _record_tool(self, payload: dict[str, Any]) -> None:
-        await self._thread.run(self._write, lambda session: self._system_step(session, payload))
+        await self._on_thread(self._write, lambda session: self._system_step(session, payload))
 
     async def record_usage(self, result: Any, *, since: Any = None) -> None:
         """Record what a run's model calls used (a RunResult's usage; less `since`, the
         usage a resumed RunState carried in) as a `sdk_usage` step and on the session's
         token counters, which the dashboard shows."""
-        await self._thread.run(self.record_usage_sync, result, since)
+        await self._on_thread(self.record_usage_sync, result, since)
 
     # -- the same, synchronous ------------------------------------------------------------
     def get_items_sync(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """The live items, oldest first; with `limit`, the latest `limit` of them."""
+        """The live items, oldest first; with `limit` (else the session settings' limit),
+        the latest `limit` of them."""
+        self._check_open()
+        limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise ValueError(f"limit must be None or an integer >= 0, got {limit!r}")
         if limit == 0:
@@ -375,6 +447,7 @@ class RespawnSession(SessionABC):
     def add_items_sync(self, items: list[Any]) -> None:
         """Append items, in order, as steps; a consistent point (no tool call without its
         output) becomes a checkpoint, so a rollback or fork can start from it."""
+        self._check_open()
         plain = [_plain(item) for item in items]
         if not plain:
             return
@@ -385,7 +458,7 @@ class RespawnSession(SessionABC):
             names: dict[str, str] = {}
             if outputs - calls:
                 names.update(self._tool_names(outputs - calls))
-            steps = [step_for(item, names) for item in plain]
+            steps = [_step_of(item, names) for item in plain]
             for kind, payload in steps:
                 validate_step_payload(kind, payload)
             _store().add_steps(
@@ -405,6 +478,7 @@ class RespawnSession(SessionABC):
     def pop_item_sync(self) -> dict[str, Any] | None:
         """Remove the latest item (its step is superseded, not deleted) and return it; None
         when the session has no item."""
+        self._check_open()
 
         def write(session: Any) -> dict[str, Any] | None:
             step = self._item_steps().order_by("-seq").first()
@@ -422,6 +496,7 @@ class RespawnSession(SessionABC):
 
     def clear_session_sync(self) -> None:
         """Remove every item (their steps are superseded, not deleted)."""
+        self._check_open()
 
         def write(session: Any) -> None:
             count = _store().supersede(self._item_steps())
@@ -431,6 +506,7 @@ class RespawnSession(SessionABC):
         self._write(write)
 
     def wait_for_approval_sync(self, result: Any) -> list[dict[str, Any]]:
+        self._check_open()
         state = result.to_state() if hasattr(result, "to_state") else result
         if not isinstance(state, RunState):
             raise TypeError(
@@ -444,6 +520,7 @@ class RespawnSession(SessionABC):
         return pending
 
     def record_usage_sync(self, result: Any, since: Any = None) -> None:
+        self._check_open()
         usage = result.context_wrapper.usage
         delta = {
             name: max(0, int(getattr(usage, name, 0) or 0) - int(getattr(since, name, 0) or 0))
@@ -466,6 +543,7 @@ class RespawnSession(SessionABC):
         then `write(session)`, then save the session row."""
         from django.db import transaction
 
+        self._check_open()
         if self._check is not None:
             self._check()
         with transaction.atomic(using=self._db):
@@ -669,8 +747,19 @@ class RespawnSession(SessionABC):
 
     # -- the session's thread ----------------------------------------------------------
     def close(self) -> None:
-        """Close the session thread's database connection and stop the thread."""
+        """Close the session thread's database connection and stop the thread. The session
+        is closed for good: a later call raises RuntimeError (closing again does nothing)."""
+        self._closed = True
         self._thread.close()
+
+    async def _on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the session's thread (RuntimeError once the session is closed)."""
+        self._check_open()
+        return await self._thread.run(fn, *args)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"RespawnSession {self.session_id!r} is closed")
 
 
 _RUNNABLE = ("queued", "running")
@@ -837,7 +926,7 @@ class OpenAIAgentRunner:
                 }
         run_state = data["run_state"]
         if any(p["call_id"] not in decided for p in pending):
-            await session._thread.run(
+            await session._on_thread(
                 session._write, lambda s: session._pause(s, run_state, pending, decided=decided)
             )
             return RunnerResult.waiting(
