@@ -446,7 +446,10 @@ class RespawnSession(SessionABC):
 
     def add_items_sync(self, items: list[Any]) -> None:
         """Append items, in order, as steps; a consistent point (no tool call without its
-        output) becomes a checkpoint, so a rollback or fork can start from it."""
+        output) becomes a checkpoint, so a rollback or fork can start from it. The last
+        item, when it is the model's message (or, in a program's session, a tool output
+        with every call answered: a run whose final output is a tool's), is the session's
+        final answer."""
         self._check_open()
         plain = [_plain(item) for item in items]
         if not plain:
@@ -468,6 +471,16 @@ class RespawnSession(SessionABC):
             answer = None
             if last.get("role") == "assistant" and last.get("type") in (None, "message"):
                 answer = _text_of(last.get("content"))
+            elif (
+                self._lease is None
+                and last.get("type") == "function_call_output"
+                and not calls - outputs
+            ):
+                # A program's run may end on a tool's output (tool_use_behavior
+                # "stop_on_first_tool", StopAtTools): it is the conversation's latest answer
+                # until a model message follows. A worker's run says its own at its end.
+                output = last.get("output")
+                answer = output if isinstance(output, str) else _text_of(output)
             if not calls - outputs:
                 self._checkpoint(session, final_answer=answer)
             if self._lease is None and session.status not in _RUNNABLE:
