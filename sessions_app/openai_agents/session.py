@@ -432,17 +432,22 @@ class RespawnSession(SessionABC):
             raise ValueError(f"limit must be None or an integer >= 0, got {limit!r}")
         if limit == 0:
             return []
-        rows = self._item_steps().order_by("-seq").values_list("seq", "kind", "payload")
-        if limit is not None:
-            rows = rows[:limit]
-        rows = list(reversed(list(rows)))
-        corrections = (
-            self._corrections() if any(k == StepKind.TOOL_RESULT for _, k, _ in rows) else {}
-        )
-        return [
-            copy.deepcopy(item_of(kind, payload, corrections.get(seq)))
-            for seq, kind, payload in rows
-        ]
+        steps = self._item_steps().values_list("seq", "kind", "payload")
+        if limit is None:
+            rows = list(steps.order_by("seq"))
+        else:
+            rows = list(steps.order_by("-seq")[:limit])
+            rows.reverse()
+        # A correction comes after the output it corrects and is an item itself: the
+        # corrections of the outputs read are among the rows read (the latest one wins).
+        corrections = {
+            as_operator(payload)["result_seq"]: payload
+            for _, kind, payload in rows
+            if kind == StepKind.OPERATOR
+            and step_action(kind, payload) == OperatorAction.CORRECT_RESULT
+        }
+        # Each row's payload was decoded for this call: the items are the caller's own.
+        return [item_of(kind, payload, corrections.get(seq)) for seq, kind, payload in rows]
 
     def add_items_sync(self, items: list[Any]) -> None:
         """Append items, in order, as steps; a consistent point (no tool call without its
@@ -454,39 +459,71 @@ class RespawnSession(SessionABC):
         plain = [_plain(item) for item in items]
         if not plain:
             return
+        calls = {i.get("call_id") for i in plain if i.get("type") == "function_call"}
+        outputs = {i.get("call_id") for i in plain if i.get("type") == "function_call_output"}
+        names = self._tool_names(outputs - calls) if outputs - calls else {}
+        rows = [_store().NewRow(*_step_of(item, names)) for item in plain]
+        for row in rows:
+            validate_step_payload(row.kind, row.payload)
+        consistent = not calls - outputs  # no call waits for its output: a checkpoint
+        last = plain[-1]
+        answer = None
+        if last.get("role") == "assistant" and last.get("type") in (None, "message"):
+            answer = _text_of(last.get("content"))
+        elif self._lease is None and last.get("type") == "function_call_output" and consistent:
+            # A program's run may end on a tool's output (tool_use_behavior
+            # "stop_on_first_tool", StopAtTools): it is the conversation's latest answer
+            # until a model message follows. A worker's run says its own at its end.
+            output = last.get("output")
+            answer = output if isinstance(output, str) else _text_of(output)
+        final_answer = answer if consistent else None
+        status = None
+        if self._lease is None:  # a program's write: its answer says whether it is done
+            status = "completed" if answer is not None else "waiting_input"
+        if self._appended(rows, consistent=consistent, final_answer=final_answer, status=status):
+            return
 
         def write(session: Any) -> None:
-            calls = {i.get("call_id") for i in plain if i.get("type") == "function_call"}
-            outputs = {i.get("call_id") for i in plain if i.get("type") == "function_call_output"}
-            names: dict[str, str] = {}
-            if outputs - calls:
-                names.update(self._tool_names(outputs - calls))
-            steps = [_step_of(item, names) for item in plain]
-            for kind, payload in steps:
-                validate_step_payload(kind, payload)
-            _store().add_steps(
-                session, [_store().NewRow(kind, payload) for kind, payload in steps], using=self._db
-            )
-            last = plain[-1]
-            answer = None
-            if last.get("role") == "assistant" and last.get("type") in (None, "message"):
-                answer = _text_of(last.get("content"))
-            elif (
-                self._lease is None
-                and last.get("type") == "function_call_output"
-                and not calls - outputs
-            ):
-                # A program's run may end on a tool's output (tool_use_behavior
-                # "stop_on_first_tool", StopAtTools): it is the conversation's latest answer
-                # until a model message follows. A worker's run says its own at its end.
-                output = last.get("output")
-                answer = output if isinstance(output, str) else _text_of(output)
-            if not calls - outputs:
-                self._checkpoint(session, final_answer=answer)
+            _store().add_steps(session, rows, using=self._db)
+            if consistent:
+                self._checkpoint(session, final_answer=final_answer)
             if self._lease is None and session.status not in _RUNNABLE:
-                session.status = "completed" if answer is not None else "waiting_input"
+                session.status = status
 
         self._write(write)
+
+    def _appended(
+        self,
+        rows: list[Any],
+        *,
+        consistent: bool,
+        final_answer: str | None,
+        status: str | None,
+    ) -> bool:
+        """add_items' usual case in one statement (store.writes.append_program): the
+        session row advanced, the steps and the checkpoint written. False, having written
+        nothing, when the row is not there or this writer may not write it as things stand
+        (then `_write` locks the row and says why, or creates it)."""
+        from django.db import transaction
+
+        if self._db != "default":
+            return False
+        if self._check is not None:
+            self._check()
+        # Filled in from the session row by the statement: agent, version, step count.
+        state = self._state("", "", 0, final_answer=final_answer) if consistent else None
+        with transaction.atomic(using=self._db):
+            last_seq = _store().append_program(
+                self.respawn_id,
+                rows,
+                lease=self._lease,
+                runnable=_RUNNABLE,
+                checkpoint=state,
+                agent_version=self._agent_version,
+                final_answer=final_answer,
+                status=status,
+            )
+        return last_seq is not None
 
     def pop_item_sync(self) -> dict[str, Any] | None:
         """Remove the latest item (its step is superseded, not deleted) and return it; None
@@ -652,23 +689,6 @@ class RespawnSession(SessionABC):
             superseded_at__isnull=True,
         )
 
-    def _corrections(self) -> dict[int, dict[str, Any]]:
-        """The live operator corrections of tool outputs: result seq -> the latest one."""
-        from ..models import Step, payload_q
-
-        rows = (
-            Step.objects.using(self._db)
-            .filter(
-                payload_q(PayloadField.ACTION, value=OperatorAction.CORRECT_RESULT),
-                session_id=self.respawn_id,
-                kind=StepKind.OPERATOR,
-                superseded_at__isnull=True,
-            )
-            .order_by("seq")
-            .values_list("payload", flat=True)
-        )
-        return {as_operator(p)["result_seq"]: p for p in rows}
-
     def _tool_names(self, call_ids: set[str | None]) -> dict[str, str]:
         from ..models import Step, payload_q
 
@@ -700,9 +720,33 @@ class RespawnSession(SessionABC):
         data: dict[str, Any] | None = None,
         pending: PendingApproval | None = None,
     ) -> None:
+        state = self._state(
+            session.agent,
+            session.agent_version,
+            session.last_seq,
+            final_answer=final_answer,
+            data=data,
+            pending=pending,
+        )
+        _store().add_checkpoint(session, state, using=self._db)
+        session.head = session.last_seq
+        if final_answer is not None:
+            session.final_answer = final_answer
+
+    def _state(
+        self,
+        agent: str,
+        agent_version: str,
+        last_seq: int,
+        *,
+        final_answer: str | None,
+        data: dict[str, Any] | None = None,
+        pending: PendingApproval | None = None,
+    ) -> dict[str, Any]:
+        """The state of a checkpoint at `last_seq` of a session of `agent`."""
         state = SessionState(
-            agent_name=session.agent,
-            agent_version=self._agent_version or session.agent_version or "",
+            agent_name=agent,
+            agent_version=self._agent_version or agent_version or "",
             pending_approval=pending,
             final_answer=final_answer,
             agent_state={
@@ -710,11 +754,8 @@ class RespawnSession(SessionABC):
                 "data": {STATE_KEY: data or {"sdk_version": SDK_VERSION}},
             },
         )
-        state.counters.steps = session.last_seq
-        _store().add_checkpoint(session, state.to_dict(), using=self._db)
-        session.head = session.last_seq
-        if final_answer is not None:
-            session.final_answer = final_answer
+        state.counters.steps = last_seq
+        return state.to_dict()
 
     def _pause(
         self,
