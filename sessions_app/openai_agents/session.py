@@ -432,12 +432,7 @@ class RespawnSession(SessionABC):
             raise ValueError(f"limit must be None or an integer >= 0, got {limit!r}")
         if limit == 0:
             return []
-        steps = self._item_steps().values_list("seq", "kind", "payload")
-        if limit is None:
-            rows = list(steps.order_by("seq"))
-        else:
-            rows = list(steps.order_by("-seq")[:limit])
-            rows.reverse()
+        rows = self._item_rows(limit)
         # A correction comes after the output it corrects and is an item itself: the
         # corrections of the outputs read are among the rows read (the latest one wins).
         corrections = {
@@ -504,25 +499,23 @@ class RespawnSession(SessionABC):
         session row advanced, the steps and the checkpoint written. False, having written
         nothing, when the row is not there or this writer may not write it as things stand
         (then `_write` locks the row and says why, or creates it)."""
-        from django.db import transaction
-
         if self._db != "default":
             return False
         if self._check is not None:
             self._check()
         # Filled in from the session row by the statement: agent, version, step count.
         state = self._state("", "", 0, final_answer=final_answer) if consistent else None
-        with transaction.atomic(using=self._db):
-            last_seq = _store().append_program(
-                self.respawn_id,
-                rows,
-                lease=self._lease,
-                runnable=_RUNNABLE,
-                checkpoint=state,
-                agent_version=self._agent_version,
-                final_answer=final_answer,
-                status=status,
-            )
+        # One statement: atomic on its own (outside a transaction it commits by itself).
+        last_seq = _store().append_program(
+            self.respawn_id,
+            rows,
+            lease=self._lease,
+            runnable=_RUNNABLE,
+            checkpoint=state,
+            agent_version=self._agent_version,
+            final_answer=final_answer,
+            status=status,
+        )
         return last_seq is not None
 
     def pop_item_sync(self) -> dict[str, Any] | None:
@@ -675,6 +668,27 @@ class RespawnSession(SessionABC):
             .first()
         )
         return pending.get("call_id") if isinstance(pending, dict) else None
+
+    def _item_rows(self, limit: int | None) -> list[tuple[int, str, dict[str, Any]]]:
+        """(seq, kind, payload) of the live item steps, oldest first; the latest `limit`."""
+        from django.db import connections
+
+        if self._db == "default" and connections[self._db].vendor == "postgresql":
+            from ..store.postgresql import item_rows
+
+            return item_rows(
+                self.respawn_id,
+                item_key=ITEM,
+                escaped_key=ITEM_ESCAPED,
+                actions=sorted(NEW_INPUT_ACTIONS),
+                limit=limit,
+            )
+        steps = self._item_steps().values_list("seq", "kind", "payload")
+        if limit is None:
+            return list(steps.order_by("seq"))
+        rows = list(steps.order_by("-seq")[:limit])
+        rows.reverse()
+        return rows
 
     def _item_steps(self) -> Any:
         from django.db.models import Q

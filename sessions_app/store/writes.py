@@ -212,8 +212,8 @@ def append_program(
             now,
         ]
     sql.append(" SELECT last_seq FROM advanced")
-    row = _execute_prepared("".join(sql), params)
-    return None if row is None else row[0]
+    advanced = _execute_prepared("".join(sql), params)
+    return None if advanced is None else int(advanced[0])
 
 
 def _pk(session: AgentSession | Any) -> Any:
