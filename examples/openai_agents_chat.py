@@ -16,7 +16,7 @@ import asyncio
 import os
 import sys
 
-from agents import Agent, OpenAIChatCompletionsModel, Runner, function_tool
+from agents import Agent, OpenAIChatCompletionsModel, RunConfig, Runner, function_tool
 from openai import AsyncOpenAI
 
 from sessions_app.openai_agents.session import RespawnSession, openai_agent
@@ -44,7 +44,9 @@ agents = [openai_agent("support-sdk", support, version="1")]
 async def main(conversation: str, text: str) -> None:
     session = RespawnSession(conversation, agent="support-sdk")
     try:
-        result = await Runner.run(support, text, session=session)
+        # Traces stay on this machine (the SDK would otherwise send them to its vendor).
+        untraced = RunConfig(tracing_disabled=True)
+        result = await Runner.run(support, text, session=session, run_config=untraced)
         if result.interruptions:
             for call in await session.wait_for_approval(result):
                 print(f"waiting for approval: {call['tool']} {call['arguments']}")

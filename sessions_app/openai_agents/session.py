@@ -23,9 +23,11 @@ pending call. A worker then resumes the run: name the agent (`agent=`) after one
 with `openai_agent`, which also runs SDK agents on the workers from the start, with crash
 recovery, cancel, resume and fork as for any session.
 
-Tracing export is switched off when this module is imported (the SDK would otherwise send
-traces to its vendor); call `agents.set_tracing_disabled(False)` after the import to have
-them. The openai-agents package is needed (`pip install 'respawn[openai-agents]'`).
+Importing this module changes none of the SDK's global state: a program's own runs trace as
+the program configured the SDK (`agents.set_tracing_disabled(True)`, or
+`RunConfig(tracing_disabled=True)`, keeps their traces on the machine); the runs Respawn's
+workers make are run with tracing disabled. The openai-agents package is needed
+(`pip install 'respawn[openai-agents]'`).
 """
 
 from __future__ import annotations
@@ -48,9 +50,9 @@ try:
         Runner,
         RunState,
         TResponseInputItem,
-        set_tracing_disabled,
     )
     from agents.memory import SessionABC, SessionSettings
+    from agents.memory.session_settings import coerce_session_settings, resolve_session_limit
     from agents.run_state import CURRENT_SCHEMA_VERSION as SDK_STATE_VERSION
     from agents.version import __version__ as SDK_VERSION
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess test
@@ -81,9 +83,6 @@ from agent_runtime.store import Lease, LeaseLost, SessionHead
 from ..sdk_glue import SDK_SESSION_AGENT, DatabaseThread, ensure_django, session_id_in
 from ..sdk_glue import now as _now
 from . import gate
-
-# Traces would go to the SDK vendor's servers: nothing leaves the machine unless asked.
-set_tracing_disabled(True)
 
 __all__ = [
     "OpenAIAgentRunner",
@@ -151,12 +150,64 @@ def check_run_state_version(data: dict[str, Any]) -> str:
 
 
 def _plain(item: Any) -> dict[str, Any]:
-    """An SDK item as plain JSON (the SDK hands dicts; a pydantic model is dumped)."""
+    """An SDK item as plain JSON (the SDK hands dicts; a pydantic model is dumped). A value
+    JSON cannot hold is refused (TypeError), as the SDK's own sessions refuse it, not
+    stored as its str()."""
     if hasattr(item, "model_dump"):
         item = item.model_dump(mode="json", exclude_unset=True)
     if not isinstance(item, dict):
         raise TypeError(f"a session item must be a dict, got {type(item).__name__}")
-    return json.loads(json.dumps(item, default=str))
+    try:
+        text = json.dumps(item, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"a session item must be JSON (what json.dumps takes), and this one is not: {exc}"
+        ) from None
+    return json.loads(text)
+
+
+# PostgreSQL's jsonb cannot hold the NUL character (\u0000). An item with one is stored with
+# every NUL, and every ESCAPE, written as ESCAPE + a letter, and its step says so
+# (ITEM_ESCAPED): reading it reverses that, so the item comes back exactly as it was added.
+ESCAPE = "\ue000"  # a private-use character: no text means anything by it
+ITEM_ESCAPED = "item_nul_escaped"
+_ESCAPES = {"\x00": ESCAPE + "0", ESCAPE: ESCAPE + "e"}
+_UNESCAPES = {code: char for char, code in _ESCAPES.items()}
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+def _map_strings(value: Any, fn: Callable[[str], str]) -> Any:
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, dict):
+        return {fn(k): _map_strings(v, fn) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_map_strings(v, fn) for v in value]
+    return value
+
+
+def _escape(text: str) -> str:
+    if "\x00" not in text and ESCAPE not in text:
+        return text
+    return "".join(_ESCAPES.get(char, char) for char in text)
+
+
+def _unescape(text: str) -> str:
+    if ESCAPE not in text:
+        return text
+    out, chars = [], iter(text)
+    for char in chars:
+        out.append(_UNESCAPES.get(char + next(chars, ""), char) if char == ESCAPE else char)
+    return "".join(out)
 
 
 def _text_of(content: Any) -> str:
@@ -221,6 +272,14 @@ def step_for(item: dict[str, Any], names: dict[str, str]) -> tuple[str, dict[str
     return StepKind.SYSTEM, {"event": "sdk_item", "type": str(kind or role or "item"), ITEM: item}
 
 
+def _step_of(item: dict[str, Any], names: dict[str, str]) -> tuple[str, dict[str, Any]]:
+    """step_for, with an item that holds a NUL character escaped (ITEM_ESCAPED)."""
+    if not _has_nul(item):
+        return step_for(item, names)
+    kind, payload = step_for(_map_strings(item, _escape), names)
+    return kind, {**payload, ITEM_ESCAPED: True}
+
+
 # A person's word on a call that needs approval.
 APPROVAL_DECISIONS = (OperatorAction.APPROVE, OperatorAction.REJECT)
 
@@ -254,6 +313,8 @@ def item_of(
     if ITEM not in payload:
         return {"role": "user", "content": step_text(payload) or ""}
     item = payload[ITEM]
+    if payload.get(ITEM_ESCAPED):
+        item = _map_strings(item, _unescape)
     if correction is not None and item.get("type") == "function_call_output":
         corrected = {
             "output": correction.get("output"),
@@ -276,14 +337,16 @@ class RespawnSession(SessionABC):
     workers resume its paused runs and answer its new messages.
     database: the Django database alias to write through.
     lease: a worker's lease: this session then writes only under it (used by the workers).
-    session_settings: the SDK's settings for the session (`SessionSettings(limit=N)`: how
-    many of the latest items a run reads).
+    session_settings: the SDK's settings for the session (`SessionSettings(limit=N)` or
+    `{"limit": N}`: how many of the latest items a run reads, and `get_items()` returns
+    when given no limit of its own).
 
     The SDK's protocol methods are coroutines, whose database work runs on the session's
     own thread; `get_items_sync` and the other `*_sync` methods do the same from code that
     is not async, on the caller's thread (and its Django connection). Every write is one
     transaction under the session row's lock, so concurrent writers never interleave inside
-    one call, and a pop returns each item once.
+    one call, and a pop returns each item once. After `close()` every call raises
+    RuntimeError, as the SDK's own sessions do.
     """
 
     def __init__(
@@ -295,11 +358,17 @@ class RespawnSession(SessionABC):
         lease: Lease | None = None,
         check: Callable[[], None] | None = None,
         agent_version: str = "",
-        session_settings: SessionSettings | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
     ) -> None:
         ensure_django()
         self.session_id = session_id
-        self.session_settings = session_settings
+        # As the SDK's own sessions: a dict is made SessionSettings, None the defaults.
+        self.session_settings = (
+            coerce_session_settings(session_settings)
+            if session_settings is not None
+            else SessionSettings()
+        )
+        self._closed = False
         self.respawn_id = session_id_for(session_id)
         self._agent = agent
         self._db = database
@@ -318,23 +387,23 @@ class RespawnSession(SessionABC):
     # -- the SDK's protocol ---------------------------------------------------------------
     # The items are the SDK's own (plain dicts of its TypedDicts), as add_items stored them.
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        return await self._thread.run(self.get_items_sync, limit)
+        return await self._on_thread(self.get_items_sync, limit)
 
     async def add_items(self, items: list[Any]) -> None:
-        await self._thread.run(self.add_items_sync, items)
+        await self._on_thread(self.add_items_sync, items)
 
     async def pop_item(self) -> TResponseInputItem | None:
-        return await self._thread.run(self.pop_item_sync)
+        return await self._on_thread(self.pop_item_sync)
 
     async def clear_session(self) -> None:
-        await self._thread.run(self.clear_session_sync)
+        await self._on_thread(self.clear_session_sync)
 
     async def wait_for_approval(self, result: Any) -> list[dict[str, Any]]:
         """Store a run that stopped on tool calls needing approval (a RunResult, or its
         RunState): the session waits until each call is approved or rejected in the
         dashboard or over the API, then a worker resumes the run. Returns the pending
         calls."""
-        return await self._thread.run(self.wait_for_approval_sync, result)
+        return await self._on_thread(self.wait_for_approval_sync, result)
 
     def trace_hooks(self) -> RunHooks:
         """Run hooks that write each tool call into the session's trace when it starts and
@@ -345,66 +414,114 @@ class RespawnSession(SessionABC):
         return _ToolTrace(self)
 
     async def _record_tool(self, payload: dict[str, Any]) -> None:
-        await self._thread.run(self._write, lambda session: self._system_step(session, payload))
+        await self._on_thread(self._write, lambda session: self._system_step(session, payload))
 
     async def record_usage(self, result: Any, *, since: Any = None) -> None:
         """Record what a run's model calls used (a RunResult's usage; less `since`, the
         usage a resumed RunState carried in) as a `sdk_usage` step and on the session's
         token counters, which the dashboard shows."""
-        await self._thread.run(self.record_usage_sync, result, since)
+        await self._on_thread(self.record_usage_sync, result, since)
 
     # -- the same, synchronous ------------------------------------------------------------
     def get_items_sync(self, limit: int | None = None) -> list[dict[str, Any]]:
-        """The live items, oldest first; with `limit`, the latest `limit` of them."""
+        """The live items, oldest first; with `limit` (else the session settings' limit),
+        the latest `limit` of them."""
+        self._check_open()
+        limit = resolve_session_limit(limit, self.session_settings)
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise ValueError(f"limit must be None or an integer >= 0, got {limit!r}")
         if limit == 0:
             return []
-        rows = self._item_steps().order_by("-seq").values_list("seq", "kind", "payload")
-        if limit is not None:
-            rows = rows[:limit]
-        rows = list(reversed(list(rows)))
-        corrections = (
-            self._corrections() if any(k == StepKind.TOOL_RESULT for _, k, _ in rows) else {}
-        )
-        return [
-            copy.deepcopy(item_of(kind, payload, corrections.get(seq)))
-            for seq, kind, payload in rows
-        ]
+        rows = self._item_rows(limit)
+        # A correction comes after the output it corrects and is an item itself: the
+        # corrections of the outputs read are among the rows read (the latest one wins).
+        corrections = {
+            as_operator(payload)["result_seq"]: payload
+            for _, kind, payload in rows
+            if kind == StepKind.OPERATOR
+            and step_action(kind, payload) == OperatorAction.CORRECT_RESULT
+        }
+        # Each row's payload was decoded for this call: the items are the caller's own.
+        return [item_of(kind, payload, corrections.get(seq)) for seq, kind, payload in rows]
 
     def add_items_sync(self, items: list[Any]) -> None:
         """Append items, in order, as steps; a consistent point (no tool call without its
-        output) becomes a checkpoint, so a rollback or fork can start from it."""
+        output) becomes a checkpoint, so a rollback or fork can start from it. The last
+        item, when it is the model's message (or, in a program's session, a tool output
+        with every call answered: a run whose final output is a tool's), is the session's
+        final answer."""
+        self._check_open()
         plain = [_plain(item) for item in items]
         if not plain:
             return
+        calls = {i.get("call_id") for i in plain if i.get("type") == "function_call"}
+        outputs = {i.get("call_id") for i in plain if i.get("type") == "function_call_output"}
+        names = self._tool_names(outputs - calls) if outputs - calls else {}
+        rows = [_store().NewRow(*_step_of(item, names)) for item in plain]
+        for row in rows:
+            validate_step_payload(row.kind, row.payload)
+        consistent = not calls - outputs  # no call waits for its output: a checkpoint
+        last = plain[-1]
+        answer = None
+        if last.get("role") == "assistant" and last.get("type") in (None, "message"):
+            answer = _text_of(last.get("content"))
+        elif self._lease is None and last.get("type") == "function_call_output" and consistent:
+            # A program's run may end on a tool's output (tool_use_behavior
+            # "stop_on_first_tool", StopAtTools): it is the conversation's latest answer
+            # until a model message follows. A worker's run says its own at its end.
+            output = last.get("output")
+            answer = output if isinstance(output, str) else _text_of(output)
+        final_answer = answer if consistent else None
+        status = None
+        if self._lease is None:  # a program's write: its answer says whether it is done
+            status = "completed" if answer is not None else "waiting_input"
+        if self._appended(rows, consistent=consistent, final_answer=final_answer, status=status):
+            return
 
         def write(session: Any) -> None:
-            calls = {i.get("call_id") for i in plain if i.get("type") == "function_call"}
-            outputs = {i.get("call_id") for i in plain if i.get("type") == "function_call_output"}
-            names: dict[str, str] = {}
-            if outputs - calls:
-                names.update(self._tool_names(outputs - calls))
-            steps = [step_for(item, names) for item in plain]
-            for kind, payload in steps:
-                validate_step_payload(kind, payload)
-            _store().add_steps(
-                session, [_store().NewRow(kind, payload) for kind, payload in steps], using=self._db
-            )
-            last = plain[-1]
-            answer = None
-            if last.get("role") == "assistant" and last.get("type") in (None, "message"):
-                answer = _text_of(last.get("content"))
-            if not calls - outputs:
-                self._checkpoint(session, final_answer=answer)
+            _store().add_steps(session, rows, using=self._db)
+            if consistent:
+                self._checkpoint(session, final_answer=final_answer)
             if self._lease is None and session.status not in _RUNNABLE:
-                session.status = "completed" if answer is not None else "waiting_input"
+                session.status = status
 
         self._write(write)
+
+    def _appended(
+        self,
+        rows: list[Any],
+        *,
+        consistent: bool,
+        final_answer: str | None,
+        status: str | None,
+    ) -> bool:
+        """add_items' usual case in one statement (store.writes.append_program): the
+        session row advanced, the steps and the checkpoint written. False, having written
+        nothing, when the row is not there or this writer may not write it as things stand
+        (then `_write` locks the row and says why, or creates it)."""
+        if self._db != "default":
+            return False
+        if self._check is not None:
+            self._check()
+        # Filled in from the session row by the statement: agent, version, step count.
+        state = self._state("", "", 0, final_answer=final_answer) if consistent else None
+        # One statement: atomic on its own (outside a transaction it commits by itself).
+        last_seq = _store().append_program(
+            self.respawn_id,
+            rows,
+            lease=self._lease,
+            runnable=_RUNNABLE,
+            checkpoint=state,
+            agent_version=self._agent_version,
+            final_answer=final_answer,
+            status=status,
+        )
+        return last_seq is not None
 
     def pop_item_sync(self) -> dict[str, Any] | None:
         """Remove the latest item (its step is superseded, not deleted) and return it; None
         when the session has no item."""
+        self._check_open()
 
         def write(session: Any) -> dict[str, Any] | None:
             step = self._item_steps().order_by("-seq").first()
@@ -422,6 +539,7 @@ class RespawnSession(SessionABC):
 
     def clear_session_sync(self) -> None:
         """Remove every item (their steps are superseded, not deleted)."""
+        self._check_open()
 
         def write(session: Any) -> None:
             count = _store().supersede(self._item_steps())
@@ -431,6 +549,7 @@ class RespawnSession(SessionABC):
         self._write(write)
 
     def wait_for_approval_sync(self, result: Any) -> list[dict[str, Any]]:
+        self._check_open()
         state = result.to_state() if hasattr(result, "to_state") else result
         if not isinstance(state, RunState):
             raise TypeError(
@@ -444,6 +563,7 @@ class RespawnSession(SessionABC):
         return pending
 
     def record_usage_sync(self, result: Any, since: Any = None) -> None:
+        self._check_open()
         usage = result.context_wrapper.usage
         delta = {
             name: max(0, int(getattr(usage, name, 0) or 0) - int(getattr(since, name, 0) or 0))
@@ -466,6 +586,7 @@ class RespawnSession(SessionABC):
         then `write(session)`, then save the session row."""
         from django.db import transaction
 
+        self._check_open()
         if self._check is not None:
             self._check()
         with transaction.atomic(using=self._db):
@@ -548,6 +669,27 @@ class RespawnSession(SessionABC):
         )
         return pending.get("call_id") if isinstance(pending, dict) else None
 
+    def _item_rows(self, limit: int | None) -> list[tuple[int, str, dict[str, Any]]]:
+        """(seq, kind, payload) of the live item steps, oldest first; the latest `limit`."""
+        from django.db import connections
+
+        if self._db == "default" and connections[self._db].vendor == "postgresql":
+            from ..store.postgresql import item_rows
+
+            return item_rows(
+                self.respawn_id,
+                item_key=ITEM,
+                escaped_key=ITEM_ESCAPED,
+                actions=sorted(NEW_INPUT_ACTIONS),
+                limit=limit,
+            )
+        steps = self._item_steps().values_list("seq", "kind", "payload")
+        if limit is None:
+            return list(steps.order_by("seq"))
+        rows = list(steps.order_by("-seq")[:limit])
+        rows.reverse()
+        return rows
+
     def _item_steps(self) -> Any:
         from django.db.models import Q
 
@@ -560,23 +702,6 @@ class RespawnSession(SessionABC):
             session_id=self.respawn_id,
             superseded_at__isnull=True,
         )
-
-    def _corrections(self) -> dict[int, dict[str, Any]]:
-        """The live operator corrections of tool outputs: result seq -> the latest one."""
-        from ..models import Step, payload_q
-
-        rows = (
-            Step.objects.using(self._db)
-            .filter(
-                payload_q(PayloadField.ACTION, value=OperatorAction.CORRECT_RESULT),
-                session_id=self.respawn_id,
-                kind=StepKind.OPERATOR,
-                superseded_at__isnull=True,
-            )
-            .order_by("seq")
-            .values_list("payload", flat=True)
-        )
-        return {as_operator(p)["result_seq"]: p for p in rows}
 
     def _tool_names(self, call_ids: set[str | None]) -> dict[str, str]:
         from ..models import Step, payload_q
@@ -609,9 +734,33 @@ class RespawnSession(SessionABC):
         data: dict[str, Any] | None = None,
         pending: PendingApproval | None = None,
     ) -> None:
+        state = self._state(
+            session.agent,
+            session.agent_version,
+            session.last_seq,
+            final_answer=final_answer,
+            data=data,
+            pending=pending,
+        )
+        _store().add_checkpoint(session, state, using=self._db)
+        session.head = session.last_seq
+        if final_answer is not None:
+            session.final_answer = final_answer
+
+    def _state(
+        self,
+        agent: str,
+        agent_version: str,
+        last_seq: int,
+        *,
+        final_answer: str | None,
+        data: dict[str, Any] | None = None,
+        pending: PendingApproval | None = None,
+    ) -> dict[str, Any]:
+        """The state of a checkpoint at `last_seq` of a session of `agent`."""
         state = SessionState(
-            agent_name=session.agent,
-            agent_version=self._agent_version or session.agent_version or "",
+            agent_name=agent,
+            agent_version=self._agent_version or agent_version or "",
             pending_approval=pending,
             final_answer=final_answer,
             agent_state={
@@ -619,11 +768,8 @@ class RespawnSession(SessionABC):
                 "data": {STATE_KEY: data or {"sdk_version": SDK_VERSION}},
             },
         )
-        state.counters.steps = session.last_seq
-        _store().add_checkpoint(session, state.to_dict(), using=self._db)
-        session.head = session.last_seq
-        if final_answer is not None:
-            session.final_answer = final_answer
+        state.counters.steps = last_seq
+        return state.to_dict()
 
     def _pause(
         self,
@@ -669,8 +815,19 @@ class RespawnSession(SessionABC):
 
     # -- the session's thread ----------------------------------------------------------
     def close(self) -> None:
-        """Close the session thread's database connection and stop the thread."""
+        """Close the session thread's database connection and stop the thread. The session
+        is closed for good: a later call raises RuntimeError (closing again does nothing)."""
+        self._closed = True
         self._thread.close()
+
+    async def _on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the session's thread (RuntimeError once the session is closed)."""
+        self._check_open()
+        return await self._thread.run(fn, *args)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"RespawnSession {self.session_id!r} is closed")
 
 
 _RUNNABLE = ("queued", "running")
@@ -837,7 +994,7 @@ class OpenAIAgentRunner:
                 }
         run_state = data["run_state"]
         if any(p["call_id"] not in decided for p in pending):
-            await session._thread.run(
+            await session._on_thread(
                 session._write, lambda s: session._pause(s, run_state, pending, decided=decided)
             )
             return RunnerResult.waiting(

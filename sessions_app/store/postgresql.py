@@ -329,3 +329,32 @@ class PostgreSQLSessionStore(DjangoSessionStore):
             seqs=list(range(last_seq - count + 1, last_seq + 1)),
             cancel_requested=cancel_requested,
         )
+
+
+def item_rows(
+    session_id: Any,
+    *,
+    item_key: str,
+    escaped_key: str,
+    actions: Sequence[str],
+    limit: int | None = None,
+) -> list[tuple[int, str, dict[str, Any]]]:
+    """An SDK session's item steps (sessions_app.openai_agents: live steps holding an item
+    under `item_key`, user steps, operator steps whose action is one of `actions`), oldest
+    first, the latest `limit` of them when given: (seq, kind, payload). A step that holds
+    its item plainly (not escaped: no `escaped_key`) comes with a payload of that item
+    alone ({item_key: item}): half the JSON to send and decode. One prepared statement,
+    binary results, orjson."""
+    plain = f"(payload ? '{item_key}' AND kind <> 'operator' AND NOT payload ? '{escaped_key}')"
+    sql = (
+        f"SELECT seq, kind, CASE WHEN {plain} THEN jsonb_build_object('{item_key}',"
+        f" payload -> '{item_key}') ELSE payload END FROM {STEP_TABLE}"
+        " WHERE session_id = %s AND superseded_at IS NULL"
+        f" AND (payload ? '{item_key}' OR kind = 'user'"
+        " OR (kind = 'operator' AND payload ->> 'action' = ANY(%s)))"
+    )
+    params: list[Any] = [session_id, list(actions)]
+    if limit is None:
+        return [tuple(row) for row in _fetch_all(sql + " ORDER BY seq", params)]
+    rows = _fetch_all(sql + " ORDER BY seq DESC LIMIT %s", [*params, limit])
+    return [tuple(row) for row in reversed(rows)]

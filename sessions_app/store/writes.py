@@ -112,6 +112,110 @@ def advance_held(
     return None if row is None else (row[0], bool(row[1]), row[2], row[3])
 
 
+# A program's write moves a session's updated_at at most once in this long (it is in three
+# indexes: moving it on every write makes every UPDATE a non-HOT one); a status change
+# always moves it.
+PROGRAM_ACTIVITY_EVERY = timedelta(seconds=1)
+
+
+def append_program(
+    session_id: Any,
+    rows: Sequence[NewRow],
+    *,
+    lease: Lease | None,
+    runnable: Sequence[str],
+    checkpoint: dict[str, Any] | None,
+    agent_version: str = "",
+    final_answer: str | None = None,
+    status: str | None = None,
+) -> int | None:
+    """A program's write of `rows` (an SDK session's items) in one statement, on the default
+    database, in the caller's transaction: the session row advanced by their count (its
+    head too, and its final answer and status when given) only while the writer may write,
+    the steps numbered after the seq it had, and `checkpoint` (a state, when given) at the
+    new last seq, its agent name, version and step count filled in from the row
+    (`agent_version`, when given, is the version instead).
+
+    With `lease`: while the lease holds the session. Without: while no lease is held, the
+    status is none of `runnable`, and its head checkpoint waits for no person's decision.
+    Returns the new last seq, or None when the write may not go ahead this way (nothing
+    was written): the caller then locks the row and finds out why (or creates it).
+    PostgreSQL only: None on other databases."""
+    from django.db import connection
+
+    from ..redaction import scrubbed_json
+    from .postgresql import _execute_prepared
+
+    if connection.vendor != "postgresql" or not rows:
+        return None
+    table = AgentSession._meta.db_table
+    now = timezone.now()
+    count = len(rows)
+    if final_answer is not None:  # through the field: scrubbed as every other write of it
+        answer_field = AgentSession._meta.get_field("final_answer")
+        final_answer = answer_field.get_db_prep_save(final_answer, connection)
+    sets = [
+        "last_seq = last_seq + %s",
+        "step_count = step_count + %s",
+        "head = CASE WHEN %s THEN last_seq + %s ELSE head END",
+        "final_answer = COALESCE(%s, final_answer)",
+        "status = COALESCE(%s, status)",
+        "updated_at = CASE WHEN updated_at < %s OR status <> COALESCE(%s, status) THEN %s"
+        " ELSE updated_at END",
+    ]
+    params: list[Any] = [count, count, checkpoint is not None, count, final_answer, status]
+    params += [now - PROGRAM_ACTIVITY_EVERY, status, now]
+    if lease is not None:
+        condition = "fencing_token = %s AND lease_owner = %s"
+        params += [str(session_id), lease.token, lease.owner]
+    else:
+        condition = (
+            "lease_owner IS NULL AND NOT (status = ANY(%s)) AND (status <> 'waiting_input' OR"
+            " COALESCE((SELECT c.state -> 'pending_approval' ->> 'call_id'"
+            f" FROM {Checkpoint._meta.db_table} c WHERE c.session_id = {table}.id"
+            f" AND c.seq = {table}.head ORDER BY c.id DESC LIMIT 1), '') = '')"
+        )
+        params += [str(session_id), list(runnable)]
+    values = []
+    select_params: list[Any] = [str(session_id), count, now]
+    for index, row in enumerate(rows):
+        values.append("(%s, %s::varchar, %s::jsonb, %s::smallint)")
+        select_params += [index + 1, row.kind, scrubbed_json(row.payload), row.schema_version]
+    sql = [
+        f"WITH advanced AS (UPDATE {table} SET {', '.join(sets)}"
+        f" WHERE id = %s::uuid AND {condition}"
+        " RETURNING last_seq, agent, agent_version)",
+        f", new_steps AS (INSERT INTO {Step._meta.db_table} (session_id, seq, kind, payload,"
+        " schema_version, started_at, finished_at, tokens_in, tokens_out, created_at)"
+        " SELECT %s::uuid, advanced.last_seq - %s + v.n, v.kind, v.payload, v.schema_version,"
+        " t.now, t.now, 0, 0, t.now"
+        " FROM advanced, (SELECT %s::timestamptz AS now) AS t,"
+        f" (VALUES {', '.join(values)}) AS v (n, kind, payload, schema_version))",
+    ]
+    params += select_params
+    if checkpoint is not None:
+        sql.append(
+            f", new_checkpoint AS (INSERT INTO {Checkpoint._meta.db_table} (session_id, seq,"
+            " state, schema_version, reason, created_at)"
+            " SELECT %s::uuid, advanced.last_seq, jsonb_set(jsonb_set(jsonb_set(%s::jsonb,"
+            " '{agent,name}', to_jsonb(advanced.agent)), '{agent,version}',"
+            " to_jsonb(COALESCE(NULLIF(%s, ''), advanced.agent_version, ''))),"
+            " '{counters,steps}', to_jsonb(advanced.last_seq)), %s, %s, %s::timestamptz"
+            " FROM advanced)"
+        )
+        params += [
+            str(session_id),
+            scrubbed_json(checkpoint),
+            agent_version,
+            SCHEMA_VERSION,
+            Reason.AUTO,
+            now,
+        ]
+    sql.append(" SELECT last_seq FROM advanced")
+    advanced = _execute_prepared("".join(sql), params)
+    return None if advanced is None else int(advanced[0])
+
+
 def _pk(session: AgentSession | Any) -> Any:
     return session.pk if isinstance(session, AgentSession) else session
 

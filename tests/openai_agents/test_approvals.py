@@ -349,3 +349,39 @@ def test_a_program_cannot_write_past_a_pending_approval(make_session, sdk_model)
     with pytest.raises(SessionBusy):
         asyncio.run(session.pop_item())
     assert Step.objects.filter(session_id=session.respawn_id).count() == before
+
+
+def test_a_program_resuming_a_paused_run_itself_is_refused_before_the_tool_runs(
+    make_session, sdk_model, tmp_path, monkeypatch
+):
+    """The run belongs to Respawn once stored: a program that approves it itself and
+    resumes it with the session's hooks is refused before the approved tool runs (the SDK
+    calls no session method before it runs the approved tools of a resumed RunState, so
+    the hooks' first write is the first point Respawn sees)."""
+    from acme_sdk import run_config, support
+
+    from sessions_app.openai_agents.session import SessionBusy
+
+    monkeypatch.setenv("ACME_SDK_LOG", str(tmp_path / "tools.log"))
+    session = make_session("conv-own-resume", agent="acme-sdk")
+    result = asyncio.run(
+        Runner.run(support, "refund O-7 1250", session=session, run_config=run_config)
+    )
+    asyncio.run(session.wait_for_approval(result))
+    before = Step.objects.filter(session_id=session.respawn_id).count()
+    state = result.to_state()
+    for item in state.get_interruptions():
+        state.approve(item)
+    with pytest.raises(Exception) as raised:
+        asyncio.run(
+            Runner.run(
+                support, state, session=session, run_config=run_config, hooks=session.trace_hooks()
+            )
+        )
+    chain, error = [], raised.value
+    while error is not None:
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    assert any(isinstance(e, SessionBusy) for e in chain), chain
+    assert not (tmp_path / "tools.log").exists()  # the refund never ran
+    assert Step.objects.filter(session_id=session.respawn_id).count() == before

@@ -1,6 +1,8 @@
 """What importing the integration does. The SDK reaches nothing but the model it is given:
-importing the integration and running a conversation through it in a fresh interpreter
-opens no connection and resolves no name beyond loopback, even when traces are flushed.
+importing the integration and running a conversation through it in a fresh interpreter, the
+program's run with tracing off as the module's docstring says (the import itself leaves the
+SDK's tracing alone), opens no connection and resolves no name beyond loopback, even when
+traces are flushed.
 Without the SDK, the import says what to install."""
 
 from __future__ import annotations
@@ -61,14 +63,15 @@ socket.getaddrinfo = getaddrinfo
 
 import django
 django.setup()
-import asyncio
+import asyncio, dataclasses
 from agents import Runner
 from agents.tracing import get_trace_provider
 from sessions_app.openai_agents.session import RespawnSession
 from acme_sdk import run_config, support
 
 session = RespawnSession("no-network")
-result = asyncio.run(Runner.run(support, "loop 2", session=session, run_config=run_config))
+untraced = dataclasses.replace(run_config, tracing_disabled=True)
+result = asyncio.run(Runner.run(support, "loop 2", session=session, run_config=untraced))
 session.close()
 # What the SDK would export at exit, exported now: with tracing on, this reaches its vendor.
 get_trace_provider().force_flush()
@@ -88,7 +91,8 @@ def test_import_and_run_reach_only_loopback(sdk_model, tmp_path):
     )
     stdout = run_python("-c", PROGRAM, str(attempts), env=env)
     out = json.loads(stdout.strip().splitlines()[-1])
-    assert out == {"answer": "Worked 2 steps.", "tracing_disabled": True}
+    # The import left the SDK's global switch as it was: the run's own config kept it local.
+    assert out == {"answer": "Worked 2 steps.", "tracing_disabled": False}
     assert attempts.read_text() == ""
     assert len(sdk_model.requests) == 3  # the conversation did reach the local model
 

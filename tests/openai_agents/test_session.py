@@ -273,7 +273,8 @@ def test_session_settings_limit_what_a_run_reads(make_session, sdk_model):
         run(Runner.run(support, text, session=session, run_config=run_config))
     # The third run read the latest 2 items (the second turn) before its own input.
     assert [m["role"] for m in sent_messages(sdk_model)] == ["system", "user", "assistant", "user"]
-    assert len(run(session.get_items())) == 6
+    assert len(run(session.get_items(limit=100))) == 6  # all kept
+    assert len(run(session.get_items())) == 2  # the settings' limit, as SQLiteSession's
 
 
 def test_a_streamed_run_stores_its_items_too(make_session, sdk_model):

@@ -96,3 +96,9 @@ agents_without_refund = [
         "acme-sdk", support_without_refund, version="2", run_config=run_config, max_turns=30
     )
 ]
+
+# An agent whose answer is its first tool's output (tool_use_behavior "stop_on_first_tool").
+support_tool_answers = support.clone(tool_use_behavior="stop_on_first_tool")
+agents_tool_answers = [
+    openai_agent("acme-sdk-tool", support_tool_answers, version="1", run_config=run_config)
+]
