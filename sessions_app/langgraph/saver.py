@@ -33,6 +33,7 @@ import functools
 import json
 import os
 import random
+import re
 import socket
 import threading
 import uuid
@@ -177,9 +178,24 @@ def _node_of(task_id: str, task_path: str) -> str:
     return "input" if task_id.strip("0-") == "" else task_id
 
 
-def _json_safe(value: Any) -> Any:
-    """Checkpoint metadata as JSON (PostgreSQL's jsonb has no NUL character)."""
-    return json.loads(json.dumps(value, default=str).replace("\\u0000", ""))
+def _json_safe(value: Any, what: str) -> Any:
+    """A checkpoint's body or metadata as JSON. PostgreSQL's jsonb holds no NUL character:
+    such a value is refused, never changed (channel values with one are stored as blobs)."""
+    text = json.dumps(value, default=str)
+    if _NUL_ESCAPE.search(text):
+        raise ValueError(
+            f"{what} holds a NUL character (\\x00), which PostgreSQL's jsonb "
+            "cannot store; nothing was written"
+        )
+    return json.loads(text)
+
+
+def _inline(value: Any) -> bool:
+    """Whether a channel value goes in the checkpoint's body (jsonb) rather than a blob:
+    a scalar that jsonb stores exactly (a string with a NUL or a lone surrogate does not)."""
+    if isinstance(value, str):
+        return _UNSTORABLE.search(value) is None
+    return value is None or isinstance(value, _SCALARS)
 
 
 # --- the saver ---------------------------------------------------------------------------
@@ -227,7 +243,9 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         self._owner = (
             lease.owner
             if lease is not None
-            else f"{STANDALONE_OWNER}{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+            # os.urandom, not uuid4: a program (LangGraph's own tests) may patch uuid4 to a
+            # fixed sequence that a saver's construction must not consume.
+            else f"{STANDALONE_OWNER}{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         )
         self._lock = threading.RLock()
         self._leases: dict[uuid.UUID, Lease] = {}
@@ -445,8 +463,10 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         body = {k: v for k, v in checkpoint.items() if k not in ("channel_values", "pending_sends")}
         inline, blobs, lists = self._split_values(session_id, ns, checkpoint, new_versions)
         body["channel_values"] = inline
-        body = _json_safe(body)
-        meta = _json_safe(get_serializable_checkpoint_metadata(config, metadata))
+        body = _json_safe(body, "the checkpoint")
+        meta = _json_safe(
+            get_serializable_checkpoint_metadata(config, metadata), "the checkpoint's metadata"
+        )
         changed = {
             ch: _summary(checkpoint["channel_values"][ch])
             for ch in sorted(new_versions)
@@ -525,7 +545,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         versions, a list that extends the one this saver stored last as what was added."""
         values = checkpoint["channel_values"]
         # Small scalars go in the body, as PostgresSaver keeps them.
-        inline = {k: v for k, v in values.items() if v is None or isinstance(v, _SCALARS)}
+        inline = {k: v for k, v in values.items() if _inline(v)}
         blobs: list[tuple] = []
         lists: dict[tuple[uuid.UUID, str, str], tuple[str, list[Any]]] = {}
         for channel, version in new_versions.items():
@@ -728,9 +748,9 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         python_filter = None
         if filter:
             if self._vendor() == "postgresql":
-                qs = qs.filter(metadata__contains=_json_safe(filter))
+                qs = qs.filter(metadata__contains=_json_safe(filter, "the list filter"))
             else:
-                python_filter = _json_safe(filter)
+                python_filter = _json_safe(filter, "the list filter")
         if before is not None and get_checkpoint_id(before):
             qs = qs.filter(checkpoint_id__lt=get_checkpoint_id(before))
         qs = qs.order_by("-checkpoint_id", "-id")
@@ -1070,6 +1090,10 @@ class _Values:
 
 _MISSING = object()
 _SCALARS = (str, int, float, bool)
+# What PostgreSQL's text and jsonb refuse: NUL, and surrogates outside a pair.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# A NUL in JSON text: \u0000 after an even number of backslashes (not the text "\u0000").
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 def _system_step(db: str, session_id: uuid.UUID, seq: int, payload: dict[str, Any]) -> datetime:
