@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import functools
 import json
 import os
@@ -628,21 +629,18 @@ class RespawnSaver(BaseCheckpointSaver[str]):
     def _latest(self, session_id: uuid.UUID, ns: str):
         """The thread's latest checkpoint in `ns`: the newest whose step no rollback
         superseded."""
-        return self._checkpoints(session_id, ns).order_by("-checkpoint_id").first()
+        return (
+            _with_superseded(self._checkpoints(session_id, ns)).order_by("-checkpoint_id").first()
+        )
 
     def _checkpoints(self, session_id: uuid.UUID, ns: str, *, live: bool = True):
-        from django.db.models import Exists, OuterRef
+        from django.db.models import Exists
 
-        from ..models import GraphCheckpoint, Step
+        from ..models import GraphCheckpoint
 
         qs = GraphCheckpoint.objects.using(self._db).filter(session_id=session_id, ns=ns)
         if live:
-            superseded = Step.objects.filter(
-                session_id=OuterRef("session_id"),
-                seq=OuterRef("seq"),
-                superseded_at__isnull=False,
-            )
-            qs = qs.exclude(Exists(superseded))
+            qs = qs.exclude(Exists(_superseded_step()))
         return qs
 
     @_on_saver_thread
@@ -655,11 +653,11 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         session_id = session_id_for(thread_id)
         checkpoint_id = get_checkpoint_id(config)
         if checkpoint_id:
-            row = (
-                GraphCheckpoint.objects.using(self._db)
-                .filter(session_id=session_id, ns=ns, checkpoint_id=checkpoint_id)
-                .first()
-            )
+            row = _with_superseded(
+                GraphCheckpoint.objects.using(self._db).filter(
+                    session_id=session_id, ns=ns, checkpoint_id=checkpoint_id
+                )
+            ).first()
         else:
             row = self._latest(session_id, ns)
             if row is not None:
@@ -667,33 +665,52 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                     self._read_latest[(session_id, ns)] = row.checkpoint_id
         if row is None:
             return None
-        return self._tuple(thread_id, row, _Values(self))
+        return self._tuples([(thread_id, row)])[0]
 
-    def _tuple(self, thread_id: str, row: Any, values: _Values) -> CheckpointTuple:
-        from django.db.models import Exists, OuterRef
+    def _tuple(self, thread_id: str, row: Any) -> CheckpointTuple:
+        return self._tuples([(thread_id, row)])[0]
 
-        from ..models import GraphWrite, Step
+    def _tuples(self, rows: Sequence[tuple[str, Any]]) -> builtins.list[CheckpointTuple]:
+        """The tuples of these checkpoint rows (with their thread ids), read together: one
+        read of their channel values (two for lists stored as what was appended) and one
+        of their pending writes, however many checkpoints there are."""
+        from django.db.models import Exists, Q
 
+        from ..models import GraphWrite
+
+        if not rows:
+            return []
+        values = _Values(self)
+        values.prefetch([row for _, row in rows])
+        match = Q()
+        for key in {(row.session_id, row.ns, row.checkpoint_id) for _, row in rows}:
+            match |= Q(session_id=key[0], ns=key[1], checkpoint_id=key[2])
+        writes: dict[tuple[Any, str, str], builtins.list[Any]] = {}
+        for w in (
+            GraphWrite.objects.using(self._db)
+            .filter(match)
+            .annotate(superseded=Exists(_superseded_step()))
+        ):
+            writes.setdefault((w.session_id, w.ns, w.checkpoint_id), []).append(w)
+        out = []
+        for thread_id, row in rows:
+            mine = writes.get((row.session_id, row.ns, row.checkpoint_id), [])
+            if not row.superseded:
+                # A rollback to this checkpoint dropped the writes made after it: its
+                # tasks run again.
+                mine = [w for w in mine if not w.superseded]
+            out.append(self._tuple_of(thread_id, row, values, mine))
+        return out
+
+    def _tuple_of(
+        self, thread_id: str, row: Any, values: _Values, writes: builtins.list[Any]
+    ) -> CheckpointTuple:
         body: Checkpoint = row.body.copy()  # as put() stored it, less the channel values
         channel_values = dict(body.get("channel_values") or {})
         channel_values.update(
             values.load(row.session_id, row.ns, body.get("channel_versions") or {}, channel_values)
         )
         body["channel_values"] = channel_values
-        writes = GraphWrite.objects.using(self._db).filter(
-            session_id=row.session_id, ns=row.ns, checkpoint_id=row.checkpoint_id
-        )
-        superseded = Step.objects.filter(
-            session_id=OuterRef("session_id"), seq=OuterRef("seq"), superseded_at__isnull=False
-        )
-        if (
-            not Step.objects.using(self._db)
-            .filter(session_id=row.session_id, seq=row.seq, superseded_at__isnull=False)
-            .exists()
-        ):
-            # A rollback to this checkpoint dropped the writes made after it: its tasks
-            # run again.
-            writes = writes.exclude(Exists(superseded))
         # The type column allows NULL, though no write this saver makes has none; the
         # serializer refuses a type it does not know either way.
         pending = [
@@ -753,20 +770,19 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 python_filter = _json_safe(filter, "the list filter")
         if before is not None and get_checkpoint_id(before):
             qs = qs.filter(checkpoint_id__lt=get_checkpoint_id(before))
-        qs = qs.order_by("-checkpoint_id", "-id")
+        qs = _with_superseded(qs).order_by("-checkpoint_id", "-id")
         if limit is not None and python_filter is None:
             qs = qs[:limit]
-        values = _Values(self)
-        out: list[CheckpointTuple] = []
+        rows = []
         for row in qs:
             if python_filter is not None and any(
                 row.metadata.get(k) != v for k, v in python_filter.items()
             ):
                 continue
-            out.append(self._tuple(row.session.graph_thread.thread_id, row, values))
-            if limit is not None and len(out) >= limit:
+            rows.append((row.session.graph_thread.thread_id, row))
+            if limit is not None and len(rows) >= limit:
                 break
-        return iter(out)
+        return iter(self._tuples(rows))
 
     def _vendor(self) -> str:
         from django.db import connections
@@ -1013,43 +1029,62 @@ class AsyncRespawnSaver(RespawnSaver):
 
 
 class _Values:
-    """Channel values of checkpoints, loaded once per (channel, version) in one read."""
+    """Channel values of checkpoints, loaded once per (channel, version): the values of
+    many checkpoints in one read (and one more for lists stored as what was appended)."""
 
     def __init__(self, saver: RespawnSaver) -> None:
         self._saver = saver
         self._done: dict[tuple[Any, str, str, str], Any] = {}
+        self._tried: set[tuple[Any, str, str, str]] = set()
 
-    def load(
-        self, session_id: Any, ns: str, versions: dict[str, Any], inline: dict[str, Any]
-    ) -> dict[str, Any]:
+    def prefetch(self, rows: Sequence[Any]) -> None:
+        """Read the values every one of these checkpoint rows needs."""
         from django.db.models import Q
 
         from ..models import GraphBlob
 
-        wanted = {
-            ch: str(v)
-            for ch, v in versions.items()
-            if ch not in inline and (session_id, ns, ch, str(v)) not in self._done
+        wanted: dict[tuple[Any, str, str], set[str]] = {}
+        for row in rows:
+            inline = row.body.get("channel_values") or {}
+            for channel, version in (row.body.get("channel_versions") or {}).items():
+                key = (row.session_id, row.ns, channel, str(version))
+                if channel not in inline and key not in self._done and key not in self._tried:
+                    wanted.setdefault(key[:3], set()).add(key[3])
+        if not wanted:
+            return
+        match = Q()
+        for (session_id, ns, channel), versions in wanted.items():
+            match |= Q(session_id=session_id, ns=ns, channel=channel, version__in=versions)
+        db = self._saver._db
+        found = {
+            (r.session_id, r.ns, r.channel, r.version): r
+            for r in GraphBlob.objects.using(db).filter(match)
         }
-        if wanted:
+        chains = {k[:3] for k, r in found.items() if r.base_version is not None}
+        if chains:
+            # A list stored as what each version added: every version of the channel.
             match = Q()
-            for channel, version in wanted.items():
-                match |= Q(channel=channel, version=version)
-            rows = {
-                (r.channel, r.version): r
-                for r in GraphBlob.objects.using(self._saver._db).filter(
-                    Q(session_id=session_id, ns=ns) & match
-                )
-            }
-            chains = {ch for (ch, _v), r in rows.items() if r.base_version is not None}
-            if chains:
-                # A list stored as what each version added: every version of the channel.
-                for r in GraphBlob.objects.using(self._saver._db).filter(
-                    session_id=session_id, ns=ns, channel__in=chains
-                ):
-                    rows[(r.channel, r.version)] = r
-            for channel, version in wanted.items():
-                self._resolve(session_id, ns, channel, version, rows)
+            for session_id, ns, channel in chains:
+                match |= Q(session_id=session_id, ns=ns, channel=channel)
+            for r in GraphBlob.objects.using(db).filter(match):
+                found[(r.session_id, r.ns, r.channel, r.version)] = r
+        for (session_id, ns, channel), versions in wanted.items():
+            for version in versions:
+                self._tried.add((session_id, ns, channel, version))
+                self._resolve(session_id, ns, channel, version, found)
+
+    def load(
+        self, session_id: Any, ns: str, versions: dict[str, Any], inline: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The values of one checkpoint's channels (read now unless prefetched)."""
+        wanted = [
+            (ch, str(v))
+            for ch, v in versions.items()
+            if ch not in inline and (session_id, ns, ch, str(v)) not in self._tried
+        ]
+        if wanted:
+            row = _VersionsOf(session_id, ns, dict(wanted))
+            self.prefetch([row])
         out = {}
         for channel, version in versions.items():
             if channel in inline:
@@ -1066,7 +1101,7 @@ class _Values:
         chain: list[Any] = []  # GraphBlob rows, newest first
         cursor: str | None = version
         while cursor is not None and (session_id, ns, channel, cursor) not in self._done:
-            row = rows.get((channel, cursor))
+            row = rows.get((session_id, ns, channel, cursor))
             if row is None:
                 if chain:
                     raise LookupError(
@@ -1089,11 +1124,45 @@ class _Values:
 
 
 _MISSING = object()
+
+
+@dataclasses.dataclass
+class _VersionsOf:
+    """The parts of a checkpoint row `_Values.prefetch` reads, for versions of one."""
+
+    session_id: Any
+    ns: str
+    versions: dict[str, str]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return {"channel_versions": self.versions}
+
+
 _SCALARS = (str, int, float, bool)
 # What PostgreSQL's text and jsonb refuse: NUL, and surrogates outside a pair.
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 # A NUL in JSON text: \u0000 after an even number of backslashes (not the text "\u0000").
 _NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _superseded_step() -> Any:
+    """The step at a graph row's seq, when a rollback superseded it (for Exists)."""
+    from django.db.models import OuterRef
+
+    from ..models import Step
+
+    return Step.objects.filter(
+        session_id=OuterRef("session_id"), seq=OuterRef("seq"), superseded_at__isnull=False
+    )
+
+
+def _with_superseded(qs: Any) -> Any:
+    """Graph checkpoint rows, each with `superseded`: whether a rollback superseded its
+    step (read in the same statement)."""
+    from django.db.models import Exists
+
+    return qs.annotate(superseded=Exists(_superseded_step()))
 
 
 def _system_step(db: str, session_id: uuid.UUID, seq: int, payload: dict[str, Any]) -> datetime:
@@ -1249,7 +1318,7 @@ def latest_checkpoint(session_id: str, *, database: str = "default") -> gate.Lat
         row = saver._latest(uuid.UUID(str(session_id)), "")
         if row is None:
             return None
-        loaded = saver._tuple(str(session_id), row, _Values(saver))
+        loaded = saver._tuple(str(session_id), row)
     finally:
         saver.close()
     interrupted = GraphWrite.objects.using(database).filter(
