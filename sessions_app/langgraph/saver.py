@@ -387,14 +387,34 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         *,
         head: bool,
         write: Callable[[Any, tuple[str, str]], None],
+        rows: dict[str, Any],
         answer: str | None = None,
     ) -> int:
         """One transaction: advance the session's seq on (token, owner) (and set its
-        final answer, with `answer`), then `write`."""
+        final answer, with `answer`), then `write`. On PostgreSQL one statement does it
+        all (store/graph.py's `fenced_write` with `rows`): one round trip, one commit."""
         from django.db import transaction
 
         # A worker's run keeps its lease by the heartbeat; a program's saver by its writes.
-        expires = _now() + timedelta(seconds=self._ttl) if self._bound is None else None
+        now = _now()
+        expires = now + timedelta(seconds=self._ttl) if self._bound is None else None
+        if self._vendor() == "postgresql":
+            done = _graph_rows().fenced_write(
+                lease,
+                using=self._db,
+                head=head,
+                expires=expires,
+                final_answer=answer,
+                now=now,
+                **rows,
+            )
+            if done is None:
+                raise ThreadLeaseLost(self._refusal(lease))
+            seq, cancel = done
+            if cancel and self._bound is not None:
+                self.cancel_requested = True
+                raise RunnerCancelled(f"session {lease.session_id}: cancel requested")
+            return seq
         with transaction.atomic(using=self._db):
             row = _store().advance_held(
                 lease, using=self._db, head=head, expires=expires, final_answer=answer
@@ -428,13 +448,14 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         *,
         head: bool,
         write: Callable[[Any, tuple[str, str]], None],
+        rows: dict[str, Any],
         answer: str | None = None,
     ) -> tuple[Lease, int]:
         session_id = session_id_for(thread_id)
         lease, continuing = self._lease_for(session_id, ns, parent_id)
         if lease is not None:
             try:
-                return lease, self._fenced(lease, head=head, write=write, answer=answer)
+                return lease, self._fenced(lease, head=head, write=write, rows=rows, answer=answer)
             except ThreadLeaseLost:
                 if continuing:
                     raise
@@ -445,7 +466,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
         with transaction.atomic(using=self._db):
             lease = self._claim(session_id, thread_id, ns, parent_id)
-            return lease, self._fenced(lease, head=head, write=write, answer=answer)
+            return lease, self._fenced(lease, head=head, write=write, rows=rows, answer=answer)
 
     # -- writing -------------------------------------------------------------------------
     @_on_saver_thread
@@ -474,40 +495,38 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             if ch in checkpoint["channel_values"] and not ch.startswith("branch:")
         }
         db = self._db
+        payload = {
+            "event": "graph_checkpoint",
+            "checkpoint_id": checkpoint["id"],
+            "ns": ns,
+            "step": meta.get("step"),
+            "source": meta.get("source"),
+            "changed": changed,
+        }
+        # The thread's answer so far: its last message, when the model wrote it and asked
+        # for no tool (what the graph's caller shows its user).
+        answer = _reply(checkpoint["channel_values"]) if ns == "" else None
+        summary = _redact(
+            {
+                "checkpoint_id": checkpoint["id"],
+                "ns": ns,
+                "parent_id": parent_id,
+                "step": meta.get("step"),
+                "source": meta.get("source"),
+                "channel_versions": body.get("channel_versions", {}),
+                "changed": changed,
+            }
+        )
 
-        def write(seq: int, agent: tuple[str, str]) -> None:
-            now = _system_step(
-                db,
-                session_id,
-                seq,
-                {
-                    "event": "graph_checkpoint",
-                    "checkpoint_id": checkpoint["id"],
-                    "ns": ns,
-                    "step": meta.get("step"),
-                    "source": meta.get("source"),
-                    "changed": changed,
-                },
-            )
+        def state_of(seq: int, agent: tuple[str, str]) -> dict[str, Any]:
             state = SessionState(agent_name=agent[0], agent_version=agent[1], final_answer=answer)
             state.counters.steps = seq
-            state.agent_state = {
-                "version": GRAPH_STATE_VERSION,
-                "data": {
-                    "langgraph": _redact(
-                        {
-                            "checkpoint_id": checkpoint["id"],
-                            "ns": ns,
-                            "parent_id": parent_id,
-                            "step": meta.get("step"),
-                            "source": meta.get("source"),
-                            "channel_versions": body.get("channel_versions", {}),
-                            "changed": changed,
-                        }
-                    )
-                },
-            }
-            _store().add_checkpoint(session_id, state.to_dict(), seq=seq, using=db, now=now)
+            state.agent_state = {"version": GRAPH_STATE_VERSION, "data": {"langgraph": summary}}
+            return state.to_dict()
+
+        def write(seq: int, agent: tuple[str, str]) -> None:
+            now = _system_step(db, session_id, seq, payload)
+            _store().add_checkpoint(session_id, state_of(seq, agent), seq=seq, using=db, now=now)
             _graph_rows().put_checkpoint(
                 using=db,
                 session_id=session_id,
@@ -520,10 +539,23 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 blobs=blobs,
             )
 
-        # The thread's answer so far: its last message, when the model wrote it and asked
-        # for no tool (what the graph's caller shows its user).
-        answer = _reply(checkpoint["channel_values"]) if ns == "" else None
-        lease, _ = self._write(thread_id, ns, parent_id, head=ns == "", write=write, answer=answer)
+        # On PostgreSQL the same rows in one statement; the agent and the step count of
+        # the state come from the session row the fence advances.
+        rows = {
+            "payload": payload,
+            "checkpoint": _graph_rows().CheckpointRows(
+                state=state_of(0, ("", "")),
+                ns=ns,
+                checkpoint_id=checkpoint["id"],
+                parent_id=parent_id,
+                body=body,
+                metadata=meta,
+                blobs=blobs,
+            ),
+        }
+        lease, _ = self._write(
+            thread_id, ns, parent_id, head=ns == "", write=write, rows=rows, answer=answer
+        )
         with self._lock:
             self._chains[(session_id, ns, checkpoint["id"])] = lease.token
             self._lists.update(lists)
@@ -623,7 +655,18 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 replace=special,
             )
 
-        self._write(thread_id, ns, checkpoint_id, head=False, write=write)
+        one_statement = {
+            "payload": payload,
+            "writes": _graph_rows().WriteRows(
+                ns=ns,
+                checkpoint_id=checkpoint_id,
+                task_id=task_id,
+                task_path=task_path,
+                rows=rows,
+                replace=special,
+            ),
+        }
+        self._write(thread_id, ns, checkpoint_id, head=False, write=write, rows=one_statement)
 
     # -- reading -------------------------------------------------------------------------
     def _latest(self, session_id: uuid.UUID, ns: str):

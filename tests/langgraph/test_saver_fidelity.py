@@ -57,18 +57,39 @@ def test_a_string_with_nul_characters_round_trips_exactly(make_saver):
 
 
 def _statements(saver: RespawnSaver, read):
-    """What `read(saver)` returns and the SQL statements it ran (on the saver's thread,
-    whose connection the saver uses)."""
-    from django.db import connections
-    from django.test.utils import CaptureQueriesContext
+    """What `read(saver)` returns and how many SQL statements it sent, counted where every
+    statement goes through, Django's or not: psycopg's cursors, on the saver's thread
+    (whose connection the saver uses)."""
+    import threading
 
-    def capture():
-        with CaptureQueriesContext(connections[saver._db]) as queries:
-            result = read(saver)
-        return result, len(queries.captured_queries)
+    import psycopg
 
-    # Calls from the saver's own thread run there directly (its methods hop to it).
-    return saver._thread.call(capture)
+    sent = []
+    originals = {name: getattr(psycopg.Cursor, name) for name in ("execute", "executemany")}
+
+    def counting(name):
+        def call(cursor, *args, **kwargs):
+            if threading.get_ident() == thread:
+                sent.append(args[0])
+            return originals[name](cursor, *args, **kwargs)
+
+        return call
+
+    def run():
+        nonlocal thread
+        thread = threading.get_ident()
+        return read(saver)
+
+    thread = None
+    try:
+        for name in originals:
+            setattr(psycopg.Cursor, name, counting(name))
+        # Calls from the saver's own thread run there directly (its methods hop to it).
+        result = saver._thread.call(run)
+    finally:
+        for name, original in originals.items():
+            setattr(psycopg.Cursor, name, original)
+    return result, len(sent)
 
 
 @pytest.mark.parametrize("turns", [2, 8])
@@ -86,6 +107,7 @@ def test_reads_take_a_fixed_number_of_statements_however_long_the_thread(make_sa
     graph.invoke(None, history[len(history) // 2].config)
 
     fresh = make_saver()  # no cache
+    fresh.get_tuple({"configurable": {"thread_id": "none"}})  # its connection, set up
     listed, statements = _statements(fresh, lambda s: list(s.list(config)))
     assert len(listed) > 2 * turns + 4
     assert statements <= 4, statements
@@ -98,3 +120,49 @@ def test_reads_take_a_fixed_number_of_statements_however_long_the_thread(make_sa
         assert alone.metadata == item.metadata and alone.parent_config == item.parent_config
     _, statements = _statements(fresh, lambda s: s.get_tuple(config))
     assert statements <= 4, statements
+
+
+def test_each_write_is_one_statement_with_its_step_and_checkpoint(make_saver):
+    """On PostgreSQL a put or put_writes of a saver holding the thread's lease is one
+    statement (the fenced update, its step, its checkpoint or writes), and what it writes
+    is what the dashboard reads: the state names the session's agent and step count."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    from sessions_app.langgraph.saver import session_id_for
+    from sessions_app.models import AgentSession, Checkpoint, GraphWrite, Step
+
+    saver = make_saver(agent="acme-graph")
+    config = {"configurable": {"thread_id": "one-statement", "checkpoint_ns": ""}}
+    saver.get_tuple(config)  # its connection, set up
+    first = saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+    second_checkpoint = empty_checkpoint()
+    second_checkpoint["channel_values"] = {"messages": ["hi"], "note": "a\x00b"}
+    second_checkpoint["channel_versions"] = {"messages": "1", "note": "1"}
+    second, statements = _statements(
+        saver,
+        lambda s: s.put(
+            first, second_checkpoint, {"source": "loop", "step": 0}, {"messages": "1", "note": "1"}
+        ),
+    )
+    assert statements == 1
+    _, statements = _statements(
+        saver, lambda s: s.put_writes(second, [("messages", ["there"])], "task-1")
+    )
+    assert statements == 1
+
+    session = AgentSession.objects.get(id=session_id_for("one-statement"))
+    assert session.last_seq == 3 and session.head == 2
+    assert list(Step.objects.filter(session=session).values_list("seq", "kind")) == [
+        (1, "system"),
+        (2, "system"),
+        (3, "system"),
+    ]
+    state = Checkpoint.objects.get(session=session, seq=2).state
+    assert state["agent"] == {"name": "acme-graph", "version": session.agent_version}
+    assert state["counters"]["steps"] == 2
+    graph = state["agent_state"]["data"]["langgraph"]
+    assert graph["checkpoint_id"] == second_checkpoint["id"]
+    assert GraphWrite.objects.get(session=session).seq == 3
+    loaded = saver.get_tuple(config)
+    assert loaded.checkpoint["channel_values"] == {"messages": ["hi"], "note": "a\x00b"}
+    assert loaded.pending_writes == [("task-1", "messages", ["there"])]
