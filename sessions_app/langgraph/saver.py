@@ -1098,19 +1098,22 @@ class _Values:
         match = Q()
         for (session_id, ns, channel), versions in wanted.items():
             match |= Q(session_id=session_id, ns=ns, channel=channel, version__in=versions)
-        db = self._saver._db
-        found = {
-            (r.session_id, r.ns, r.channel, r.version): r
-            for r in GraphBlob.objects.using(db).filter(match)
-        }
-        chains = {k[:3] for k, r in found.items() if r.base_version is not None}
+        blobs = GraphBlob.objects.using(self._saver._db)
+        columns = ("session_id", "ns", "channel", "version", "type", "blob", "base_version")
+        # Rows as tuples, not model instances: a long list's chain is hundreds of rows.
+        found = {r[:4]: r for r in blobs.filter(match).values_list(*columns, named=True)}
+        chains: dict[tuple[Any, str, str], str] = {}
+        for key, r in found.items():
+            if r.base_version is not None:
+                chains[key[:3]] = max(chains.get(key[:3], ""), max(wanted[key[:3]]))
         if chains:
-            # A list stored as what each version added: every version of the channel.
+            # A list stored as what each version added: the channel's versions up to the
+            # newest wanted (versions sort as strings).
             match = Q()
-            for session_id, ns, channel in chains:
-                match |= Q(session_id=session_id, ns=ns, channel=channel)
-            for r in GraphBlob.objects.using(db).filter(match):
-                found[(r.session_id, r.ns, r.channel, r.version)] = r
+            for (session_id, ns, channel), newest in chains.items():
+                match |= Q(session_id=session_id, ns=ns, channel=channel, version__lte=newest)
+            for r in blobs.filter(match).values_list(*columns, named=True):
+                found[r[:4]] = r
         for (session_id, ns, channel), versions in wanted.items():
             for version in versions:
                 self._tried.add((session_id, ns, channel, version))
