@@ -41,7 +41,7 @@ import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
     from langchain_core.runnables import RunnableConfig
@@ -695,6 +695,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         ns = configurable.get("checkpoint_ns", "")
         session_id = session_id_for(thread_id)
         checkpoint_id = get_checkpoint_id(config)
+        if self._vendor() == "postgresql":
+            return self._get_tuple_at_once(thread_id, session_id, ns, checkpoint_id)
         if checkpoint_id:
             row = _with_superseded(
                 GraphCheckpoint.objects.using(self._db).filter(
@@ -709,6 +711,106 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         if row is None:
             return None
         return self._tuples([(thread_id, row)])[0]
+
+    def _get_tuple_at_once(
+        self, thread_id: str, session_id: uuid.UUID, ns: str, checkpoint_id: str | None
+    ) -> CheckpointTuple | None:
+        """get_tuple on PostgreSQL in one statement: the checkpoint (the latest whose step
+        no rollback superseded, or the one named), the values it needs (with a list's
+        earlier versions, for its chain of appended versions) and its pending writes."""
+        from django.db import connections
+
+        from ..models import GraphBlob, GraphCheckpoint, GraphWrite, Step
+
+        step = Step._meta.db_table
+        superseded = (
+            f"EXISTS (SELECT 1 FROM {step} s WHERE s.session_id = {{t}}.session_id"
+            " AND s.seq = {t}.seq AND s.superseded_at IS NOT NULL)"
+        )
+        which = (
+            "AND c.checkpoint_id = %s"
+            if checkpoint_id
+            else f"AND NOT {superseded.format(t='c')} ORDER BY c.checkpoint_id DESC"
+        )
+        blob = GraphBlob._meta.db_table
+        sql = (
+            "WITH cp AS (SELECT c.session_id, c.ns, c.checkpoint_id, c.parent_id,"
+            f" c.seq, c.body, c.metadata, {superseded.format(t='c')} AS superseded"
+            f" FROM {GraphCheckpoint._meta.db_table} c WHERE c.session_id = %s AND c.ns = %s"
+            f" {which} LIMIT 1),"
+            " wanted AS (SELECT v.key AS channel, v.value #>> '{}' AS version"
+            " FROM cp, jsonb_each(cp.body -> 'channel_versions') AS v"
+            " WHERE NOT coalesce(cp.body -> 'channel_values', '{}'::jsonb) ? v.key),"
+            " exact AS (SELECT b.channel, b.version, b.type, b.blob, b.base_version"
+            f" FROM {blob} b JOIN wanted w ON b.channel = w.channel AND b.version = w.version"
+            " WHERE b.session_id = %s AND b.ns = %s),"
+            # A list stored as what each version added: its earlier versions too (the
+            # chain down to a whole one is among them; versions sort as strings).
+            " chain AS (SELECT * FROM exact UNION ALL"
+            " SELECT b.channel, b.version, b.type, b.blob, b.base_version"
+            f" FROM {blob} b JOIN exact e ON b.channel = e.channel AND b.version < e.version"
+            " WHERE e.base_version IS NOT NULL AND b.session_id = %s AND b.ns = %s)"
+            " SELECT 'c', cp.checkpoint_id, cp.parent_id, cp.seq, cp.body, cp.metadata,"
+            " cp.superseded, NULL::text, NULL::bytea, NULL::text, NULL::integer FROM cp"
+            " UNION ALL SELECT 'b', channel, version, NULL, NULL, NULL, NULL, type, blob,"
+            " base_version, NULL FROM chain"
+            " UNION ALL SELECT 'w', w.task_id, w.channel, w.seq, NULL, NULL,"
+            f" {superseded.format(t='w')}, w.type, w.blob, w.task_path, w.idx"
+            f" FROM {GraphWrite._meta.db_table} w, cp WHERE w.session_id = cp.session_id"
+            " AND w.ns = cp.ns AND w.checkpoint_id = cp.checkpoint_id"
+        )
+        params: builtins.list[Any] = [session_id, ns]
+        if checkpoint_id:
+            params.append(checkpoint_id)
+        params += [session_id, ns, session_id, ns]
+        with connections[self._db].cursor() as cursor:
+            cursor.execute(sql, params)
+            fetched = cursor.fetchall()
+        head = [r for r in fetched if r[0] == "c"]
+        if not head:
+            return None
+        _, cp_id, parent_id, seq, body, metadata, is_superseded = head[0][:7]
+        row = _CheckpointRow(
+            session_id=session_id,
+            ns=ns,
+            checkpoint_id=cp_id,
+            parent_id=parent_id,
+            seq=seq,
+            body=json.loads(body) if isinstance(body, str) else body,
+            metadata=json.loads(metadata) if isinstance(metadata, str) else metadata,
+            superseded=is_superseded,
+        )
+        if not checkpoint_id:
+            with self._lock:
+                self._read_latest[(session_id, ns)] = row.checkpoint_id
+        values = _Values(self)
+        values.fill(
+            [row],
+            {
+                (session_id, ns, r[1], r[2]): _BlobRow(r[1], r[2], r[7], r[8], r[9])
+                for r in fetched
+                if r[0] == "b"
+            },
+        )
+        writes = [
+            _WriteRow(
+                task_id=r[1],
+                channel=r[2],
+                seq=r[3],
+                superseded=r[6],
+                type=r[7],
+                blob=r[8],
+                task_path=r[9],
+                idx=r[10],
+            )
+            for r in fetched
+            if r[0] == "w"
+        ]
+        if not row.superseded:
+            # A rollback to this checkpoint dropped the writes made after it: its tasks
+            # run again.
+            writes = [w for w in writes if not w.superseded]
+        return self._tuple_of(thread_id, row, values, writes)
 
     def _tuple(self, thread_id: str, row: Any) -> CheckpointTuple:
         return self._tuples([(thread_id, row)])[0]
@@ -1086,13 +1188,7 @@ class _Values:
 
         from ..models import GraphBlob
 
-        wanted: dict[tuple[Any, str, str], set[str]] = {}
-        for row in rows:
-            inline = row.body.get("channel_values") or {}
-            for channel, version in (row.body.get("channel_versions") or {}).items():
-                key = (row.session_id, row.ns, channel, str(version))
-                if channel not in inline and key not in self._done and key not in self._tried:
-                    wanted.setdefault(key[:3], set()).add(key[3])
+        wanted = self._wanted(rows)
         if not wanted:
             return
         match = Q()
@@ -1114,6 +1210,26 @@ class _Values:
                 match |= Q(session_id=session_id, ns=ns, channel=channel, version__lte=newest)
             for r in blobs.filter(match).values_list(*columns, named=True):
                 found[r[:4]] = r
+        self._resolve_all(wanted, found)
+
+    def fill(self, rows: Sequence[Any], found: dict[tuple[Any, str, str, str], Any]) -> None:
+        """The values these checkpoint rows need, from blob rows read already (`found`,
+        by session, ns, channel and version)."""
+        self._resolve_all(self._wanted(rows), found)
+
+    def _wanted(self, rows: Sequence[Any]) -> dict[tuple[Any, str, str], set[str]]:
+        wanted: dict[tuple[Any, str, str], set[str]] = {}
+        for row in rows:
+            inline = row.body.get("channel_values") or {}
+            for channel, version in (row.body.get("channel_versions") or {}).items():
+                key = (row.session_id, row.ns, channel, str(version))
+                if channel not in inline and key not in self._done and key not in self._tried:
+                    wanted.setdefault(key[:3], set()).add(key[3])
+        return wanted
+
+    def _resolve_all(
+        self, wanted: dict[tuple[Any, str, str], set[str]], found: dict[Any, Any]
+    ) -> None:
         for (session_id, ns, channel), versions in wanted.items():
             for version in versions:
                 self._tried.add((session_id, ns, channel, version))
@@ -1170,6 +1286,40 @@ class _Values:
 
 
 _MISSING = object()
+
+
+class _BlobRow(NamedTuple):
+    channel: str
+    version: str
+    type: str
+    blob: Any
+    base_version: str | None
+
+
+@dataclasses.dataclass
+class _CheckpointRow:
+    """A graph checkpoint as get_tuple's one statement reads it."""
+
+    session_id: Any
+    ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    seq: int
+    body: dict[str, Any]
+    metadata: dict[str, Any]
+    superseded: bool
+
+
+@dataclasses.dataclass
+class _WriteRow:
+    task_id: str
+    channel: str
+    seq: int
+    superseded: bool
+    type: str | None
+    blob: Any
+    task_path: str
+    idx: int
 
 
 @dataclasses.dataclass
