@@ -223,7 +223,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
     the workers resume and run those threads from the dashboard). The default,
     "langgraph", says the program runs them: the deploy gate leaves them to it.
     lease: a worker's lease: the saver writes only that session, under that lease.
-    lease_ttl: how long a standalone saver's lease outlives its last write.
+    lease_ttl: how long a standalone saver's lease outlives its last write (on PostgreSQL
+    at least half of it: a write renews the lease once half of it is gone).
     """
 
     def __init__(
@@ -404,6 +405,9 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 using=self._db,
                 head=head,
                 expires=expires,
+                # Renewed once half of it is gone: most writes leave the session row's
+                # indexed columns alone (a HOT update).
+                renew_before=now + timedelta(seconds=self._ttl / 2),
                 final_answer=answer,
                 now=now,
                 **rows,

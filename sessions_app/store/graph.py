@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections
@@ -226,6 +226,7 @@ def fenced_write(
     expires: datetime | None,
     final_answer: str | None,
     payload: dict[str, Any],
+    renew_before: datetime | None = None,
     now: datetime,
     checkpoint: CheckpointRows | None = None,
     writes: WriteRows | None = None,
@@ -235,22 +236,31 @@ def fenced_write(
     `system` step at the seq it returns, and the checkpoint (a Respawn checkpoint and the
     graph rows) or the task's writes. When the lease no longer holds, the UPDATE returns no
     row, the INSERTs select nothing and None is returned: nothing was written. Else (the
-    new seq, whether a cancel was requested)."""
+    new seq, whether a cancel was requested). The lease's expiry moves to `expires` when
+    less than `renew_before` is left of it (every write, without `renew_before`)."""
     from .postgresql import SESSION_FIELDS, _execute_prepared
 
     connection = connections[using]
     if final_answer is not None:  # through the field: scrubbed as every other write of it
         final_answer = SESSION_FIELDS["final_answer"].get_db_prep_save(final_answer, connection)
     session_id = str(lease.session_id)
-    params: list[Any] = [head, expires is not None, expires, final_answer, now]
+    # updated_at and lease_expires_at are in the session table's indexes: writing them on
+    # every step would make every UPDATE a non-HOT one that adds an entry to each index.
+    # updated_at moves at most once a second (as a worker's append moves it), the lease's
+    # expiry once less than `renew_before` is left of it.
+    params: list[Any] = [head, expires is not None, renew_before or expires, expires]
+    params += [final_answer, now - timedelta(seconds=1), now]
     params += [session_id, lease.token, lease.owner]
     sql = [
         f"WITH fenced AS (UPDATE {AgentSession._meta.db_table}"
         " SET last_seq = last_seq + 1, step_count = step_count + 1,"
         " head = CASE WHEN %s::boolean THEN last_seq + 1 ELSE head END,"
-        " lease_expires_at = CASE WHEN %s::boolean THEN %s::timestamptz"
+        " lease_expires_at = CASE WHEN %s::boolean AND (lease_expires_at IS NULL"
+        " OR lease_expires_at < %s::timestamptz) THEN %s::timestamptz"
         " ELSE lease_expires_at END,"
-        " final_answer = COALESCE(%s::text, final_answer), updated_at = %s::timestamptz"
+        " final_answer = COALESCE(%s::text, final_answer),"
+        " updated_at = CASE WHEN updated_at < %s::timestamptz THEN %s::timestamptz"
+        " ELSE updated_at END"
         " WHERE id = %s::uuid AND fencing_token = %s AND lease_owner = %s"
         " RETURNING last_seq, cancel_requested, agent, agent_version)",
         f", new_step AS (INSERT INTO {Step._meta.db_table} (session_id, seq, kind, payload,"

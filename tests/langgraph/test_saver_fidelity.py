@@ -127,6 +127,7 @@ def test_each_write_is_one_statement_with_its_step_and_checkpoint(make_saver):
     """On PostgreSQL a put or put_writes of a saver holding the thread's lease is one
     statement (the fenced update, its step, its checkpoint or writes), and what it writes
     is what the dashboard reads: the state names the session's agent and step count."""
+    from django.utils import timezone
     from langgraph.checkpoint.base import empty_checkpoint
 
     from sessions_app.langgraph.saver import session_id_for
@@ -136,6 +137,7 @@ def test_each_write_is_one_statement_with_its_step_and_checkpoint(make_saver):
     config = {"configurable": {"thread_id": "one-statement", "checkpoint_ns": ""}}
     saver.get_tuple(config)  # its connection, set up
     first = saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
+    claimed = AgentSession.objects.get(id=session_id_for("one-statement"))
     second_checkpoint = empty_checkpoint()
     second_checkpoint["channel_values"] = {"messages": ["hi"], "note": "a\x00b"}
     second_checkpoint["channel_versions"] = {"messages": "1", "note": "1"}
@@ -153,6 +155,10 @@ def test_each_write_is_one_statement_with_its_step_and_checkpoint(make_saver):
 
     session = AgentSession.objects.get(id=session_id_for("one-statement"))
     assert session.last_seq == 3 and session.head == 2
+    # With more than half of the lease left, a write leaves the row's indexed columns
+    # alone (its lease's expiry, its updated_at within the second): a HOT update.
+    assert session.lease_expires_at == claimed.lease_expires_at > timezone.now()
+    assert session.lease_owner == saver._owner
     assert list(Step.objects.filter(session=session).values_list("seq", "kind")) == [
         (1, "system"),
         (2, "system"),
