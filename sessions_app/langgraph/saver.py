@@ -831,9 +831,12 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             return []
         values = _Values(self)
         values.prefetch([row for _, row in rows])
+        ids: dict[tuple[Any, str], set[str]] = {}
+        for _, row in rows:
+            ids.setdefault((row.session_id, row.ns), set()).add(row.checkpoint_id)
         match = Q()
-        for key in {(row.session_id, row.ns, row.checkpoint_id) for _, row in rows}:
-            match |= Q(session_id=key[0], ns=key[1], checkpoint_id=key[2])
+        for (session_id, ns), checkpoint_ids in ids.items():
+            match |= Q(session_id=session_id, ns=ns, checkpoint_id__in=checkpoint_ids)
         writes: dict[tuple[Any, str, str], builtins.list[Any]] = {}
         for w in (
             GraphWrite.objects.using(self._db)
@@ -901,9 +904,14 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         # Read whole on the saver's thread (its connection), handed out as an iterator.
+        from django.db.models import F
+
         from ..models import GraphCheckpoint
 
-        qs = GraphCheckpoint.objects.using(self._db).select_related("session__graph_thread")
+        # The thread id joined in, not the session row: a list reads hundreds of rows.
+        qs = GraphCheckpoint.objects.using(self._db).annotate(
+            thread_id=F("session__graph_thread__thread_id")
+        )
         if config is not None:
             configurable = config["configurable"]
             qs = qs.filter(session_id=session_id_for(configurable["thread_id"]))
@@ -928,7 +936,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 row.metadata.get(k) != v for k, v in python_filter.items()
             ):
                 continue
-            rows.append((row.session.graph_thread.thread_id, row))
+            rows.append((row.thread_id, row))
             if limit is not None and len(rows) >= limit:
                 break
         return iter(self._tuples(rows))
