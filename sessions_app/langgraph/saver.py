@@ -719,102 +719,121 @@ class RespawnSaver(BaseCheckpointSaver[str]):
     def _get_tuple_at_once(
         self, thread_id: str, session_id: uuid.UUID, ns: str, checkpoint_id: str | None
     ) -> CheckpointTuple | None:
-        """get_tuple on PostgreSQL in one statement: the checkpoint (the latest whose step
-        no rollback superseded, or the one named), the values it needs (with a list's
-        earlier versions, for its chain of appended versions) and its pending writes."""
-        from django.db import connections
-
-        from ..models import GraphBlob, GraphCheckpoint, GraphWrite, Step
-
-        step = Step._meta.db_table
-        superseded = (
-            f"EXISTS (SELECT 1 FROM {step} s WHERE s.session_id = {{t}}.session_id"
-            " AND s.seq = {t}.seq AND s.superseded_at IS NOT NULL)"
-        )
-        which = (
-            "AND c.checkpoint_id = %s"
-            if checkpoint_id
-            else f"AND NOT {superseded.format(t='c')} ORDER BY c.checkpoint_id DESC"
-        )
-        blob = GraphBlob._meta.db_table
-        sql = (
-            "WITH cp AS (SELECT c.session_id, c.ns, c.checkpoint_id, c.parent_id,"
-            f" c.seq, c.body, c.metadata, {superseded.format(t='c')} AS superseded"
-            f" FROM {GraphCheckpoint._meta.db_table} c WHERE c.session_id = %s AND c.ns = %s"
-            f" {which} LIMIT 1),"
-            " wanted AS (SELECT v.key AS channel, v.value #>> '{}' AS version"
-            " FROM cp, jsonb_each(cp.body -> 'channel_versions') AS v"
-            " WHERE NOT coalesce(cp.body -> 'channel_values', '{}'::jsonb) ? v.key),"
-            " exact AS (SELECT b.channel, b.version, b.type, b.blob, b.base_version"
-            f" FROM {blob} b JOIN wanted w ON b.channel = w.channel AND b.version = w.version"
-            " WHERE b.session_id = %s AND b.ns = %s),"
-            # A list stored as what each version added: its earlier versions too (the
-            # chain down to a whole one is among them; versions sort as strings).
-            " chain AS (SELECT * FROM exact UNION ALL"
-            " SELECT b.channel, b.version, b.type, b.blob, b.base_version"
-            f" FROM {blob} b JOIN exact e ON b.channel = e.channel AND b.version < e.version"
-            " WHERE e.base_version IS NOT NULL AND b.session_id = %s AND b.ns = %s)"
-            " SELECT 'c', cp.checkpoint_id, cp.parent_id, cp.seq, cp.body, cp.metadata,"
-            " cp.superseded, NULL::text, NULL::bytea, NULL::text, NULL::integer FROM cp"
-            " UNION ALL SELECT 'b', channel, version, NULL, NULL, NULL, NULL, type, blob,"
-            " base_version, NULL FROM chain"
-            " UNION ALL SELECT 'w', w.task_id, w.channel, w.seq, NULL, NULL,"
-            f" {superseded.format(t='w')}, w.type, w.blob, w.task_path, w.idx"
-            f" FROM {GraphWrite._meta.db_table} w, cp WHERE w.session_id = cp.session_id"
-            " AND w.ns = cp.ns AND w.checkpoint_id = cp.checkpoint_id"
-        )
+        """get_tuple on PostgreSQL in one statement (`_read_at_once`): the checkpoint named,
+        or the latest whose step no rollback superseded."""
+        where = "c.session_id = %s AND c.ns = %s"
         params: builtins.list[Any] = [session_id, ns]
         if checkpoint_id:
+            where += " AND c.checkpoint_id = %s"
             params.append(checkpoint_id)
-        params += [session_id, ns, session_id, ns]
+        else:
+            where += " AND NOT " + _SUPERSEDED.format(t="c")
+        tuples = self._read_at_once(where, params, limit=1)
+        if not tuples:
+            return None
+        if not checkpoint_id:
+            with self._lock:
+                self._read_latest[(session_id, ns)] = tuples[0].config["configurable"][
+                    "checkpoint_id"
+                ]
+        return tuples[0]
+
+    def _read_at_once(
+        self, where: str, params: builtins.list[Any], *, limit: int | None
+    ) -> builtins.list[CheckpointTuple]:
+        """The tuples of the graph checkpoints `where` picks (newest first, at most
+        `limit`), in one statement on PostgreSQL, as PostgresSaver reads them: the
+        checkpoints (with their thread ids and whether a rollback superseded their
+        steps), the values they need (with the earlier versions of a list stored as
+        what each version appended, down to a whole one) and their pending writes."""
+        from django.db import connections
+
+        from ..models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
+
+        blob = GraphBlob._meta.db_table
+        sql = (
+            "WITH cp AS (SELECT c.session_id, c.ns, c.checkpoint_id, c.parent_id, c.seq,"
+            f" c.body, c.metadata, t.thread_id, {_SUPERSEDED.format(t='c')} AS superseded,"
+            " row_number() OVER (ORDER BY c.checkpoint_id DESC, c.id DESC) AS ord"
+            f" FROM {GraphCheckpoint._meta.db_table} c"
+            f" JOIN {GraphThread._meta.db_table} t ON t.session_id = c.session_id"
+            f" WHERE {where} ORDER BY c.checkpoint_id DESC, c.id DESC"
+            + (" LIMIT %s" if limit is not None else "")
+            + "),"
+            " wanted AS (SELECT DISTINCT cp.session_id, cp.ns, v.key AS channel,"
+            " v.value #>> '{}' AS version"
+            " FROM cp, jsonb_each(cp.body -> 'channel_versions') AS v"
+            " WHERE NOT coalesce(cp.body -> 'channel_values', '{}'::jsonb) ? v.key),"
+            " exact AS (SELECT b.session_id, b.ns, b.channel, b.version, b.type, b.blob,"
+            f" b.base_version FROM {blob} b JOIN wanted w ON b.session_id = w.session_id"
+            " AND b.ns = w.ns AND b.channel = w.channel AND b.version = w.version),"
+            # A list stored as what each version appended: its earlier versions too (the
+            # chain down to a whole one is among them; versions sort as strings).
+            " chains AS (SELECT session_id, ns, channel, max(version) AS newest FROM exact"
+            " WHERE base_version IS NOT NULL GROUP BY session_id, ns, channel),"
+            " older AS (SELECT b.session_id, b.ns, b.channel, b.version, b.type, b.blob,"
+            f" b.base_version FROM {blob} b JOIN chains h ON b.session_id = h.session_id"
+            " AND b.ns = h.ns AND b.channel = h.channel AND b.version < h.newest)"
+            " SELECT 'c', cp.session_id, cp.ns, cp.checkpoint_id, cp.parent_id, cp.thread_id,"
+            " NULL::text, cp.seq, cp.ord, cp.body, cp.metadata, cp.superseded, NULL::text,"
+            " NULL::bytea FROM cp"
+            " UNION ALL SELECT 'b', session_id, ns, channel, version, base_version, NULL,"
+            " NULL, NULL, NULL, NULL, NULL, type, blob FROM exact"
+            " UNION ALL SELECT 'b', session_id, ns, channel, version, base_version, NULL,"
+            " NULL, NULL, NULL, NULL, NULL, type, blob FROM older"
+            " UNION ALL SELECT 'w', w.session_id, w.ns, w.task_id, w.channel, w.task_path,"
+            f" w.checkpoint_id, w.seq, w.idx, NULL, NULL, {_SUPERSEDED.format(t='w')},"
+            f" w.type, w.blob FROM {GraphWrite._meta.db_table} w JOIN cp"
+            " ON w.session_id = cp.session_id AND w.ns = cp.ns"
+            " AND w.checkpoint_id = cp.checkpoint_id"
+        )
+        params = [*params, *([limit] if limit is not None else [])]
         with connections[self._db].cursor() as cursor:
             cursor.execute(sql, params)
             fetched = cursor.fetchall()
-        head = [r for r in fetched if r[0] == "c"]
-        if not head:
-            return None
-        _, cp_id, parent_id, seq, body, metadata, is_superseded = head[0][:7]
-        row = _CheckpointRow(
-            session_id=session_id,
-            ns=ns,
-            checkpoint_id=cp_id,
-            parent_id=parent_id,
-            seq=seq,
-            body=json.loads(body) if isinstance(body, str) else body,
-            metadata=json.loads(metadata) if isinstance(metadata, str) else metadata,
-            superseded=is_superseded,
-        )
-        if not checkpoint_id:
-            with self._lock:
-                self._read_latest[(session_id, ns)] = row.checkpoint_id
+        checkpoints: builtins.list[tuple[int, str, _CheckpointRow]] = []
+        found: dict[tuple[Any, str, str, str], _BlobRow] = {}
+        writes: dict[tuple[Any, str, str], builtins.list[_WriteRow]] = {}
+        for kind, sid, ns, a, b, c, d, n, order, body, meta, flag, type_, data in fetched:
+            if kind == "c":
+                row = _CheckpointRow(
+                    session_id=sid,
+                    ns=ns,
+                    checkpoint_id=a,
+                    parent_id=b,
+                    seq=n,
+                    body=json.loads(body) if isinstance(body, str) else body,
+                    metadata=json.loads(meta) if isinstance(meta, str) else meta,
+                    superseded=flag,
+                )
+                checkpoints.append((order, c, row))
+            elif kind == "b":
+                found[(sid, ns, a, b)] = _BlobRow(a, b, type_, data, c)
+            else:
+                writes.setdefault((sid, ns, d), []).append(
+                    _WriteRow(
+                        task_id=a,
+                        channel=b,
+                        seq=n,
+                        superseded=flag,
+                        type=type_,
+                        blob=data,
+                        task_path=c,
+                        idx=order,
+                    )
+                )
+        checkpoints.sort(key=lambda item: item[0])
         values = _Values(self)
-        values.fill(
-            [row],
-            {
-                (session_id, ns, r[1], r[2]): _BlobRow(r[1], r[2], r[7], r[8], r[9])
-                for r in fetched
-                if r[0] == "b"
-            },
-        )
-        writes = [
-            _WriteRow(
-                task_id=r[1],
-                channel=r[2],
-                seq=r[3],
-                superseded=r[6],
-                type=r[7],
-                blob=r[8],
-                task_path=r[9],
-                idx=r[10],
-            )
-            for r in fetched
-            if r[0] == "w"
-        ]
-        if not row.superseded:
-            # A rollback to this checkpoint dropped the writes made after it: its tasks
-            # run again.
-            writes = [w for w in writes if not w.superseded]
-        return self._tuple_of(thread_id, row, values, writes)
+        values.fill([row for _, _, row in checkpoints], found)
+        out = []
+        for _, thread_id, row in checkpoints:
+            mine = writes.get((row.session_id, row.ns, row.checkpoint_id), [])
+            if not row.superseded:
+                # A rollback to this checkpoint dropped the writes made after it: its
+                # tasks run again.
+                mine = [w for w in mine if not w.superseded]
+            out.append(self._tuple_of(thread_id, row, values, mine))
+        return out
 
     def _tuple(self, thread_id: str, row: Any) -> CheckpointTuple:
         return self._tuples([(thread_id, row)])[0]
@@ -905,6 +924,27 @@ class RespawnSaver(BaseCheckpointSaver[str]):
     ) -> Iterator[CheckpointTuple]:
         # Read whole on the saver's thread (its connection), handed out as an iterator.
         from django.db.models import F
+
+        if self._vendor() == "postgresql":
+            where = ["TRUE"]
+            params: builtins.list[Any] = []
+            if config is not None:
+                configurable = config["configurable"]
+                where.append("c.session_id = %s")
+                params.append(session_id_for(configurable["thread_id"]))
+                if configurable.get("checkpoint_ns") is not None:
+                    where.append("c.ns = %s")
+                    params.append(configurable["checkpoint_ns"])
+                if configurable.get("checkpoint_id"):
+                    where.append("c.checkpoint_id = %s")
+                    params.append(configurable["checkpoint_id"])
+            if filter:
+                where.append("c.metadata @> %s::jsonb")
+                params.append(json.dumps(_json_safe(filter, "the list filter")))
+            if before is not None and get_checkpoint_id(before):
+                where.append("c.checkpoint_id < %s")
+                params.append(get_checkpoint_id(before))
+            return iter(self._read_at_once(" AND ".join(where), params, limit=limit))
 
         from ..models import GraphCheckpoint
 
@@ -1298,6 +1338,11 @@ class _Values:
 
 
 _MISSING = object()
+# The step at a graph row's seq (table alias {t}) was superseded by a rollback.
+_SUPERSEDED = (
+    "EXISTS (SELECT 1 FROM sessions_app_step s WHERE s.session_id = {t}.session_id"
+    " AND s.seq = {t}.seq AND s.superseded_at IS NOT NULL)"
+)
 
 
 class _BlobRow(NamedTuple):

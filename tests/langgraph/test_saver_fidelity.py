@@ -110,7 +110,15 @@ def test_reads_take_a_fixed_number_of_statements_however_long_the_thread(make_sa
     fresh.get_tuple({"configurable": {"thread_id": "none"}})  # its connection, set up
     listed, statements = _statements(fresh, lambda s: list(s.list(config)))
     assert len(listed) > 2 * turns + 4
-    assert statements <= 4, statements
+    assert statements == 1, statements  # checkpoints, values and writes at once
+    # A page of it (before, limit) and a metadata filter: one statement each too.
+    page, statements = _statements(
+        fresh, lambda s: list(s.list(config, before=listed[2].config, limit=3))
+    )
+    assert statements == 1 and [t.config for t in page] == [t.config for t in listed[3:6]]
+    loops, statements = _statements(fresh, lambda s: list(s.list(config, filter={"step": 1})))
+    assert statements == 1
+    assert [t.config for t in loops] == [t.config for t in listed if t.metadata["step"] == 1]
     # Each tuple as get_tuple reads it alone: the same values and writes.
     for item in listed:
         alone, statements = _statements(fresh, lambda s, c=item.config: s.get_tuple(c))
