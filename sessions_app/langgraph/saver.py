@@ -746,9 +746,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         checkpoints (with their thread ids and whether a rollback superseded their
         steps), the values they need (with the earlier versions of a list stored as
         what each version appended, down to a whole one) and their pending writes."""
-        from django.db import connections
-
         from ..models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
+        from ..store import postgresql
 
         blob = GraphBlob._meta.db_table
         sql = (
@@ -788,9 +787,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             " AND w.checkpoint_id = cp.checkpoint_id"
         )
         params = [*params, *([limit] if limit is not None else [])]
-        with connections[self._db].cursor() as cursor:
-            cursor.execute(sql, params)
-            fetched = cursor.fetchall()
+        # Prepared once per connection and shape: the statement is long to plan.
+        fetched = postgresql.fetch_all(sql, params, using=self._db)
         checkpoints: builtins.list[tuple[int, str, _CheckpointRow]] = []
         found: dict[tuple[Any, str, str, str], _BlobRow] = {}
         writes: dict[tuple[Any, str, str], builtins.list[_WriteRow]] = {}
@@ -1303,7 +1301,7 @@ class _Values:
         for channel, version in versions.items():
             if channel in inline:
                 continue
-            value = self._done.get((session_id, ns, channel, str(version)), _MISSING)
+            value = _whole(self._done.get((session_id, ns, channel, str(version)), _MISSING))
             if value is not _MISSING:
                 out[channel] = value
         return out
@@ -1311,7 +1309,7 @@ class _Values:
     def _resolve(self, session_id: Any, ns: str, channel: str, version: str, rows: dict) -> Any:
         key = (session_id, ns, channel, version)
         if key in self._done:
-            return self._done[key]
+            return _whole(self._done[key])
         chain: list[Any] = []  # GraphBlob rows, newest first
         cursor: str | None = version
         while cursor is not None and (session_id, ns, channel, cursor) not in self._done:
@@ -1325,16 +1323,41 @@ class _Values:
                 return _MISSING
             chain.append(row)
             cursor = row.base_version
-        value: Any = self._done[(session_id, ns, channel, cursor)] if cursor is not None else None
+        value: Any = (
+            _whole(self._done[(session_id, ns, channel, cursor)]) if cursor is not None else None
+        )
         serde = self._saver.serde
+        # A chain's versions share one list that grows by each version's items: version k
+        # is its first n_k items (_Prefix), copied out only when a checkpoint asks for it.
+        grown: builtins.list[Any] | None = None
         for row in reversed(chain):
+            key = (session_id, ns, channel, row.version)
             if row.type == "empty":
-                value = _MISSING
-            else:
-                loaded = serde.loads_typed((row.type, bytes(row.blob)))
-                value = loaded if row.base_version is None else [*value, *loaded]
-            self._done[(session_id, ns, channel, row.version)] = value
-        return value
+                value, grown = _MISSING, None
+                self._done[key] = value
+                continue
+            loaded = serde.loads_typed((row.type, bytes(row.blob)))
+            if row.base_version is None:
+                value, grown = loaded, None
+                self._done[key] = value
+                continue
+            if grown is None:
+                grown = [*value]
+            grown.extend(loaded)
+            value = grown
+            self._done[key] = _Prefix(grown, len(grown))
+        return _whole(self._done[(session_id, ns, channel, version)])
+
+
+class _Prefix(NamedTuple):
+    """The value of a list's version: the first `length` items of a shared list."""
+
+    items: builtins.list[Any]
+    length: int
+
+
+def _whole(value: Any) -> Any:
+    return value.items[: value.length] if isinstance(value, _Prefix) else value
 
 
 _MISSING = object()

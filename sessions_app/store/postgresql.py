@@ -73,11 +73,18 @@ def _loads(data: bytes | str) -> Any:
         return json.loads(data)
 
 
-def _fetch_all(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+def fetch_all(sql: str, params: list[Any], *, using: str = "default") -> list[tuple[Any, ...]]:
+    """The rows of a read the store's way (a prepared statement, binary results, jsonb as
+    Python values): for a reader whose one statement is worth preparing (the LangGraph
+    saver's get_tuple and list)."""
+    return _fetch_all(sql, params, using=using)
+
+
+def _fetch_all(sql: str, params: list[Any], *, using: str = "default") -> list[tuple[Any, ...]]:
     # Binary results: psycopg's C loaders read timestamps several times faster than the
     # text loader Django registers (which a long history spends a quarter of its load in).
-    with connection.wrap_database_errors:
-        with psycopg.Cursor(_raw_connection()) as cursor:
+    with connections[using].wrap_database_errors:
+        with psycopg.Cursor(_raw_connection(using)) as cursor:
             set_json_loads(_loads, cursor)
             cursor.execute(sql, params, prepare=_prepare(), binary=True)
             return cursor.fetchall()
