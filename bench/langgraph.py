@@ -10,6 +10,11 @@ after every node). A step is one node run; ms per step is the time from one node
 the next (p50, p99); bytes per step is what the saver's tables grew by, divided by the
 steps. Each saver has a database of its own (BENCH_DATABASE_URL or DATABASE_URL names the
 server), its tables emptied before every run. Needs the `bench` extra.
+
+Then the checkpointer's own calls, side by side: the median ms of every `put` and
+`put_writes` the run made, of `get_tuple` of the thread's latest checkpoint and of `list`
+of the whole thread (what time travel and `get_state_history` wait on), read back
+`--reads` times after the run; and RespawnSaver's time over PostgresSaver's per call.
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ from __future__ import annotations
 import argparse
 import json
 import operator
+import statistics
+import time
 import uuid
+from collections import defaultdict
 from typing import Annotated, Any, TypedDict
 
 import psycopg
@@ -85,7 +93,47 @@ def build_graph(saver: Any, payload_bytes: int, clock: dict[str, Timings]) -> An
     return graph.compile(checkpointer=saver)
 
 
-def run_once(graph: Any, url: str, tables: list[str], steps: int, clock: dict) -> dict[str, float]:
+CALLS = ["put", "put_writes", "get_tuple", "list"]
+
+
+class CallTimer:
+    """The time of each call a graph makes to a checkpointer (its put and put_writes)."""
+
+    def __init__(self) -> None:
+        self.ms: dict[str, list[float]] = defaultdict(list)
+
+    def wrap(self, saver: Any, name: str) -> None:
+        original = getattr(saver, name)
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                self.ms[name].append((time.perf_counter() - started) * 1000)
+
+        setattr(saver, name, timed)
+
+
+def read_back(saver: Any, thread_id: str, reads: int) -> dict[str, list[float]]:
+    """ms of get_tuple (the latest checkpoint) and list (the whole thread), `reads` times."""
+    config = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    out: dict[str, list[float]] = defaultdict(list)
+    for _ in range(reads):
+        started = time.perf_counter()
+        saver.get_tuple(config)
+        out["get_tuple"].append((time.perf_counter() - started) * 1000)
+        started = time.perf_counter()
+        listed = builtins_list(saver.list(config))
+        out["list"].append((time.perf_counter() - started) * 1000)
+        out["listed"].append(len(listed))
+    return out
+
+
+builtins_list = list
+
+
+def run_once(graph: Any, url: str, tables: list[str], steps: int, clock: dict) -> dict[str, Any]:
     turns = (steps - 1) // 2  # 2 nodes a turn and the final answer
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f"TRUNCATE {', '.join(tables)} CASCADE")
@@ -103,13 +151,20 @@ def run_once(graph: Any, url: str, tables: list[str], steps: int, clock: dict) -
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("CHECKPOINT")
         grown = table_bytes(conn, tables) - before
-    return {"steps": nodes, "p50": timings.p50, "p99": timings.p99, "bytes_per_step": grown / nodes}
+    return {
+        "steps": nodes,
+        "p50": timings.p50,
+        "p99": timings.p99,
+        "bytes_per_step": grown / nodes,
+        "thread_id": config["configurable"]["thread_id"],
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, nargs="+", default=[50, 500, 5000])
     parser.add_argument("--payload-bytes", type=int, default=200)
+    parser.add_argument("--reads", type=int, default=9, help="get_tuple/list calls timed")
     args = parser.parse_args()
 
     respawn_url = fresh_database("respawn_bench_langgraph_respawn")
@@ -129,6 +184,11 @@ def main() -> None:
     ):
         postgres.setup()
         respawn.setup()
+        timer = {"RespawnSaver": CallTimer(), "PostgresSaver": CallTimer()}
+        savers = {"RespawnSaver": respawn, "PostgresSaver": postgres}
+        for name, saver in savers.items():
+            for call in ("put", "put_writes"):
+                timer[name].wrap(saver, call)
         contenders = [
             (
                 "RespawnSaver",
@@ -143,14 +203,32 @@ def main() -> None:
                 POSTGRES_TABLES,
             ),
         ]
+        calls: dict[int, dict[str, dict[str, float]]] = {}
         for steps in args.steps:
             for name, graph, url, tables in contenders:
+                timer[name].ms.clear()
                 result = run_once(graph, url, tables, steps, clock)
                 print(
                     f"{result['steps']:>6}  {name:<14} {result['p50']:>8.2f} {result['p99']:>8.2f}"
                     f" {result['bytes_per_step']:>12,.0f}",
                     flush=True,
                 )
+                reads = read_back(savers[name], result["thread_id"], args.reads)
+                medians = {c: statistics.median(timer[name].ms[c]) for c in ("put", "put_writes")}
+                medians.update({c: statistics.median(reads[c]) for c in ("get_tuple", "list")})
+                medians["listed"] = reads["listed"][0]
+                calls.setdefault(result["steps"], {})[name] = medians
+        print("\nper call, median ms (list: the whole thread)")
+        print(f"{'steps':>6}  {'saver':<14}" + "".join(f" {c:>11}" for c in CALLS) + "  listed")
+        for steps, by_saver in calls.items():
+            for name, medians in by_saver.items():
+                print(
+                    f"{steps:>6}  {name:<14}"
+                    + "".join(f" {medians[c]:>11.3f}" for c in CALLS)
+                    + f"  {medians['listed']:>6}"
+                )
+            ratios = [by_saver["RespawnSaver"][c] / by_saver["PostgresSaver"][c] for c in CALLS]
+            print(f"{steps:>6}  {'Respawn/PG':<14}" + "".join(f" {r:>10.2f}x" for r in ratios))
 
 
 if __name__ == "__main__":

@@ -29,17 +29,19 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import dataclasses
 import functools
 import json
 import os
 import random
+import re
 import socket
 import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
     from langchain_core.runnables import RunnableConfig
@@ -177,9 +179,24 @@ def _node_of(task_id: str, task_path: str) -> str:
     return "input" if task_id.strip("0-") == "" else task_id
 
 
-def _json_safe(value: Any) -> Any:
-    """Checkpoint metadata as JSON (PostgreSQL's jsonb has no NUL character)."""
-    return json.loads(json.dumps(value, default=str).replace("\\u0000", ""))
+def _json_safe(value: Any, what: str) -> Any:
+    """A checkpoint's body or metadata as JSON. PostgreSQL's jsonb holds no NUL character:
+    such a value is refused, never changed (channel values with one are stored as blobs)."""
+    text = json.dumps(value, default=str)
+    if _NUL_ESCAPE.search(text):
+        raise ValueError(
+            f"{what} holds a NUL character (\\x00), which PostgreSQL's jsonb "
+            "cannot store; nothing was written"
+        )
+    return json.loads(text)
+
+
+def _inline(value: Any) -> bool:
+    """Whether a channel value goes in the checkpoint's body (jsonb) rather than a blob:
+    a scalar that jsonb stores exactly (a string with a NUL or a lone surrogate does not)."""
+    if isinstance(value, str):
+        return _UNSTORABLE.search(value) is None
+    return value is None or isinstance(value, _SCALARS)
 
 
 # --- the saver ---------------------------------------------------------------------------
@@ -206,7 +223,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
     the workers resume and run those threads from the dashboard). The default,
     "langgraph", says the program runs them: the deploy gate leaves them to it.
     lease: a worker's lease: the saver writes only that session, under that lease.
-    lease_ttl: how long a standalone saver's lease outlives its last write.
+    lease_ttl: how long a standalone saver's lease outlives its last write (on PostgreSQL
+    at least half of it: a write renews the lease once half of it is gone).
     """
 
     def __init__(
@@ -227,7 +245,9 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         self._owner = (
             lease.owner
             if lease is not None
-            else f"{STANDALONE_OWNER}{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+            # os.urandom, not uuid4: a program (LangGraph's own tests) may patch uuid4 to a
+            # fixed sequence that a saver's construction must not consume.
+            else f"{STANDALONE_OWNER}{socket.gethostname()}:{os.getpid()}:{os.urandom(4).hex()}"
         )
         self._lock = threading.RLock()
         self._leases: dict[uuid.UUID, Lease] = {}
@@ -368,14 +388,37 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         *,
         head: bool,
         write: Callable[[Any, tuple[str, str]], None],
+        rows: dict[str, Any],
         answer: str | None = None,
     ) -> int:
         """One transaction: advance the session's seq on (token, owner) (and set its
-        final answer, with `answer`), then `write`."""
+        final answer, with `answer`), then `write`. On PostgreSQL one statement does it
+        all (store/graph.py's `fenced_write` with `rows`): one round trip, one commit."""
         from django.db import transaction
 
         # A worker's run keeps its lease by the heartbeat; a program's saver by its writes.
-        expires = _now() + timedelta(seconds=self._ttl) if self._bound is None else None
+        now = _now()
+        expires = now + timedelta(seconds=self._ttl) if self._bound is None else None
+        if self._vendor() == "postgresql":
+            done = _graph_rows().fenced_write(
+                lease,
+                using=self._db,
+                head=head,
+                expires=expires,
+                # Renewed once half of it is gone: most writes leave the session row's
+                # indexed columns alone (a HOT update).
+                renew_before=now + timedelta(seconds=self._ttl / 2),
+                final_answer=answer,
+                now=now,
+                **rows,
+            )
+            if done is None:
+                raise ThreadLeaseLost(self._refusal(lease))
+            seq, cancel = done
+            if cancel and self._bound is not None:
+                self.cancel_requested = True
+                raise RunnerCancelled(f"session {lease.session_id}: cancel requested")
+            return seq
         with transaction.atomic(using=self._db):
             row = _store().advance_held(
                 lease, using=self._db, head=head, expires=expires, final_answer=answer
@@ -409,13 +452,14 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         *,
         head: bool,
         write: Callable[[Any, tuple[str, str]], None],
+        rows: dict[str, Any],
         answer: str | None = None,
     ) -> tuple[Lease, int]:
         session_id = session_id_for(thread_id)
         lease, continuing = self._lease_for(session_id, ns, parent_id)
         if lease is not None:
             try:
-                return lease, self._fenced(lease, head=head, write=write, answer=answer)
+                return lease, self._fenced(lease, head=head, write=write, rows=rows, answer=answer)
             except ThreadLeaseLost:
                 if continuing:
                     raise
@@ -426,7 +470,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
         with transaction.atomic(using=self._db):
             lease = self._claim(session_id, thread_id, ns, parent_id)
-            return lease, self._fenced(lease, head=head, write=write, answer=answer)
+            return lease, self._fenced(lease, head=head, write=write, rows=rows, answer=answer)
 
     # -- writing -------------------------------------------------------------------------
     @_on_saver_thread
@@ -445,48 +489,48 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         body = {k: v for k, v in checkpoint.items() if k not in ("channel_values", "pending_sends")}
         inline, blobs, lists = self._split_values(session_id, ns, checkpoint, new_versions)
         body["channel_values"] = inline
-        body = _json_safe(body)
-        meta = _json_safe(get_serializable_checkpoint_metadata(config, metadata))
+        body = _json_safe(body, "the checkpoint")
+        meta = _json_safe(
+            get_serializable_checkpoint_metadata(config, metadata), "the checkpoint's metadata"
+        )
         changed = {
             ch: _summary(checkpoint["channel_values"][ch])
             for ch in sorted(new_versions)
             if ch in checkpoint["channel_values"] and not ch.startswith("branch:")
         }
         db = self._db
+        payload = {
+            "event": "graph_checkpoint",
+            "checkpoint_id": checkpoint["id"],
+            "ns": ns,
+            "step": meta.get("step"),
+            "source": meta.get("source"),
+            "changed": changed,
+        }
+        # The thread's answer so far: its last message, when the model wrote it and asked
+        # for no tool (what the graph's caller shows its user).
+        answer = _reply(checkpoint["channel_values"]) if ns == "" else None
+        summary = _redact(
+            {
+                "checkpoint_id": checkpoint["id"],
+                "ns": ns,
+                "parent_id": parent_id,
+                "step": meta.get("step"),
+                "source": meta.get("source"),
+                "channel_versions": body.get("channel_versions", {}),
+                "changed": changed,
+            }
+        )
 
-        def write(seq: int, agent: tuple[str, str]) -> None:
-            now = _system_step(
-                db,
-                session_id,
-                seq,
-                {
-                    "event": "graph_checkpoint",
-                    "checkpoint_id": checkpoint["id"],
-                    "ns": ns,
-                    "step": meta.get("step"),
-                    "source": meta.get("source"),
-                    "changed": changed,
-                },
-            )
+        def state_of(seq: int, agent: tuple[str, str]) -> dict[str, Any]:
             state = SessionState(agent_name=agent[0], agent_version=agent[1], final_answer=answer)
             state.counters.steps = seq
-            state.agent_state = {
-                "version": GRAPH_STATE_VERSION,
-                "data": {
-                    "langgraph": _redact(
-                        {
-                            "checkpoint_id": checkpoint["id"],
-                            "ns": ns,
-                            "parent_id": parent_id,
-                            "step": meta.get("step"),
-                            "source": meta.get("source"),
-                            "channel_versions": body.get("channel_versions", {}),
-                            "changed": changed,
-                        }
-                    )
-                },
-            }
-            _store().add_checkpoint(session_id, state.to_dict(), seq=seq, using=db, now=now)
+            state.agent_state = {"version": GRAPH_STATE_VERSION, "data": {"langgraph": summary}}
+            return state.to_dict()
+
+        def write(seq: int, agent: tuple[str, str]) -> None:
+            now = _system_step(db, session_id, seq, payload)
+            _store().add_checkpoint(session_id, state_of(seq, agent), seq=seq, using=db, now=now)
             _graph_rows().put_checkpoint(
                 using=db,
                 session_id=session_id,
@@ -499,10 +543,23 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 blobs=blobs,
             )
 
-        # The thread's answer so far: its last message, when the model wrote it and asked
-        # for no tool (what the graph's caller shows its user).
-        answer = _reply(checkpoint["channel_values"]) if ns == "" else None
-        lease, _ = self._write(thread_id, ns, parent_id, head=ns == "", write=write, answer=answer)
+        # On PostgreSQL the same rows in one statement; the agent and the step count of
+        # the state come from the session row the fence advances.
+        rows = {
+            "payload": payload,
+            "checkpoint": _graph_rows().CheckpointRows(
+                state=state_of(0, ("", "")),
+                ns=ns,
+                checkpoint_id=checkpoint["id"],
+                parent_id=parent_id,
+                body=body,
+                metadata=meta,
+                blobs=blobs,
+            ),
+        }
+        lease, _ = self._write(
+            thread_id, ns, parent_id, head=ns == "", write=write, rows=rows, answer=answer
+        )
         with self._lock:
             self._chains[(session_id, ns, checkpoint["id"])] = lease.token
             self._lists.update(lists)
@@ -525,7 +582,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         versions, a list that extends the one this saver stored last as what was added."""
         values = checkpoint["channel_values"]
         # Small scalars go in the body, as PostgresSaver keeps them.
-        inline = {k: v for k, v in values.items() if v is None or isinstance(v, _SCALARS)}
+        inline = {k: v for k, v in values.items() if _inline(v)}
         blobs: list[tuple] = []
         lists: dict[tuple[uuid.UUID, str, str], tuple[str, list[Any]]] = {}
         for channel, version in new_versions.items():
@@ -602,27 +659,35 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 replace=special,
             )
 
-        self._write(thread_id, ns, checkpoint_id, head=False, write=write)
+        one_statement = {
+            "payload": payload,
+            "writes": _graph_rows().WriteRows(
+                ns=ns,
+                checkpoint_id=checkpoint_id,
+                task_id=task_id,
+                task_path=task_path,
+                rows=rows,
+                replace=special,
+            ),
+        }
+        self._write(thread_id, ns, checkpoint_id, head=False, write=write, rows=one_statement)
 
     # -- reading -------------------------------------------------------------------------
     def _latest(self, session_id: uuid.UUID, ns: str):
         """The thread's latest checkpoint in `ns`: the newest whose step no rollback
         superseded."""
-        return self._checkpoints(session_id, ns).order_by("-checkpoint_id").first()
+        return (
+            _with_superseded(self._checkpoints(session_id, ns)).order_by("-checkpoint_id").first()
+        )
 
     def _checkpoints(self, session_id: uuid.UUID, ns: str, *, live: bool = True):
-        from django.db.models import Exists, OuterRef
+        from django.db.models import Exists
 
-        from ..models import GraphCheckpoint, Step
+        from ..models import GraphCheckpoint
 
         qs = GraphCheckpoint.objects.using(self._db).filter(session_id=session_id, ns=ns)
         if live:
-            superseded = Step.objects.filter(
-                session_id=OuterRef("session_id"),
-                seq=OuterRef("seq"),
-                superseded_at__isnull=False,
-            )
-            qs = qs.exclude(Exists(superseded))
+            qs = qs.exclude(Exists(_superseded_step()))
         return qs
 
     @_on_saver_thread
@@ -634,12 +699,14 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         ns = configurable.get("checkpoint_ns", "")
         session_id = session_id_for(thread_id)
         checkpoint_id = get_checkpoint_id(config)
+        if self._vendor() == "postgresql":
+            return self._get_tuple_at_once(thread_id, session_id, ns, checkpoint_id)
         if checkpoint_id:
-            row = (
-                GraphCheckpoint.objects.using(self._db)
-                .filter(session_id=session_id, ns=ns, checkpoint_id=checkpoint_id)
-                .first()
-            )
+            row = _with_superseded(
+                GraphCheckpoint.objects.using(self._db).filter(
+                    session_id=session_id, ns=ns, checkpoint_id=checkpoint_id
+                )
+            ).first()
         else:
             row = self._latest(session_id, ns)
             if row is not None:
@@ -647,33 +714,172 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                     self._read_latest[(session_id, ns)] = row.checkpoint_id
         if row is None:
             return None
-        return self._tuple(thread_id, row, _Values(self))
+        return self._tuples([(thread_id, row)])[0]
 
-    def _tuple(self, thread_id: str, row: Any, values: _Values) -> CheckpointTuple:
-        from django.db.models import Exists, OuterRef
+    def _get_tuple_at_once(
+        self, thread_id: str, session_id: uuid.UUID, ns: str, checkpoint_id: str | None
+    ) -> CheckpointTuple | None:
+        """get_tuple on PostgreSQL in one statement (`_read_at_once`): the checkpoint named,
+        or the latest whose step no rollback superseded."""
+        where = "c.session_id = %s AND c.ns = %s"
+        params: builtins.list[Any] = [session_id, ns]
+        if checkpoint_id:
+            where += " AND c.checkpoint_id = %s"
+            params.append(checkpoint_id)
+        else:
+            where += " AND NOT " + _SUPERSEDED.format(t="c")
+        tuples = self._read_at_once(where, params, limit=1)
+        if not tuples:
+            return None
+        if not checkpoint_id:
+            with self._lock:
+                self._read_latest[(session_id, ns)] = tuples[0].config["configurable"][
+                    "checkpoint_id"
+                ]
+        return tuples[0]
 
-        from ..models import GraphWrite, Step
+    def _read_at_once(
+        self, where: str, params: builtins.list[Any], *, limit: int | None
+    ) -> builtins.list[CheckpointTuple]:
+        """The tuples of the graph checkpoints `where` picks (newest first, at most
+        `limit`), in one statement on PostgreSQL, as PostgresSaver reads them: the
+        checkpoints (with their thread ids and whether a rollback superseded their
+        steps), the values they need (with the earlier versions of a list stored as
+        what each version appended, down to a whole one) and their pending writes."""
+        from ..models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
+        from ..store import postgresql
 
+        blob = GraphBlob._meta.db_table
+        sql = (
+            "WITH cp AS (SELECT c.session_id, c.ns, c.checkpoint_id, c.parent_id, c.seq,"
+            f" c.body, c.metadata, t.thread_id, {_SUPERSEDED.format(t='c')} AS superseded,"
+            " row_number() OVER (ORDER BY c.checkpoint_id DESC, c.id DESC) AS ord"
+            f" FROM {GraphCheckpoint._meta.db_table} c"
+            f" JOIN {GraphThread._meta.db_table} t ON t.session_id = c.session_id"
+            f" WHERE {where} ORDER BY c.checkpoint_id DESC, c.id DESC"
+            + (" LIMIT %s" if limit is not None else "")
+            + "),"
+            " wanted AS (SELECT DISTINCT cp.session_id, cp.ns, v.key AS channel,"
+            " v.value #>> '{}' AS version"
+            " FROM cp, jsonb_each(cp.body -> 'channel_versions') AS v"
+            " WHERE NOT coalesce(cp.body -> 'channel_values', '{}'::jsonb) ? v.key),"
+            " exact AS (SELECT b.session_id, b.ns, b.channel, b.version, b.type, b.blob,"
+            f" b.base_version FROM {blob} b JOIN wanted w ON b.session_id = w.session_id"
+            " AND b.ns = w.ns AND b.channel = w.channel AND b.version = w.version),"
+            # A list stored as what each version appended: its earlier versions too (the
+            # chain down to a whole one is among them; versions sort as strings).
+            " chains AS (SELECT session_id, ns, channel, max(version) AS newest FROM exact"
+            " WHERE base_version IS NOT NULL GROUP BY session_id, ns, channel),"
+            " older AS (SELECT b.session_id, b.ns, b.channel, b.version, b.type, b.blob,"
+            f" b.base_version FROM {blob} b JOIN chains h ON b.session_id = h.session_id"
+            " AND b.ns = h.ns AND b.channel = h.channel AND b.version < h.newest)"
+            " SELECT 'c', cp.session_id, cp.ns, cp.checkpoint_id, cp.parent_id, cp.thread_id,"
+            " NULL::text, cp.seq, cp.ord, cp.body, cp.metadata, cp.superseded, NULL::text,"
+            " NULL::bytea FROM cp"
+            " UNION ALL SELECT 'b', session_id, ns, channel, version, base_version, NULL,"
+            " NULL, NULL, NULL, NULL, NULL, type, blob FROM exact"
+            " UNION ALL SELECT 'b', session_id, ns, channel, version, base_version, NULL,"
+            " NULL, NULL, NULL, NULL, NULL, type, blob FROM older"
+            " UNION ALL SELECT 'w', w.session_id, w.ns, w.task_id, w.channel, w.task_path,"
+            f" w.checkpoint_id, w.seq, w.idx, NULL, NULL, {_SUPERSEDED.format(t='w')},"
+            f" w.type, w.blob FROM {GraphWrite._meta.db_table} w JOIN cp"
+            " ON w.session_id = cp.session_id AND w.ns = cp.ns"
+            " AND w.checkpoint_id = cp.checkpoint_id"
+        )
+        params = [*params, *([limit] if limit is not None else [])]
+        # Prepared once per connection and shape: the statement is long to plan.
+        fetched = postgresql.fetch_all(sql, params, using=self._db)
+        checkpoints: builtins.list[tuple[int, str, _CheckpointRow]] = []
+        found: dict[tuple[Any, str, str, str], _BlobRow] = {}
+        writes: dict[tuple[Any, str, str], builtins.list[_WriteRow]] = {}
+        for kind, sid, ns, a, b, c, d, n, order, body, meta, flag, type_, data in fetched:
+            if kind == "c":
+                row = _CheckpointRow(
+                    session_id=sid,
+                    ns=ns,
+                    checkpoint_id=a,
+                    parent_id=b,
+                    seq=n,
+                    body=json.loads(body) if isinstance(body, str) else body,
+                    metadata=json.loads(meta) if isinstance(meta, str) else meta,
+                    superseded=flag,
+                )
+                checkpoints.append((order, c, row))
+            elif kind == "b":
+                found[(sid, ns, a, b)] = _BlobRow(a, b, type_, data, c)
+            else:
+                writes.setdefault((sid, ns, d), []).append(
+                    _WriteRow(
+                        task_id=a,
+                        channel=b,
+                        seq=n,
+                        superseded=flag,
+                        type=type_,
+                        blob=data,
+                        task_path=c,
+                        idx=order,
+                    )
+                )
+        checkpoints.sort(key=lambda item: item[0])
+        values = _Values(self)
+        values.fill([row for _, _, row in checkpoints], found)
+        out = []
+        for _, thread_id, row in checkpoints:
+            mine = writes.get((row.session_id, row.ns, row.checkpoint_id), [])
+            if not row.superseded:
+                # A rollback to this checkpoint dropped the writes made after it: its
+                # tasks run again.
+                mine = [w for w in mine if not w.superseded]
+            out.append(self._tuple_of(thread_id, row, values, mine))
+        return out
+
+    def _tuple(self, thread_id: str, row: Any) -> CheckpointTuple:
+        return self._tuples([(thread_id, row)])[0]
+
+    def _tuples(self, rows: Sequence[tuple[str, Any]]) -> builtins.list[CheckpointTuple]:
+        """The tuples of these checkpoint rows (with their thread ids), read together: one
+        read of their channel values (two for lists stored as what was appended) and one
+        of their pending writes, however many checkpoints there are."""
+        from django.db.models import Exists, Q
+
+        from ..models import GraphWrite
+
+        if not rows:
+            return []
+        values = _Values(self)
+        values.prefetch([row for _, row in rows])
+        ids: dict[tuple[Any, str], set[str]] = {}
+        for _, row in rows:
+            ids.setdefault((row.session_id, row.ns), set()).add(row.checkpoint_id)
+        match = Q()
+        for (session_id, ns), checkpoint_ids in ids.items():
+            match |= Q(session_id=session_id, ns=ns, checkpoint_id__in=checkpoint_ids)
+        writes: dict[tuple[Any, str, str], builtins.list[Any]] = {}
+        for w in (
+            GraphWrite.objects.using(self._db)
+            .filter(match)
+            .annotate(superseded=Exists(_superseded_step()))
+        ):
+            writes.setdefault((w.session_id, w.ns, w.checkpoint_id), []).append(w)
+        out = []
+        for thread_id, row in rows:
+            mine = writes.get((row.session_id, row.ns, row.checkpoint_id), [])
+            if not row.superseded:
+                # A rollback to this checkpoint dropped the writes made after it: its
+                # tasks run again.
+                mine = [w for w in mine if not w.superseded]
+            out.append(self._tuple_of(thread_id, row, values, mine))
+        return out
+
+    def _tuple_of(
+        self, thread_id: str, row: Any, values: _Values, writes: builtins.list[Any]
+    ) -> CheckpointTuple:
         body: Checkpoint = row.body.copy()  # as put() stored it, less the channel values
         channel_values = dict(body.get("channel_values") or {})
         channel_values.update(
             values.load(row.session_id, row.ns, body.get("channel_versions") or {}, channel_values)
         )
         body["channel_values"] = channel_values
-        writes = GraphWrite.objects.using(self._db).filter(
-            session_id=row.session_id, ns=row.ns, checkpoint_id=row.checkpoint_id
-        )
-        superseded = Step.objects.filter(
-            session_id=OuterRef("session_id"), seq=OuterRef("seq"), superseded_at__isnull=False
-        )
-        if (
-            not Step.objects.using(self._db)
-            .filter(session_id=row.session_id, seq=row.seq, superseded_at__isnull=False)
-            .exists()
-        ):
-            # A rollback to this checkpoint dropped the writes made after it: its tasks
-            # run again.
-            writes = writes.exclude(Exists(superseded))
         # The type column allows NULL, though no write this saver makes has none; the
         # serializer refuses a type it does not know either way.
         pending = [
@@ -715,9 +921,35 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
         # Read whole on the saver's thread (its connection), handed out as an iterator.
+        from django.db.models import F
+
+        if self._vendor() == "postgresql":
+            where = ["TRUE"]
+            params: builtins.list[Any] = []
+            if config is not None:
+                configurable = config["configurable"]
+                where.append("c.session_id = %s")
+                params.append(session_id_for(configurable["thread_id"]))
+                if configurable.get("checkpoint_ns") is not None:
+                    where.append("c.ns = %s")
+                    params.append(configurable["checkpoint_ns"])
+                if configurable.get("checkpoint_id"):
+                    where.append("c.checkpoint_id = %s")
+                    params.append(configurable["checkpoint_id"])
+            if filter:
+                where.append("c.metadata @> %s::jsonb")
+                params.append(json.dumps(_json_safe(filter, "the list filter")))
+            if before is not None and get_checkpoint_id(before):
+                where.append("c.checkpoint_id < %s")
+                params.append(get_checkpoint_id(before))
+            return iter(self._read_at_once(" AND ".join(where), params, limit=limit))
+
         from ..models import GraphCheckpoint
 
-        qs = GraphCheckpoint.objects.using(self._db).select_related("session__graph_thread")
+        # The thread id joined in, not the session row: a list reads hundreds of rows.
+        qs = GraphCheckpoint.objects.using(self._db).annotate(
+            thread_id=F("session__graph_thread__thread_id")
+        )
         if config is not None:
             configurable = config["configurable"]
             qs = qs.filter(session_id=session_id_for(configurable["thread_id"]))
@@ -728,25 +960,24 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         python_filter = None
         if filter:
             if self._vendor() == "postgresql":
-                qs = qs.filter(metadata__contains=_json_safe(filter))
+                qs = qs.filter(metadata__contains=_json_safe(filter, "the list filter"))
             else:
-                python_filter = _json_safe(filter)
+                python_filter = _json_safe(filter, "the list filter")
         if before is not None and get_checkpoint_id(before):
             qs = qs.filter(checkpoint_id__lt=get_checkpoint_id(before))
-        qs = qs.order_by("-checkpoint_id", "-id")
+        qs = _with_superseded(qs).order_by("-checkpoint_id", "-id")
         if limit is not None and python_filter is None:
             qs = qs[:limit]
-        values = _Values(self)
-        out: list[CheckpointTuple] = []
+        rows = []
         for row in qs:
             if python_filter is not None and any(
                 row.metadata.get(k) != v for k, v in python_filter.items()
             ):
                 continue
-            out.append(self._tuple(row.session.graph_thread.thread_id, row, values))
-            if limit is not None and len(out) >= limit:
+            rows.append((row.thread_id, row))
+            if limit is not None and len(rows) >= limit:
                 break
-        return iter(out)
+        return iter(self._tuples(rows))
 
     def _vendor(self) -> str:
         from django.db import connections
@@ -993,48 +1224,84 @@ class AsyncRespawnSaver(RespawnSaver):
 
 
 class _Values:
-    """Channel values of checkpoints, loaded once per (channel, version) in one read."""
+    """Channel values of checkpoints, loaded once per (channel, version): the values of
+    many checkpoints in one read (and one more for lists stored as what was appended)."""
 
     def __init__(self, saver: RespawnSaver) -> None:
         self._saver = saver
         self._done: dict[tuple[Any, str, str, str], Any] = {}
+        self._tried: set[tuple[Any, str, str, str]] = set()
 
-    def load(
-        self, session_id: Any, ns: str, versions: dict[str, Any], inline: dict[str, Any]
-    ) -> dict[str, Any]:
+    def prefetch(self, rows: Sequence[Any]) -> None:
+        """Read the values every one of these checkpoint rows needs."""
         from django.db.models import Q
 
         from ..models import GraphBlob
 
-        wanted = {
-            ch: str(v)
-            for ch, v in versions.items()
-            if ch not in inline and (session_id, ns, ch, str(v)) not in self._done
-        }
-        if wanted:
+        wanted = self._wanted(rows)
+        if not wanted:
+            return
+        match = Q()
+        for (session_id, ns, channel), versions in wanted.items():
+            match |= Q(session_id=session_id, ns=ns, channel=channel, version__in=versions)
+        blobs = GraphBlob.objects.using(self._saver._db)
+        columns = ("session_id", "ns", "channel", "version", "type", "blob", "base_version")
+        # Rows as tuples, not model instances: a long list's chain is hundreds of rows.
+        found = {r[:4]: r for r in blobs.filter(match).values_list(*columns, named=True)}
+        chains: dict[tuple[Any, str, str], str] = {}
+        for key, r in found.items():
+            if r.base_version is not None:
+                chains[key[:3]] = max(chains.get(key[:3], ""), max(wanted[key[:3]]))
+        if chains:
+            # A list stored as what each version added: the channel's versions up to the
+            # newest wanted (versions sort as strings).
             match = Q()
-            for channel, version in wanted.items():
-                match |= Q(channel=channel, version=version)
-            rows = {
-                (r.channel, r.version): r
-                for r in GraphBlob.objects.using(self._saver._db).filter(
-                    Q(session_id=session_id, ns=ns) & match
-                )
-            }
-            chains = {ch for (ch, _v), r in rows.items() if r.base_version is not None}
-            if chains:
-                # A list stored as what each version added: every version of the channel.
-                for r in GraphBlob.objects.using(self._saver._db).filter(
-                    session_id=session_id, ns=ns, channel__in=chains
-                ):
-                    rows[(r.channel, r.version)] = r
-            for channel, version in wanted.items():
-                self._resolve(session_id, ns, channel, version, rows)
+            for (session_id, ns, channel), newest in chains.items():
+                match |= Q(session_id=session_id, ns=ns, channel=channel, version__lte=newest)
+            for r in blobs.filter(match).values_list(*columns, named=True):
+                found[r[:4]] = r
+        self._resolve_all(wanted, found)
+
+    def fill(self, rows: Sequence[Any], found: dict[tuple[Any, str, str, str], Any]) -> None:
+        """The values these checkpoint rows need, from blob rows read already (`found`,
+        by session, ns, channel and version)."""
+        self._resolve_all(self._wanted(rows), found)
+
+    def _wanted(self, rows: Sequence[Any]) -> dict[tuple[Any, str, str], set[str]]:
+        wanted: dict[tuple[Any, str, str], set[str]] = {}
+        for row in rows:
+            inline = row.body.get("channel_values") or {}
+            for channel, version in (row.body.get("channel_versions") or {}).items():
+                key = (row.session_id, row.ns, channel, str(version))
+                if channel not in inline and key not in self._done and key not in self._tried:
+                    wanted.setdefault(key[:3], set()).add(key[3])
+        return wanted
+
+    def _resolve_all(
+        self, wanted: dict[tuple[Any, str, str], set[str]], found: dict[Any, Any]
+    ) -> None:
+        for (session_id, ns, channel), versions in wanted.items():
+            for version in versions:
+                self._tried.add((session_id, ns, channel, version))
+                self._resolve(session_id, ns, channel, version, found)
+
+    def load(
+        self, session_id: Any, ns: str, versions: dict[str, Any], inline: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The values of one checkpoint's channels (read now unless prefetched)."""
+        wanted = [
+            (ch, str(v))
+            for ch, v in versions.items()
+            if ch not in inline and (session_id, ns, ch, str(v)) not in self._tried
+        ]
+        if wanted:
+            row = _VersionsOf(session_id, ns, dict(wanted))
+            self.prefetch([row])
         out = {}
         for channel, version in versions.items():
             if channel in inline:
                 continue
-            value = self._done.get((session_id, ns, channel, str(version)), _MISSING)
+            value = _whole(self._done.get((session_id, ns, channel, str(version)), _MISSING))
             if value is not _MISSING:
                 out[channel] = value
         return out
@@ -1042,11 +1309,11 @@ class _Values:
     def _resolve(self, session_id: Any, ns: str, channel: str, version: str, rows: dict) -> Any:
         key = (session_id, ns, channel, version)
         if key in self._done:
-            return self._done[key]
+            return _whole(self._done[key])
         chain: list[Any] = []  # GraphBlob rows, newest first
         cursor: str | None = version
         while cursor is not None and (session_id, ns, channel, cursor) not in self._done:
-            row = rows.get((channel, cursor))
+            row = rows.get((session_id, ns, channel, cursor))
             if row is None:
                 if chain:
                     raise LookupError(
@@ -1056,20 +1323,122 @@ class _Values:
                 return _MISSING
             chain.append(row)
             cursor = row.base_version
-        value: Any = self._done[(session_id, ns, channel, cursor)] if cursor is not None else None
+        value: Any = (
+            _whole(self._done[(session_id, ns, channel, cursor)]) if cursor is not None else None
+        )
         serde = self._saver.serde
+        # A chain's versions share one list that grows by each version's items: version k
+        # is its first n_k items (_Prefix), copied out only when a checkpoint asks for it.
+        grown: builtins.list[Any] | None = None
         for row in reversed(chain):
+            key = (session_id, ns, channel, row.version)
             if row.type == "empty":
-                value = _MISSING
-            else:
-                loaded = serde.loads_typed((row.type, bytes(row.blob)))
-                value = loaded if row.base_version is None else [*value, *loaded]
-            self._done[(session_id, ns, channel, row.version)] = value
-        return value
+                value, grown = _MISSING, None
+                self._done[key] = value
+                continue
+            loaded = serde.loads_typed((row.type, bytes(row.blob)))
+            if row.base_version is None:
+                value, grown = loaded, None
+                self._done[key] = value
+                continue
+            if grown is None:
+                grown = [*value]
+            grown.extend(loaded)
+            value = grown
+            self._done[key] = _Prefix(grown, len(grown))
+        return _whole(self._done[(session_id, ns, channel, version)])
+
+
+class _Prefix(NamedTuple):
+    """The value of a list's version: the first `length` items of a shared list."""
+
+    items: builtins.list[Any]
+    length: int
+
+
+def _whole(value: Any) -> Any:
+    return value.items[: value.length] if isinstance(value, _Prefix) else value
 
 
 _MISSING = object()
+# The step at a graph row's seq (table alias {t}) was superseded by a rollback.
+_SUPERSEDED = (
+    "EXISTS (SELECT 1 FROM sessions_app_step s WHERE s.session_id = {t}.session_id"
+    " AND s.seq = {t}.seq AND s.superseded_at IS NOT NULL)"
+)
+
+
+class _BlobRow(NamedTuple):
+    channel: str
+    version: str
+    type: str
+    blob: Any
+    base_version: str | None
+
+
+@dataclasses.dataclass
+class _CheckpointRow:
+    """A graph checkpoint as get_tuple's one statement reads it."""
+
+    session_id: Any
+    ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    seq: int
+    body: dict[str, Any]
+    metadata: dict[str, Any]
+    superseded: bool
+
+
+@dataclasses.dataclass
+class _WriteRow:
+    task_id: str
+    channel: str
+    seq: int
+    superseded: bool
+    type: str | None
+    blob: Any
+    task_path: str
+    idx: int
+
+
+@dataclasses.dataclass
+class _VersionsOf:
+    """The parts of a checkpoint row `_Values.prefetch` reads, for versions of one."""
+
+    session_id: Any
+    ns: str
+    versions: dict[str, str]
+
+    @property
+    def body(self) -> dict[str, Any]:
+        return {"channel_versions": self.versions}
+
+
 _SCALARS = (str, int, float, bool)
+# What PostgreSQL's text and jsonb refuse: NUL, and surrogates outside a pair.
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
+# A NUL in JSON text: \u0000 after an even number of backslashes (not the text "\u0000").
+_NUL_ESCAPE = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+def _superseded_step() -> Any:
+    """The step at a graph row's seq, when a rollback superseded it (for Exists)."""
+    from django.db.models import OuterRef
+
+    from ..models import Step
+
+    return Step.objects.filter(
+        session_id=OuterRef("session_id"), seq=OuterRef("seq"), superseded_at__isnull=False
+    )
+
+
+def _with_superseded(qs: Any) -> Any:
+    """Graph checkpoint rows, each with `superseded`: whether a rollback superseded its
+    step (read in the same statement)."""
+    from django.db.models import Exists
+
+    return qs.annotate(superseded=Exists(_superseded_step()))
 
 
 def _system_step(db: str, session_id: uuid.UUID, seq: int, payload: dict[str, Any]) -> datetime:
@@ -1225,7 +1594,7 @@ def latest_checkpoint(session_id: str, *, database: str = "default") -> gate.Lat
         row = saver._latest(uuid.UUID(str(session_id)), "")
         if row is None:
             return None
-        loaded = saver._tuple(str(session_id), row, _Values(saver))
+        loaded = saver._tuple(str(session_id), row)
     finally:
         saver.close()
     interrupted = GraphWrite.objects.using(database).filter(

@@ -6,13 +6,21 @@ step and checkpoint of each write (store/writes.py), in the caller's transaction
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connections
 from django.db.models import Q
 
-from ..models import AgentSession, Checkpoint, Step
+from agent_runtime.state import SCHEMA_VERSION, StepKind
+from agent_runtime.store import Lease
+
+from ..models import AgentSession, Checkpoint, Reason, Step
 from ..models.graph import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
+from ..redaction import scrubbed_json
 
 BATCH = 1000
 
@@ -178,3 +186,146 @@ def _copy_all(
             batch = []
     if batch:
         model.objects.using(using).bulk_create(batch)
+
+
+# --- A saver's write in one statement (PostgreSQL) ------------------------------------------
+
+
+@dataclass(frozen=True)
+class CheckpointRows:
+    """What a saver's `put` writes beside its step: the Respawn checkpoint's state (its
+    agent and step count are filled in from the session row the fence advanced) and the
+    graph checkpoint with its new values (as `put_checkpoint` takes them)."""
+
+    state: dict[str, Any]
+    ns: str
+    checkpoint_id: str
+    parent_id: str | None
+    body: dict[str, Any]
+    metadata: dict[str, Any]
+    blobs: Sequence[tuple[str, str, str, Any, str | None]]
+
+
+@dataclass(frozen=True)
+class WriteRows:
+    """What a saver's `put_writes` writes beside its step (as `put_writes` takes it)."""
+
+    ns: str
+    checkpoint_id: str
+    task_id: str
+    task_path: str
+    rows: Sequence[tuple[int, str, str, Any]]
+    replace: bool
+
+
+def fenced_write(
+    lease: Lease,
+    *,
+    using: str,
+    head: bool,
+    expires: datetime | None,
+    final_answer: str | None,
+    payload: dict[str, Any],
+    renew_before: datetime | None = None,
+    now: datetime,
+    checkpoint: CheckpointRows | None = None,
+    writes: WriteRows | None = None,
+) -> tuple[int, bool] | None:
+    """One write of a LangGraph saver on PostgreSQL, in one statement (one round trip, one
+    commit outside a transaction): `advance_held`'s fenced UPDATE of the session row, the
+    `system` step at the seq it returns, and the checkpoint (a Respawn checkpoint and the
+    graph rows) or the task's writes. When the lease no longer holds, the UPDATE returns no
+    row, the INSERTs select nothing and None is returned: nothing was written. Else (the
+    new seq, whether a cancel was requested). The lease's expiry moves to `expires` when
+    less than `renew_before` is left of it (every write, without `renew_before`)."""
+    from .postgresql import SESSION_FIELDS, _execute_prepared
+
+    connection = connections[using]
+    if final_answer is not None:  # through the field: scrubbed as every other write of it
+        final_answer = SESSION_FIELDS["final_answer"].get_db_prep_save(final_answer, connection)
+    session_id = str(lease.session_id)
+    # updated_at and lease_expires_at are in the session table's indexes: writing them on
+    # every step would make every UPDATE a non-HOT one that adds an entry to each index.
+    # updated_at moves at most once a second (as a worker's append moves it), the lease's
+    # expiry once less than `renew_before` is left of it.
+    params: list[Any] = [head, expires is not None, renew_before or expires, expires]
+    params += [final_answer, now - timedelta(seconds=1), now]
+    params += [session_id, lease.token, lease.owner]
+    sql = [
+        f"WITH fenced AS (UPDATE {AgentSession._meta.db_table}"
+        " SET last_seq = last_seq + 1, step_count = step_count + 1,"
+        " head = CASE WHEN %s::boolean THEN last_seq + 1 ELSE head END,"
+        " lease_expires_at = CASE WHEN %s::boolean AND (lease_expires_at IS NULL"
+        " OR lease_expires_at < %s::timestamptz) THEN %s::timestamptz"
+        " ELSE lease_expires_at END,"
+        " final_answer = COALESCE(%s::text, final_answer),"
+        " updated_at = CASE WHEN updated_at < %s::timestamptz THEN %s::timestamptz"
+        " ELSE updated_at END"
+        " WHERE id = %s::uuid AND fencing_token = %s AND lease_owner = %s"
+        " RETURNING last_seq, cancel_requested, agent, agent_version)",
+        f", new_step AS (INSERT INTO {Step._meta.db_table} (session_id, seq, kind, payload,"
+        " schema_version, started_at, finished_at, tokens_in, tokens_out, created_at)"
+        " SELECT %s::uuid, fenced.last_seq, %s::varchar, %s::jsonb, %s, %s::timestamptz,"
+        " %s::timestamptz, 0, 0, %s::timestamptz FROM fenced)",
+    ]
+    params += [session_id, StepKind.SYSTEM.value, scrubbed_json(payload), SCHEMA_VERSION]
+    params += [now, now, now]
+    if checkpoint is not None:
+        sql.append(
+            f", new_checkpoint AS (INSERT INTO {Checkpoint._meta.db_table} (session_id, seq,"
+            " state, schema_version, reason, created_at)"
+            " SELECT %s::uuid, fenced.last_seq, jsonb_set(jsonb_set(%s::jsonb, '{agent}',"
+            " jsonb_build_object('name', fenced.agent, 'version', fenced.agent_version)),"
+            " '{counters,steps}', to_jsonb(fenced.last_seq)), %s, %s::varchar,"
+            " %s::timestamptz FROM fenced)"
+        )
+        params += [session_id, scrubbed_json(checkpoint.state), SCHEMA_VERSION, Reason.AUTO]
+        params.append(now)
+        if checkpoint.blobs:
+            values = ", ".join(
+                ["(%s::text, %s::text, %s::text, %s::bytea, %s::text)"] * len(checkpoint.blobs)
+            )
+            sql.append(
+                f", new_values AS (INSERT INTO {GraphBlob._meta.db_table} (session_id, ns,"
+                " channel, version, type, blob, base_version)"
+                " SELECT %s::uuid, %s::text, v.channel, v.version, v.type, v.blob, v.base"
+                f" FROM fenced, (VALUES {values}) AS v (channel, version, type, blob, base)"
+                " ON CONFLICT (session_id, ns, channel, version) DO NOTHING)"
+            )
+            params += [session_id, checkpoint.ns]
+            for blob in checkpoint.blobs:
+                params += list(blob)
+        sql.append(
+            f", graph_checkpoint AS (INSERT INTO {GraphCheckpoint._meta.db_table} (session_id,"
+            " ns, checkpoint_id, parent_id, seq, body, metadata)"
+            " SELECT %s::uuid, %s::text, %s::text, %s::text, fenced.last_seq, %s::jsonb,"
+            " %s::jsonb FROM fenced"
+            " ON CONFLICT (session_id, ns, checkpoint_id) DO UPDATE SET"
+            " parent_id = EXCLUDED.parent_id, seq = EXCLUDED.seq, body = EXCLUDED.body,"
+            " metadata = EXCLUDED.metadata)"
+        )
+        params += [session_id, checkpoint.ns, checkpoint.checkpoint_id, checkpoint.parent_id]
+        params += [json.dumps(checkpoint.body), json.dumps(checkpoint.metadata)]
+    if writes is not None and writes.rows:
+        values = ", ".join(["(%s::integer, %s::text, %s::text, %s::bytea)"] * len(writes.rows))
+        conflict = (
+            " DO UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type,"
+            " blob = EXCLUDED.blob, seq = EXCLUDED.seq, task_path = EXCLUDED.task_path"
+            if writes.replace
+            else " DO NOTHING"
+        )
+        sql.append(
+            f", new_writes AS (INSERT INTO {GraphWrite._meta.db_table} (session_id, ns,"
+            " checkpoint_id, task_id, task_path, idx, channel, type, blob, seq)"
+            " SELECT %s::uuid, %s::text, %s::text, %s::text, %s::text, v.idx, v.channel,"
+            f" v.type, v.blob, fenced.last_seq FROM fenced, (VALUES {values})"
+            " AS v (idx, channel, type, blob)"
+            " ON CONFLICT (session_id, ns, checkpoint_id, task_id, idx)" + conflict + ")"
+        )
+        params += [session_id, writes.ns, writes.checkpoint_id, writes.task_id]
+        params.append(writes.task_path)
+        for row in writes.rows:
+            params += list(row)
+    sql.append(" SELECT last_seq, cancel_requested FROM fenced")
+    fenced = _execute_prepared("".join(sql), params, using=using)
+    return None if fenced is None else (fenced[0], bool(fenced[1]))

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import psycopg
 from django.conf import settings
-from django.db import connection
+from django.db import connection, connections
 from django.utils import timezone
 from psycopg.types.json import set_json_loads
 
@@ -45,15 +45,16 @@ def _prepare() -> bool:
     return not settings.RESPAWN_POOLER_SAFE
 
 
-def _raw_connection() -> psycopg.Connection[Any]:
+def _raw_connection(using: str = "default") -> psycopg.Connection[Any]:
     # Django's cursors check a persistent connection once per job or request before using
     # it (CONN_HEALTH_CHECKS); this path does not go through them, so it asks for the same
     # check: after a database restart a worker's first job reconnects instead of failing
     # on the connection the restart broke.
-    connection.close_if_health_check_failed()
-    connection.ensure_connection()
-    connection.validate_no_broken_transaction()
-    raw: psycopg.Connection[Any] = connection.connection
+    conn = connections[using]
+    conn.close_if_health_check_failed()
+    conn.ensure_connection()
+    conn.validate_no_broken_transaction()
+    raw: psycopg.Connection[Any] = conn.connection
     if raw.prepare_threshold is None and _prepare():
         # Django turns psycopg's automatic preparation off (its own cursors bind on the
         # client and cannot prepare), which also ignores prepare=True. A threshold no query
@@ -72,17 +73,26 @@ def _loads(data: bytes | str) -> Any:
         return json.loads(data)
 
 
-def _fetch_all(sql: str, params: list[Any]) -> list[tuple[Any, ...]]:
+def fetch_all(sql: str, params: list[Any], *, using: str = "default") -> list[tuple[Any, ...]]:
+    """The rows of a read the store's way (a prepared statement, binary results, jsonb as
+    Python values): for a reader whose one statement is worth preparing (the LangGraph
+    saver's get_tuple and list)."""
+    return _fetch_all(sql, params, using=using)
+
+
+def _fetch_all(sql: str, params: list[Any], *, using: str = "default") -> list[tuple[Any, ...]]:
     # Binary results: psycopg's C loaders read timestamps several times faster than the
     # text loader Django registers (which a long history spends a quarter of its load in).
-    with connection.wrap_database_errors:
-        with psycopg.Cursor(_raw_connection()) as cursor:
+    with connections[using].wrap_database_errors:
+        with psycopg.Cursor(_raw_connection(using)) as cursor:
             set_json_loads(_loads, cursor)
             cursor.execute(sql, params, prepare=_prepare(), binary=True)
             return cursor.fetchall()
 
 
-def _execute_prepared(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
+def _execute_prepared(
+    sql: str, params: list[Any], *, using: str = "default"
+) -> tuple[Any, ...] | None:
     """Run one statement on Django's connection as a server-side prepared statement and
     return its first row.
 
@@ -92,9 +102,10 @@ def _execute_prepared(sql: str, params: list[Any]) -> tuple[Any, ...] | None:
     plans each shape of the statement once per connection (behind a transaction-mode
     pooler, RESPAWN_POOLER_SAFE, it is sent apart but unnamed, and planned each time).
     Transactions are unaffected: the connection's autocommit and any atomic block are
-    Django's, as for any query."""
-    with connection.wrap_database_errors:
-        with psycopg.Cursor(_raw_connection()) as cursor:
+    Django's, as for any query. `using`: the database alias (a LangGraph saver's may be
+    another than the project's default)."""
+    with connections[using].wrap_database_errors:
+        with psycopg.Cursor(_raw_connection(using)) as cursor:
             cursor.execute(sql, params, prepare=_prepare())
             return cursor.fetchone()
 
