@@ -55,7 +55,7 @@ def test_an_operator_finds_the_agents_their_tools_and_live_sessions_per_version(
     page.goto(f"/sessions/{waiting.id}/")
     assert "started on version 1" in page.locator("#agent").inner_text()
     page.locator("#agent-state summary").click()
-    assert "'tickets': []" in page.locator("#agent-state pre").inner_text()
+    assert '"tickets": []' in page.locator("#agent-state pre").inner_text()
     page.locator("#agent a").click()
     page.wait_for_url("**/sessions/agents/#agent-acme")
     assert page.console_errors == []
