@@ -206,10 +206,27 @@ def test_previews_open_where_they_are_asked_for_and_close(page, users):
     preview = page.locator(f"#slot-{seq} .preview-box")
     wait_for(lambda: preview.count() == 1, what="the preview in the step's own slot")
     assert f"Roll back to checkpoint #{seq}?" in preview.inner_text()
-    # Right under the button, in view.
-    box, under = preview.bounding_box(), button.bounding_box()
-    assert -2 <= box["y"] - (under["y"] + under["height"]) < 60
-    assert 0 <= box["y"] < page.viewport_size["height"]
+
+    # Right under the button, in view: both measured in one frame, once the page has
+    # settled (on a busy machine the live tail may still be drawing above them).
+    def gap():
+        return preview.evaluate(
+            """(box, seq) => {
+                const step = document.querySelector(`#trace-list > li.step[data-seq="${seq}"]`);
+                const button = [...step.querySelectorAll("button")].find(
+                    (b) => b.textContent.includes("roll back here"));
+                const b = box.getBoundingClientRect(), u = button.getBoundingClientRect();
+                return {gap: b.top - u.bottom, top: b.top};
+            }""",
+            seq,
+        )
+
+    def under_its_button():
+        measured = gap()
+        return measured if -2 <= measured["gap"] < 60 else None
+
+    settled = wait_for(under_its_button, timeout=10, what="the preview right under its button")
+    assert 0 <= settled["top"] < page.viewport_size["height"]
     screenshot(page, "rollback-preview-in-place")
     preview.get_by_role("button", name="Close this preview").click()
     assert page.locator(".preview-box").count() == 0
