@@ -790,6 +790,8 @@ def answer(request: ApiRequest, session_id: UUID, body: AnswerIn):
 
 @api.post("/sessions/{session_id}/reject", response={202: SessionOut, **ERRORS}, summary="Reject")
 def reject(request: ApiRequest, session_id: UUID, body: DecisionIn = NO_REASON):
+    """Reject the pending tool call. Its `reason` is required (the model is told why): a
+    rejection without one is a 400."""
     return _act(request, services.session_reject, 202, session_id, reason=body.reason)
 
 

@@ -336,7 +336,15 @@ ACTIONS: dict[str, Action] = _actions(
         preview=_rollback_preview,
     ),
     # A fork copies the history up to a checkpoint whatever the status (can_fork).
-    Action("fork", "Fork", fork, services.session_fork, None, fields=("checkpoint_seq",)),
+    Action(
+        "fork",
+        "Fork",
+        fork,
+        services.session_fork,
+        None,
+        fields=("checkpoint_seq",),
+        confirm="Fork a new session from this checkpoint? It starts paused.",
+    ),
     Action(
         "approve",
         "Approve the pending tool call",
@@ -344,6 +352,8 @@ ACTIONS: dict[str, Action] = _actions(
         services.session_approve,
         "decision_refusal",
         fields=("reason",),
+        # The tool runs with the arguments shown: nothing in Respawn undoes its effect.
+        confirm="Approve? The tool runs now with the arguments shown; this cannot be undone.",
         reason="optional",
     ),
     Action(
@@ -353,7 +363,7 @@ ACTIONS: dict[str, Action] = _actions(
         services.session_reject,
         "decision_refusal",
         fields=("reason",),
-        reason="optional",
+        reason="required",  # the model is told why
     ),
     Action(
         "answer",

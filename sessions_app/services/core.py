@@ -474,6 +474,11 @@ def _decide(
         pending = state.pending_approval if state else None
         if pending is None:
             raise ActionError("nothing is waiting for approval in this session", code="bad_status")
+        reason = (reason or "").strip()
+        if decision == AuditAction.REJECT and not reason:
+            raise ActionError(
+                "say why the call is rejected: the model is told the reason", code="empty_input"
+            )
         before = _summary(session)
         payload = OperatorPayload(
             action=OperatorAction(decision),

@@ -635,3 +635,36 @@ def test_uncertain_call_fail_and_rerun(client, users):
         bogus.status_code == 409
         and "no tool call of this session is uncertain" in bogus.content.decode()
     )
+
+
+def test_a_rejection_needs_a_reason_and_an_approval_or_a_fork_a_confirmation(
+    client, users, waiting, tokens
+):
+    """A rejection tells the model why: without a reason it is refused, on the page and over
+    the API, and nothing is written. Approving runs the tool and forking makes a session:
+    the page asks before either (the text the actions table gives)."""
+    from sessions_app.dashboard.actions import ACTIONS
+
+    client.force_login(users["operator"])
+    page = client.get(reverse("sessions:detail", args=[waiting.id])).content.decode()
+    assert f'hx-confirm="{ACTIONS["approve"].confirm}"' in page
+    assert 'aria-label="rejection reason" required' in page
+    before = waiting.last_seq
+    response = client.post(
+        reverse("sessions:action", args=[waiting.id, "reject"]), {"reason": "  "}, **HX
+    )
+    assert (
+        response.status_code == 400 and "say why the call is rejected" in response.content.decode()
+    )
+    api = client.post(
+        f"/api/sessions/{waiting.id}/reject",
+        {},
+        content_type="application/json",
+        HTTP_AUTHORIZATION=f"Bearer {tokens['operator']}",
+    )
+    assert api.status_code == 400 and "say why" in api.json()["detail"]
+    waiting.refresh_from_db()
+    assert waiting.last_seq == before and waiting.status == Status.WAITING_INPUT
+    done = run_inline(session_start(agent="demo", input="what is (12*7)+3, then save it"))
+    page = client.get(reverse("sessions:detail", args=[done.id])).content.decode()
+    assert f'hx-confirm="{ACTIONS["fork"].confirm}"' in page
