@@ -54,10 +54,12 @@ def _new_page(browser, live_server, *, width: int, height: int, accept_dialogs: 
     page = context.new_page()
     page.set_default_timeout(15_000)
     page.dialogs = []
+    # What the page answers a confirm() with; a test may change it between clicks.
+    page.accept_dialogs = accept_dialogs
 
     def on_dialog(dialog):
         page.dialogs.append(dialog.message)
-        dialog.accept() if accept_dialogs else dialog.dismiss()
+        dialog.accept() if page.accept_dialogs else dialog.dismiss()
 
     page.on("dialog", on_dialog)
     page.console_errors = []

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from sessions_app.dashboard.actions import ACTIONS
 from sessions_app.models import AgentSession, Status, Step
 from sessions_app.services.core import session_start
 
@@ -149,6 +150,13 @@ def test_approve_a_pending_tool_call(page, users, start_worker):
     page.goto(f"/sessions/{session.id}/")
     assert "send_payment" in page.locator(".approval").inner_text()
     screenshot(page, "approval-waiting")
+    # The tool runs once approved, and nothing undoes it: the page asks first. Declined,
+    # nothing happens.
+    page.locator(".approval button", has_text="Approve").click()
+    assert page.dialogs == [ACTIONS["approve"].confirm]
+    page.wait_for_timeout(500)
+    assert AgentSession.objects.get(id=session.id).status == Status.WAITING_INPUT
+    page.accept_dialogs = True
     page.locator(".approval button", has_text="Approve").click()
     wait_for(
         lambda: page.locator("#status").inner_text() == "Completed",
@@ -164,7 +172,9 @@ def test_fork_from_a_checkpoint(page, users):
     )
     login(page, "olivia", "pw-operator")
     page.goto(f"/sessions/{session.id}/")
+    page.accept_dialogs = True
     page.locator("#step-7 button", has_text="fork from here").click()
+    assert page.dialogs == [ACTIONS["fork"].confirm]
     page.wait_for_url(re.compile(rf"/sessions/(?!{session.id})[0-9a-f-]+/$"))
     fork = AgentSession.objects.get(parent=session)
     assert page.url.endswith(f"/sessions/{fork.id}/")

@@ -166,6 +166,7 @@ def test_errors_of_every_status_are_shown_next_to_the_action(page, users, settin
     page.evaluate("window.__noReload = true")
     session_approve(session_id=waiting.id)
     approve = page.locator(".approval form").first
+    page.accept_dialogs = True  # "the tool runs now": yes
     approve.get_by_role("button", name="Approve").click()
     wait_for(lambda: approve.locator(".form-error").is_visible(), what="the 409")
     assert approve.locator(".form-error").inner_text() == (

@@ -61,6 +61,7 @@ def test_an_operator_approves_a_paused_sdk_run_in_the_dashboard(
     assert "refund" in approval.inner_text() and "1250" in approval.inner_text()
     screenshot(page, "openai-agents-approval-waiting")
     page.get_by_role("textbox", name="approval note").fill("customer called")
+    page.accept_dialogs = True  # "the tool runs now": yes
     approval.locator("button", has_text="Approve").click()
     wait_for(
         lambda: page.locator("#status").inner_text() == "Completed",
