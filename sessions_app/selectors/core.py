@@ -447,11 +447,16 @@ def runner_description(agent: Agent) -> RunnerDescription | None:
     return None
 
 
+# How many of a session's latest steps the header looks through for a recorded model.
+MODEL_LOOKBACK = 500
+
+
 def session_model(session: AgentSession, configured: str) -> str:
     """The model a session's header names: the one its agent is configured with
     (`configured`, the deployment's RESPAWN_MODEL or Respawn's agent's), else the one its
     runner says it calls, else the one its last model step recorded (or a graph's last
-    task that wrote a model's message: sessions_app.langgraph)."""
+    task that wrote a model's message: sessions_app.langgraph) among its latest
+    MODEL_LOOKBACK steps."""
     if configured and configured != "unknown agent":
         return configured
     registry = agent_registry()
@@ -462,7 +467,9 @@ def session_model(session: AgentSession, configured: str) -> str:
     graph_model = payload_q(PayloadField.MODEL, "isnull", value=False, kind="system")
     payload = (
         Step.objects.filter(Q(kind="model") | graph_model, session=session)
-        .filter(superseded_at__isnull=True)
+        # The header polls while a session runs: read a bounded range of its latest steps
+        # (the session-and-seq index), not its whole history, on every poll.
+        .filter(seq__gt=session.last_seq - MODEL_LOOKBACK, superseded_at__isnull=True)
         .order_by("-seq")
         .values_list("payload", flat=True)
         .first()
