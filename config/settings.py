@@ -173,8 +173,17 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
     # to a host that does not answer gives up after as long.
     _db_wait = env_float("RESPAWN_DB_WAIT", 3.0)
     _db.setdefault("OPTIONS", {}).setdefault("connect_timeout", max(1, round(_db_wait)))
+    # The pool retries a failed connection with a growing pause (1 s, 2 s, 4 s, ...); it
+    # gives up after RESPAWN_DB_WAIT and the next request starts afresh, so once the
+    # database is back the first request is served instead of waiting out a pause.
+    RESPAWN_DB_POOL_OPTIONS = {
+        "min_size": 1,
+        "max_size": 10,
+        "timeout": _db_wait,
+        "reconnect_timeout": _db_wait,
+    }
     if env_bool("RESPAWN_DB_POOL", True) and not _IS_WORKER:
-        _db["OPTIONS"]["pool"] = {"min_size": 1, "max_size": 10, "timeout": _db_wait}
+        _db["OPTIONS"]["pool"] = dict(RESPAWN_DB_POOL_OPTIONS)
     else:
         _db["CONN_MAX_AGE"] = None
     # Pooled: each connection is checked as it leaves the pool (an empty query), so one
