@@ -46,7 +46,15 @@ class Rule:
         return self.pattern.sub(self.replace or (lambda _m: marker(self.kind)), value)
 
 
+# Where a key may start: a word boundary, or right after an escape sequence written out in
+# text (a repr or escaped JSON: "...\\nsk-ant-..."), whose letter would hide the boundary.
+_START = r"(?:\b|(?<=\\[nrtfbv])|(?<=\\u[0-9a-fA-F]{4}))"
+
+
 def _shape(kind: str, pattern: str, *literals: str) -> Rule:
+    """A rule for a key of a known shape; a leading \\b in `pattern` is _START."""
+    if pattern.startswith(r"\b"):
+        pattern = _START + pattern[2:]
     return Rule(kind, re.compile(pattern), literals)
 
 
@@ -90,9 +98,18 @@ def _aws_secret(match: re.Match[str]) -> str:
     signature or ciphertext, and a run must read it back as it was. A 40-digit hex string
     (a git commit, a SHA-1) is left alone, and so are longer runs (base64 data)."""
     run = match.group(0)
+    at = match.start()
+    if len(run) == 41 and at and match.string[at - 1] == "\\" and run[0] in "nrtfbv":
+        # After an escape sequence written out ("\\n" in a repr): the letter is not part
+        # of the key.
+        return run[0] + _aws_secret_run(run[1:], match.string)
+    return _aws_secret_run(run, match.string)
+
+
+def _aws_secret_run(run: str, string: str) -> str:
     if len(run) != 40 or "=" in run:
         return run
-    text = match.string.lower()
+    text = string.lower()
     if not any(word in text for word in AWS_CONTEXT):
         return run
     if any(c.isupper() for c in run) and any(c.islower() for c in run):
@@ -321,4 +338,4 @@ class Redactor:
         return value
 
 
-NO_REDACTION = Redactor()
+BUILT_IN_REDACTION = Redactor()

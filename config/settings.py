@@ -390,7 +390,16 @@ RESPAWN_REDACT_ENV = env_list("RESPAWN_REDACT_ENV", [])
 # `/metrics` answers this bearer token (or NAME_FILE's), an API token of a viewer, or a
 # logged-in viewer.
 RESPAWN_METRICS_TOKEN = env_secret("RESPAWN_METRICS_TOKEN")
+# Keys that encrypt the secrets in what a run reads back (sessions_app.sealing): a
+# comma-separated list (or RESPAWN_SEAL_KEYS_FILE), the first seals, every one opens.
+# Unset: derived from SECRET_KEY, with SECRET_KEY_FALLBACKS opening too. To rotate, put
+# the new key first, run `manage.py reseal`, then drop the old one.
+SECRET_KEY_FALLBACKS = env_list("SECRET_KEY_FALLBACKS", [])
+RESPAWN_SEAL_KEYS = [
+    key.strip() for key in env_secret("RESPAWN_SEAL_KEYS").split(",") if key.strip()
+] or [SECRET_KEY, *SECRET_KEY_FALLBACKS]
 RESPAWN_REDACT_SECRETS = [
+    *(key for key in RESPAWN_SEAL_KEYS if key != DEVELOPMENT_SECRET_KEY),
     RESPAWN_METRICS_TOKEN,
     OPENAI_API_KEY,
     ANTHROPIC_API_KEY,

@@ -3,7 +3,7 @@ import re
 import traceback
 from urllib.parse import unquote_plus
 
-from agent_runtime.redaction import NO_REDACTION, Redactor
+from agent_runtime.redaction import BUILT_IN_REDACTION, Redactor
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
 
@@ -18,7 +18,7 @@ def _redactor() -> Redactor:
 
         return redactor()
     except Exception:  # no settings in this process (a server's master): built-ins only
-        return NO_REDACTION
+        return BUILT_IN_REDACTION
 
 
 class RedactingFilter(logging.Filter):

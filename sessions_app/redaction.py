@@ -1,18 +1,24 @@
 """The one choke point between Respawn and its database for anything a person, an agent or
 a tool wrote: every free-text and JSON column is one of the field classes below, and a
-field scrubs its value on every way Django writes it (save, create, bulk_create, update,
-bulk_update). Scrubbing replaces secrets with markers (agent_runtime.redaction, with the
-deployment's patterns and the configured secrets) and makes the text storable: PostgreSQL
-holds no NUL character and no lone UTF-16 surrogate, in text or in jsonb, and such a value
-would otherwise fail the write (a 500, or a worker's run).
+field treats its value on every way Django writes it (save, create, bulk_create, update,
+bulk_update).
 
-The store's SQL path (sessions_app/store/postgresql.py), which writes steps and checkpoints without
-the ORM, calls `scrub` itself. Django's admin history (LogEntry) gets the same fields at
-start-up (`apps.SessionsAppConfig.ready`), so a title typed into the admin reaches its
-change history redacted too.
+- Text columns (titles, notes, errors: text for people, never read back by a run) are
+  scrubbed: secrets replaced with markers (agent_runtime.redaction, with the deployment's
+  patterns and the configured secrets), and made storable (PostgreSQL holds no NUL and no
+  lone UTF-16 surrogate).
+- JSON columns hold what a run reads back, so they are never rewritten: a value with a
+  secret in it, or one PostgreSQL would not give back as it is, is stored sealed
+  (sessions_app.sealing: its masked view in the clear, the exact value encrypted), and a
+  read through the field gives the masked view.
 
-The fields deconstruct as the plain Django fields: scrubbing changes no column, so
-migrations (and the historical models of data migrations) see the plain ones.
+The store's SQL path (sessions_app/store/postgresql.py, store/graph.py), which writes steps
+and checkpoints without the ORM, calls `scrubbed_json` itself. Django's admin history
+(LogEntry) gets the text fields at start-up (`apps.SessionsAppConfig.ready`), so a title
+typed into the admin reaches its change history redacted too.
+
+The fields deconstruct as the plain Django fields: this changes no column, so migrations
+(and the historical models of data migrations) see the plain ones.
 """
 
 from __future__ import annotations
@@ -23,6 +29,16 @@ from typing import Any
 from django.db import models
 
 from .fields import compact_json
+from .sealing import (
+    SEALED,
+    Sealed,
+    decrypt_bytes,
+    encrypt_bytes,
+    envelope,
+    is_envelope,
+    opened,
+    stored,
+)
 
 # What PostgreSQL refuses in text and jsonb: NUL, and surrogates (valid only in pairs in
 # UTF-16; a Python string can hold a lone one, which has no UTF-8 encoding).
@@ -42,7 +58,7 @@ def storable(value: Any) -> Any:
 
 
 def scrub(value: Any) -> Any:
-    """What every stored copy of a value goes through: secrets redacted, text storable."""
+    """What every stored copy of a text value goes through: secrets redacted, text storable."""
     if value is None or isinstance(value, bool | int | float):
         return value
     from .runtime import redactor  # settings decide the patterns: not at import time
@@ -50,16 +66,83 @@ def scrub(value: Any) -> Any:
     return storable(redactor().redact(value))
 
 
-def scrubbed_json(value: Any) -> str:
-    """`scrub`, then compact JSON text for a json or jsonb parameter (the store's SQL path):
-    the walk that makes text storable runs only when the JSON shows a NUL or a surrogate
-    escape."""
+def _jsonb_alters(value: Any) -> bool:
+    """Whether PostgreSQL would not give this JSON value back as it is: a NUL or a lone
+    surrogate in a string or key, a float jsonb writes out as an integer of another value
+    (1e+23), the sealing envelope's own key."""
+    if isinstance(value, str):
+        return _UNSTORABLE.search(value) is not None
+    if isinstance(value, float):
+        return "e+" in repr(value)
+    if isinstance(value, dict):
+        return any(
+            (isinstance(k, str) and (k == SEALED or _UNSTORABLE.search(k) is not None))
+            or _jsonb_alters(v)
+            for k, v in value.items()
+        )
+    if isinstance(value, list | tuple):
+        return any(_jsonb_alters(item) for item in value)
+    return False
+
+
+def sealed(value: Any) -> Any:
+    """What a JSON column stores for a value a run wrote: the value itself when it holds no
+    secret and PostgreSQL keeps it as it is, else its envelope (masked view, exact value
+    encrypted). A masked view read from a column stores the envelope it came from."""
+    if isinstance(value, Sealed):
+        return stored(value)
+    if value is None or isinstance(value, bool | int):
+        return value
     from .runtime import redactor
 
-    clean = redactor().redact(value)
-    text = compact_json(clean)
-    if "\\u0000" in text or "\\ud" in text:
-        text = compact_json(storable(clean))
+    masked = redactor().redact(value)
+    if masked == value and not _jsonb_alters(value):
+        return value
+    return envelope(storable(masked), value)
+
+
+# The type of a serialized value (a LangGraph channel's blob) that holds a secret: the
+# serializer's own type after this prefix and the key's id, the bytes encrypted.
+SEALED_BLOB = "sealed:"
+
+
+def sealed_blob(kind: str, data: bytes | None) -> tuple[str, bytes | None]:
+    """A serialized value as stored: as it is, or encrypted when its text shows a secret
+    (the serializer's strings are in its bytes as UTF-8)."""
+    if not data:
+        return kind, data
+    from .runtime import redactor
+
+    text = data.decode("utf-8", "replace")
+    if redactor().text(text) == text and not kind.startswith(SEALED_BLOB):
+        return kind, data
+    key_id, token = encrypt_bytes(data)
+    return f"{SEALED_BLOB}{key_id}:{kind}", token
+
+
+def opened_blob(kind: str, data: bytes) -> tuple[str, bytes]:
+    """What `sealed_blob` stored, as the serializer wrote it."""
+    if not kind.startswith(SEALED_BLOB):
+        return kind, data
+    key_id, _, inner = kind[len(SEALED_BLOB) :].partition(":")
+    return inner, decrypt_bytes(key_id, data)
+
+
+def scrubbed_json(value: Any) -> str:
+    """`sealed`, as compact JSON text for a json or jsonb parameter (the store's SQL path):
+    the walk for what jsonb would alter runs only when the text shows one of them."""
+    if isinstance(value, Sealed):
+        return compact_json(stored(value))
+    from .runtime import redactor
+
+    masked = redactor().redact(value)
+    if masked != value:
+        return compact_json(envelope(storable(masked), value))
+    text = compact_json(value)
+    if ("\\u0000" in text or "\\ud" in text or "e+" in text or SEALED in text) and (
+        _jsonb_alters(value)
+    ):
+        return compact_json(envelope(storable(masked), value))
     return text
 
 
@@ -109,7 +192,27 @@ class ScrubbedTextField(_Scrubbed, models.TextField):
 
 
 class ScrubbedJSONField(_Scrubbed, models.JSONField):
+    """A JSON column of what a run wrote: stored exactly (sealed where it must be), read
+    as its masked view (`sessions_app.sealing`)."""
+
     plain_path = "django.db.models.JSONField"
+
+    def scrub(self, value: Any) -> Any:
+        return sealed(value)
+
+    def pre_save(self, model_instance, add):
+        # As with text, the instance then holds what a read would give: the masked view
+        # (which, written again, stores the same envelope).
+        value = getattr(model_instance, self.attname)
+        clean = sealed(value)
+        if clean is value or not is_envelope(clean):
+            return value
+        view = opened(clean)
+        setattr(model_instance, self.attname, view)
+        return view
+
+    def from_db_value(self, value, expression, connection):
+        return opened(super().from_db_value(value, expression, connection))
 
 
 def scrub_admin_history() -> None:

@@ -111,7 +111,8 @@ def run_config() -> RunConfig:
         model_backoff=settings.RESPAWN_MODEL_BACKOFF,
         model_override=settings.RESPAWN_MODEL or None,
         model_timeout=settings.RESPAWN_MODEL_TIMEOUT,
-        redactor=redactor(),
+        # No redactor: what a run reads back is kept exactly; the Django store seals a
+        # payload or state that holds a secret (sessions_app.sealing).
         max_crashes=settings.RESPAWN_MAX_CRASHES,
         transient=TransientRetry(
             retry_for=settings.RESPAWN_TRANSIENT_RETRY_FOR, is_transient=is_transient

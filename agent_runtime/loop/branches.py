@@ -159,7 +159,7 @@ def run_branch(
         payload = result_payload(call, outcome, branch=as_tool_call(step.payload).get("branch"))
         result = NewStep(
             kind=StepKind.TOOL_RESULT,
-            payload=config.redactor.redact(payload),
+            payload=config.redactor.redact(payload) if config.redactor else payload,
             started_at=started,
             finished_at=utcnow(),
         )

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..pricing import PriceTable, load_price_table
 from ..providers import Provider
-from ..redaction import NO_REDACTION, Redactor
+from ..redaction import Redactor
 from ..state import SystemEvent, SystemPayload
 from ..store import SessionHead
 from ..telemetry import NO_TELEMETRY, Telemetry
@@ -36,8 +36,9 @@ class RunConfig:
     model_override: str | None = None  # RESPAWN_MODEL: replaces every agent's model
     provider_options: dict[str, Any] = field(default_factory=dict)
     tool_options: dict[str, Any] = field(default_factory=dict)
-    # Applied to every payload (and so every state) before it is stored.
-    redactor: Redactor = NO_REDACTION
+    # Applied to every payload (and so every state) before it is stored, for a store that
+    # keeps secrets in the clear (Respawn's Django store seals them instead, exactly).
+    redactor: Redactor | None = None
     # Fail a session whose worker died this many times in a row at the same step.
     max_crashes: int = 5
     # A fan-out branch dispatched this many times without a result (its worker kept dying)

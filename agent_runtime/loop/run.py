@@ -158,9 +158,11 @@ class _Run:
     ) -> list[StepRecord]:
         if self.heartbeat is not None and self.heartbeat.lost.is_set():
             raise LeaseLost(f"session {self.session_id}: heartbeat found the lease fenced off")
-        # Secrets never reach the store: redact first, then fold the redacted step into the
-        # state, so the checkpoint written with it is redacted as well.
-        steps = [replace(s, payload=self.config.redactor.redact(s.payload)) for s in steps]
+        # With a redactor, secrets never reach the store: redact first, then fold the
+        # redacted step into the state, so the checkpoint written with it is redacted too.
+        if self.config.redactor is not None:
+            redact = self.config.redactor.redact
+            steps = [replace(s, payload=redact(s.payload)) for s in steps]
         records = [step.at(self.last_seq + 1 + index) for index, step in enumerate(steps)]
         # With a checkpoint, fold first so the checkpoint written with these steps already
         # includes them (and keep the state before, for a failed write). Without one the

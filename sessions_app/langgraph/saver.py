@@ -179,11 +179,12 @@ def _node_of(task_id: str, task_path: str) -> str:
     return "input" if task_id.strip("0-") == "" else task_id
 
 
-def _json_safe(value: Any, what: str) -> Any:
+def _json_safe(value: Any, what: str, *, sealable: bool = False) -> Any:
     """A checkpoint's body or metadata as JSON. PostgreSQL's jsonb holds no NUL character:
-    such a value is refused, never changed (channel values with one are stored as blobs)."""
+    such a value is refused, never changed (channel values with one are stored as blobs),
+    unless it is `sealable` (stored sealed, exactly: sessions_app.sealing)."""
     text = json.dumps(value, default=str)
-    if _NUL_ESCAPE.search(text):
+    if not sealable and _NUL_ESCAPE.search(text):
         raise ValueError(
             f"{what} holds a NUL character (\\x00), which PostgreSQL's jsonb "
             "cannot store; nothing was written"
@@ -193,10 +194,38 @@ def _json_safe(value: Any, what: str) -> Any:
 
 def _inline(value: Any) -> bool:
     """Whether a channel value goes in the checkpoint's body (jsonb) rather than a blob:
-    a scalar that jsonb stores exactly (a string with a NUL or a lone surrogate does not)."""
+    a scalar that jsonb stores exactly (a string with a NUL or a lone surrogate does not)
+    and that holds no secret (a blob with one is stored encrypted)."""
     if isinstance(value, str):
-        return _UNSTORABLE.search(value) is None
+        return _UNSTORABLE.search(value) is None and _redactor().text(value) == value
+    if isinstance(value, float):
+        # jsonb writes 1e+23 out as an integer of another value.
+        return "e+" not in repr(value)
     return value is None or isinstance(value, _SCALARS)
+
+
+def _seal_blob(kind: str, data: bytes | None) -> tuple[str, bytes | None]:
+    from ..redaction import sealed_blob
+
+    return sealed_blob(kind, data)
+
+
+def _sealed(value: Any) -> Any:
+    from ..redaction import sealed
+
+    return sealed(value)
+
+
+def _exact(value: Any) -> Any:
+    from ..sealing import exact
+
+    return exact(value)
+
+
+def _open_blob(kind: str, data: bytes) -> tuple[str, bytes]:
+    from ..redaction import opened_blob
+
+    return opened_blob(kind, data)
 
 
 # --- the saver ---------------------------------------------------------------------------
@@ -491,8 +520,13 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         body["channel_values"] = inline
         body = _json_safe(body, "the checkpoint")
         meta = _json_safe(
-            get_serializable_checkpoint_metadata(config, metadata), "the checkpoint's metadata"
+            get_serializable_checkpoint_metadata(config, metadata),
+            "the checkpoint's metadata",
+            sealable=True,
         )
+        # Stored sealed when it holds a secret: masked where people and filters see it,
+        # exact when a run reads it back.
+        stored_meta = _sealed(meta)
         changed = {
             ch: _summary(checkpoint["channel_values"][ch])
             for ch in sorted(new_versions)
@@ -539,7 +573,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 parent_id=parent_id,
                 seq=seq,
                 body=body,
-                metadata=meta,
+                metadata=stored_meta,
                 blobs=blobs,
             )
 
@@ -553,7 +587,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 checkpoint_id=checkpoint["id"],
                 parent_id=parent_id,
                 body=body,
-                metadata=meta,
+                metadata=stored_meta,
                 blobs=blobs,
             ),
         }
@@ -606,10 +640,10 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                     and all(a is b for a, b in zip(previous[1], value, strict=False))
                 ):
                     base = previous[0]
-                    kind, data = self.serde.dumps_typed(value[len(previous[1]) :])
+                    kind, data = _seal_blob(*self.serde.dumps_typed(value[len(previous[1]) :]))
                 lists[key] = (version, list(value))
             if base is None:
-                kind, data = self.serde.dumps_typed(value)
+                kind, data = _seal_blob(*self.serde.dumps_typed(value))
             blobs.append((channel, version, kind, data, base))
         return inline, blobs, lists
 
@@ -629,7 +663,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         special = all(channel in WRITES_IDX_MAP for channel, _ in writes)
         rows = []
         for index, (channel, value) in enumerate(writes):
-            kind, data = self.serde.dumps_typed(value)
+            kind, data = _seal_blob(*self.serde.dumps_typed(value))
             rows.append((WRITES_IDX_MAP.get(channel, index), channel, kind, data))
         payload = {
             "event": "graph_writes",
@@ -883,7 +917,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         # The type column allows NULL, though no write this saver makes has none; the
         # serializer refuses a type it does not know either way.
         pending = [
-            (w.task_id, w.channel, self.serde.loads_typed((w.type or "", bytes(w.blob))))
+            (w.task_id, w.channel, self.serde.loads_typed(_open_blob(w.type or "", bytes(w.blob))))
             for w in sorted(writes, key=lambda w: (w.task_path, w.task_id, w.idx))
         ]
         parent: RunnableConfig | None = (
@@ -906,7 +940,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 }
             },
             checkpoint=body,
-            metadata=row.metadata,
+            metadata=_exact(row.metadata),
             parent_config=parent,
             pending_writes=pending,
         )
@@ -1336,7 +1370,7 @@ class _Values:
                 value, grown = _MISSING, None
                 self._done[key] = value
                 continue
-            loaded = serde.loads_typed((row.type, bytes(row.blob)))
+            loaded = serde.loads_typed(_open_blob(row.type, bytes(row.blob)))
             if row.base_version is None:
                 value, grown = loaded, None
                 self._done[key] = value
@@ -1464,10 +1498,14 @@ def _graph_rows() -> Any:
     return graph
 
 
-def _redact(payload: dict[str, Any]) -> dict[str, Any]:
+def _redactor() -> Any:
     from ..runtime import redactor
 
-    return redactor().redact(payload)
+    return redactor()
+
+
+def _redact(payload: dict[str, Any]) -> dict[str, Any]:
+    return _redactor().redact(payload)
 
 
 # --- graphs run by Respawn's workers ------------------------------------------------------

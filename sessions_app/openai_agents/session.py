@@ -82,6 +82,7 @@ from agent_runtime.store import Lease, LeaseLost, SessionHead
 
 from ..sdk_glue import SDK_SESSION_AGENT, DatabaseThread, ensure_django, session_id_in
 from ..sdk_glue import now as _now
+from ..sealing import exact
 from . import gate
 
 __all__ = [
@@ -533,7 +534,7 @@ class RespawnSession(SessionABC):
             if last is None or last.kind != StepKind.TOOL_CALL:
                 # What is left is a consistent point again (no call waits for its output).
                 self._checkpoint(session, final_answer=None)
-            return item_of(step.kind, step.payload)
+            return item_of(step.kind, exact(step.payload))
 
         return self._write(write)
 
@@ -676,19 +677,22 @@ class RespawnSession(SessionABC):
         if self._db == "default" and connections[self._db].vendor == "postgresql":
             from ..store.postgresql import item_rows
 
-            return item_rows(
+            rows = item_rows(
                 self.respawn_id,
                 item_key=ITEM,
                 escaped_key=ITEM_ESCAPED,
                 actions=sorted(NEW_INPUT_ACTIONS),
                 limit=limit,
             )
-        steps = self._item_steps().values_list("seq", "kind", "payload")
-        if limit is None:
-            return list(steps.order_by("seq"))
-        rows = list(steps.order_by("-seq")[:limit])
-        rows.reverse()
-        return rows
+        else:
+            steps = self._item_steps().values_list("seq", "kind", "payload")
+            if limit is None:
+                rows = list(steps.order_by("seq"))
+            else:
+                rows = list(steps.order_by("-seq")[:limit])
+                rows.reverse()
+        # An item with a secret in it is stored sealed: the run gets it back exactly.
+        return [(seq, kind, exact(payload)) for seq, kind, payload in rows]
 
     def _item_steps(self) -> Any:
         from django.db.models import Q
@@ -711,7 +715,7 @@ class RespawnSession(SessionABC):
             session_id=self.respawn_id,
             kind=StepKind.TOOL_CALL,
         )
-        calls = [as_tool_call(r.payload) for r in rows]
+        calls = [as_tool_call(exact(r.payload)) for r in rows]
         return {call.get("call_id"): call.get("name") for call in calls}
 
     def _system_step(

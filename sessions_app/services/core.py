@@ -44,6 +44,7 @@ from ..models import (
     Step,
 )
 from ..runtime import agent_registry, agent_version, redactor
+from ..sealing import exact, keep_secrets
 from ..store import graph, writes
 from ..web.http import status_of
 from . import dispatch
@@ -135,7 +136,7 @@ def model_usage_cost(step: Step) -> Decimal:
 def _load_checkpoint_state(checkpoint: Checkpoint) -> SessionState:
     """A stored checkpoint's state, through the upgraders; ActionError if it cannot load."""
     try:
-        return load_state(checkpoint.state).value
+        return load_state(exact(checkpoint.state)).value
     except IncompatibleSchemaError as exc:
         raise ActionError(
             f"checkpoint at seq {checkpoint.seq} cannot be loaded by this code: {exc}",
@@ -174,8 +175,9 @@ def _append_operator_step(
     session: AgentSession, payload: dict[str, Any], kind: str = Kind.OPERATOR
 ) -> int:
     """A step a person's action writes outside any run, through the store (which fences
-    whoever held the lease off); returns its seq."""
-    return writes.append_operator_step(session, kind, redactor().redact(payload))
+    whoever held the lease off); returns its seq. The run reads it back: a secret in it is
+    sealed by the column, not rewritten (sessions_app.sealing)."""
+    return writes.append_operator_step(session, kind, payload)
 
 
 @dataclass(frozen=True)
@@ -337,7 +339,6 @@ def session_start(
     limits = parse_budgets(budgets)
     who = _actor(actor)
     now = timezone.now()
-    text = redactor().text(text)
     seconds = limits.get("max_seconds", definition.limits.max_seconds)
     state_budgets = {k: v for k, v in limits.items() if k in STATE_BUDGETS}
     steps = [(Kind.USER, user_payload(text))]
@@ -715,21 +716,28 @@ def session_correct_result(
             raise ActionError(
                 f"step {result_seq} is not a live tool result of this session", code="not_found"
             )
-        original = as_tool_result(target.payload)
+        shown = target.payload
+        original = as_tool_result(exact(shown))
+        if isinstance(shown, dict) and "output" in shown:
+            # Corrected on the masked output (the form starts from it): what was left as
+            # shown keeps its exact value.
+            corrected = keep_secrets({**shown, "output": output}, shown)["output"]
+        else:
+            corrected = output
         payload = OperatorPayload(
             action=OperatorAction.CORRECT_RESULT,
             actor=who.label,
             call_id=original["call_id"],
             name=original["name"],
             result_seq=result_seq,
-            output=output,
+            output=corrected,
         )
         if note.strip():
             payload["note"] = note.strip()[:2000]
         return _Edit(
             payload=stored(payload),
             before={"result_seq": result_seq, "original": target.payload},
-            after={"output": output},
+            after={"output": corrected},
         )
 
     return _operator_edit(session_id, AuditAction.CORRECT_RESULT, prepare, actor, request_meta)

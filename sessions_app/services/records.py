@@ -14,6 +14,7 @@ from django.utils import timezone
 from ..models import AgentSession, ApiToken, AuditAction, Checkpoint, Reason, Step
 from ..permissions import can_administer
 from ..runtime import redactor
+from ..sealing import exact, keep_secrets
 from ..store import writes
 from ..validation import validate_checkpoint_state_json, validate_step_payload_json
 from .core import (
@@ -104,8 +105,9 @@ def step_edit_payload(
             validate_step_payload_json(step.kind, payload, step.schema_version)
         except ValidationError as exc:
             raise _invalid(exc) from None
-        payload = redactor().redact(payload)
-        if payload == step.payload:
+        # Edited on the masked view: what was left as shown keeps its exact value.
+        payload = keep_secrets(payload, step.payload)
+        if payload == exact(step.payload):
             return step
         where = {"step": step.seq, "kind": step.kind, "schema_version": step.schema_version}
         before = {**where, "payload": step.payload}
@@ -140,8 +142,8 @@ def checkpoint_edit_state(
             validate_checkpoint_state_json(state, checkpoint.schema_version)
         except ValidationError as exc:
             raise _invalid(exc) from None
-        state = redactor().redact(state)
-        if state == checkpoint.state:
+        state = keep_secrets(state, checkpoint.state)
+        if state == exact(checkpoint.state):
             return checkpoint
         where = {"checkpoint": checkpoint.seq, "reason": checkpoint.reason}
         before: dict[str, Any] = {**where, "state": checkpoint.state}

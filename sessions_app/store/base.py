@@ -71,6 +71,7 @@ from ..models import (
     payload_key,
     payload_q,
 )
+from ..sealing import exact
 
 # How stale a running session's updated_at may get between two of its steps.
 UPDATED_AT_RESOLUTION = timedelta(seconds=1)
@@ -353,7 +354,7 @@ class DjangoSessionStore(abc.ABC):
         if row.checkpoint is not None:
             seq, state, reason = row.checkpoint
             try:
-                loaded = load_state(state)
+                loaded = load_state(exact(state))
             except IncompatibleSchemaError as exc:
                 raise exc.at(f"checkpoint at seq {seq}") from exc
             applied = loaded.applied
@@ -383,7 +384,7 @@ class DjangoSessionStore(abc.ABC):
         for row in self._live_step_rows(session_id, start):
             seq, kind, payload, version, started, finished, t_in, t_out, key = row
             try:
-                loaded = load_step_payload(kind, payload, version)
+                loaded = load_step_payload(kind, exact(payload), version)
             except IncompatibleSchemaError as exc:
                 raise exc.at(f"step seq {seq} ({kind})") from exc
             versions[version] = versions.get(version, 0) + 1
@@ -436,7 +437,7 @@ class DjangoSessionStore(abc.ABC):
                 raise self._fenced_off(lease)
             live = Step.objects.filter(session__id=lease.session_id, superseded_at__isnull=True)
             model = live.filter(seq=after_seq).values_list("payload", flat=True).first() or {}
-            calls = {c["id"] for c in as_model(model).get("tool_calls") or []}
+            calls = {c["id"] for c in as_model(exact(model)).get("tool_calls") or []}
             answered = (
                 set(
                     live.filter(seq__gt=after_seq, kind=StepKind.TOOL_RESULT.value).values_list(

@@ -23,6 +23,7 @@ from agent_runtime.store import AppendResult, Lease, SessionHead, SessionNotFoun
 
 from ..models import RUNNABLE, AgentSession, Checkpoint, ModelUsage, Status, Step
 from ..redaction import scrubbed_json
+from ..sealing import SEALED
 from .base import AppendRows, DjangoSessionStore, LiveStep, SessionRow
 
 SESSION_TABLE = AgentSession._meta.db_table
@@ -353,10 +354,13 @@ def item_rows(
     """An SDK session's item steps (sessions_app.openai_agents: live steps holding an item
     under `item_key`, user steps, operator steps whose action is one of `actions`), oldest
     first, the latest `limit` of them when given: (seq, kind, payload). A step that holds
-    its item plainly (not escaped: no `escaped_key`) comes with a payload of that item
+    its item plainly (not escaped: no `escaped_key`, not sealed) comes with a payload of that item
     alone ({item_key: item}): half the JSON to send and decode. One prepared statement,
     binary results, orjson."""
-    plain = f"(payload ? '{item_key}' AND kind <> 'operator' AND NOT payload ? '{escaped_key}')"
+    plain = (
+        f"(payload ? '{item_key}' AND kind <> 'operator' AND NOT payload ? '{escaped_key}'"
+        f" AND NOT payload ? '{SEALED}')"
+    )
     sql = (
         f"SELECT seq, kind, CASE WHEN {plain} THEN jsonb_build_object('{item_key}',"
         f" payload -> '{item_key}') ELSE payload END FROM {STEP_TABLE}"

@@ -96,7 +96,8 @@ def _index_batch(cursor, batch: int) -> tuple[int, int, int]:
         ), fresh AS (
             SELECT s.session_id, s.seq / {CHUNK} AS chunk, min(s.seq) AS first_seq,
                    max(s.seq) AS last_seq, count(*) AS n,
-                   strip(to_tsvector('simple', string_agg(s.payload::text, ' '))) AS tsv
+                   strip(to_tsvector('simple',
+                                     string_agg((s.payload - '$sealed')::text, ' '))) AS tsv
             FROM {STEP_TABLE} s JOIN marks m ON m.session_id = s.session_id
             WHERE s.seq > m.indexed
             GROUP BY s.session_id, s.seq / {CHUNK}
@@ -149,7 +150,7 @@ def reindex_session(session_id) -> None:
             f"""
             INSERT INTO {SEARCH_TABLE} (session_id, chunk, first_seq, last_seq, tsv)
             SELECT session_id, seq / {CHUNK}, min(seq), max(seq),
-                   strip(to_tsvector('simple', string_agg(payload::text, ' ')))
+                   strip(to_tsvector('simple', string_agg((payload - '$sealed')::text, ' ')))
             FROM {STEP_TABLE} WHERE session_id = %s GROUP BY session_id, seq / {CHUNK}
             """,
             [str(session_id)],

@@ -28,6 +28,9 @@ from agent_runtime.upgraders import (
     upgrade_state_blob,
 )
 
+from ..redaction import ScrubbedJSONField, sealed
+from ..sealing import exact
+
 DEFAULT_BATCH_SIZE = 500
 MAX_LISTED_REFUSALS = 50
 
@@ -86,13 +89,13 @@ def _tables(
 ) -> list[_Table]:
     def state(row: Any) -> dict[str, Any]:
         if down_from is None:
-            return upgrade_state_blob(row.state, target).value
-        return downgrade_state_blob(row.state, down_from)
+            return upgrade_state_blob(exact(row.state), target).value
+        return downgrade_state_blob(exact(row.state), down_from)
 
     def payload(row: Any) -> dict[str, Any]:
         if down_from is None:
-            return load_step_payload(row.kind, row.payload, row.schema_version, target).value
-        return downgrade_step_payload(row.kind, row.payload, down_from)
+            return load_step_payload(row.kind, exact(row.payload), row.schema_version, target).value
+        return downgrade_step_payload(row.kind, exact(row.payload), down_from)
 
     return [
         _Table(
@@ -185,6 +188,10 @@ def _run_table(
                                 Refusal(table.label, row.id, str(row.session_id), row.seq, str(exc))
                             )
                         continue
+                    # A migration's historical model has the plain JSONField: seal here
+                    # what the app's field would (a secret, what jsonb would alter).
+                    if not isinstance(blob_field, ScrubbedJSONField):
+                        blob = sealed(blob)
                     changed.append((blob_field.get_db_prep_save(blob, connection), target, row.pk))
                 if changed and not dry_run:
                     with connection.cursor() as cursor:

@@ -264,3 +264,18 @@ def test_redacting_twice_changes_nothing():
     value = {"password": "x", "nested": {"api_key": ["a", "b"]}, "t": samples}
     once = r.redact(value)
     assert r.redact(once) == once
+
+
+def test_a_key_after_an_escape_sequence_written_out_is_still_found():
+    """A repr or escaped JSON writes a newline as backslash and "n": the letter must not
+    hide the key after it (a model repeating a dict's repr does this)."""
+    redactor = Redactor()
+    for kind in ("anthropic-key", "github-token", "slack-token", "stripe-key", "openai-key"):
+        for escape in ("\\n", "\\t", "\\r", "\\u00e9"):
+            text = f"x{escape}{FAKES[kind]} y"
+            assert FAKES[kind] not in redactor.text(text), (kind, escape)
+            assert redactor.text(text).startswith(f"x{escape}[REDACTED:")
+    aws = "wJ7rXUtnFEMIk9MDENGbPxRfiCYzQ3KEY8pLm2Tq"
+    assert redactor.text(f"secret\\n{aws} here") == "secret\\n[REDACTED:aws-secret-key] here"
+    # A letter that is part of a word still hides nothing: "banksk-" is not a key's start.
+    assert redactor.text(f"bank{FAKES['anthropic-key']}") == f"bank{FAKES['anthropic-key']}"

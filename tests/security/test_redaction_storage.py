@@ -1,4 +1,5 @@
-"""A fake key in user input or a tool result never reaches PostgreSQL, a page or a log."""
+"""A fake key in user input or a tool result never reaches PostgreSQL in the clear, a page or
+a log; the run reads it back exactly."""
 
 import logging
 
@@ -33,15 +34,20 @@ def database_text() -> str:
     return "\n".join(parts)
 
 
-def test_secret_in_a_tool_result_and_user_input_is_stored_redacted(client, users, caplog):
+def test_secret_in_a_tool_result_and_user_input_is_sealed_and_read_back_exactly(
+    client, users, caplog
+):
     @tool
     def read_env(ctx: ToolContext) -> dict:
         """Reads the environment."""
         logging.getLogger("respawn.tools").warning("read_env saw %s", SECRET)
         return {"OPENAI_API_KEY": SECRET, "line": f"export KEY={SECRET}"}
 
+    read = []
+
     class Model:
         def complete(self, messages, tools, settings):
+            read.append(repr(messages))
             if messages[-1].role == "tool":
                 return ModelTurn(text=f"Found {SECRET}")
             return ModelTurn(text=None, tool_calls=[ToolCall("c1", "read_env", {})])
@@ -52,6 +58,8 @@ def test_secret_in_a_tool_result_and_user_input_is_stored_redacted(client, users
     AgentSession.objects.filter(id=session.id).update(agent="envy")
     run_inline(session, agents=agents, make_provider=lambda spec, options: (Model(), "m"))
     assert session.status == "completed"
+    # The run read back what was written: the input and the tool's result exactly.
+    assert f"use this key: {SECRET}" in read[0] and f"export KEY={SECRET}" in read[-1]
     stored = database_text()
     assert SECRET not in stored
     assert "[REDACTED:openai-key]" in stored and "[REDACTED:api_key]" not in stored
