@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import django_rq
 from django.conf import settings
@@ -158,6 +159,26 @@ def _marked_by_this_code() -> Q:
     return marked
 
 
+def _redispatch(session_id: Any, dispatched_at: Any, job_id: str) -> bool:
+    """Record a new dispatch, conditional on the one the reconciler read (of several
+    reconcilers, one wins per session). A row someone holds a lock on is skipped, not
+    waited for: a worker stopped inside a tool's fenced block holds its session's row, and
+    waiting on it would stop the recovery of every other session. The next pass tries it
+    again."""
+    with transaction.atomic():
+        free = (
+            AgentSession.objects.filter(id=session_id, dispatched_at=dispatched_at)
+            .select_for_update(skip_locked=True)
+            .values_list("id", flat=True)
+        )
+        if not list(free):
+            return False
+        AgentSession.objects.filter(id=session_id).update(
+            job_id=job_id, dispatched_at=timezone.now()
+        )
+        return True
+
+
 def reconcile(*, limit: int | None = None) -> list[str]:
     """Dispatch again every runnable session that nobody is running and nothing will run.
 
@@ -209,11 +230,7 @@ def reconcile(*, limit: int | None = None) -> list[str]:
         if state == "waiting" or (state == "taken" and not overdue):
             continue
         new_id = new_job_id(session_id)
-        # Conditional on the dispatch we read: of several reconcilers, one wins per session.
-        won = AgentSession.objects.filter(id=session_id, dispatched_at=dispatched_at).update(
-            job_id=new_id, dispatched_at=timezone.now()
-        )
-        if won and enqueue(session_id, new_id):
+        if _redispatch(session_id, dispatched_at, new_id) and enqueue(session_id, new_id):
             dispatched.append(str(session_id))
     if dispatched:
         from ..telemetry import DISPATCHES

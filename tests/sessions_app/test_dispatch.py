@@ -185,3 +185,45 @@ def test_reconciler_sees_through_a_job_left_queued_outside_any_queue(rq_queue):
     assert reconcile() == [str(session.id)]
     session.refresh_from_db()
     assert queued_ids(rq_queue) == {session.job_id}
+
+
+def test_a_session_row_a_stuck_tool_holds_delays_no_other_sessions_recovery(rq_queue, settings):
+    """A worker stopped inside a tool's fenced block holds its session's row (FOR SHARE,
+    as the store's fence does) for as long as it is stopped. The reconciler skips that row
+    and dispatches every other session on the same pass; the stuck one once it is free."""
+    import concurrent.futures
+
+    import psycopg
+
+    from ..conftest import database_url
+
+    settings.RESPAWN_DISPATCH_GRACE = 1
+    stuck = session_start(agent="echo", input="a")
+    other = session_start(agent="echo", input="b")
+    rq_queue.connection.flushdb()  # both jobs lost: both need a dispatch
+    long_ago = timezone.now() - timedelta(minutes=5)
+    # The stuck session comes first in the reconciler's order (the oldest dispatch).
+    AgentSession.objects.filter(id=stuck.id).update(dispatched_at=long_ago - timedelta(minutes=1))
+    AgentSession.objects.filter(id=other.id).update(dispatched_at=long_ago)
+    holder = psycopg.connect(database_url())
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        holder.execute(
+            f"SELECT 1 FROM {AgentSession._meta.db_table} WHERE id = %s FOR SHARE", [stuck.id]
+        )
+        dispatched = pool.submit(_in_thread, reconcile).result(timeout=10)
+        assert dispatched == [str(other.id)]
+    finally:
+        holder.rollback()  # the stuck worker goes on: a reconciler waiting on it goes too
+        holder.close()
+        pool.shutdown()
+    assert reconcile() == [str(stuck.id)]
+
+
+def _in_thread(call):
+    from django.db import connection
+
+    try:
+        return call()
+    finally:
+        connection.close()
