@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import BadRequest, ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from ninja.parser import Parser
@@ -335,9 +335,8 @@ class InputGuardMiddleware:
             return self.get_response(request)
         if api:
             return JsonResponse({"error": "invalid", "detail": str(problem)}, status=400)
-        return HttpResponse(
-            f"Bad request: {problem}.\n", status=400, content_type="text/plain; charset=utf-8"
-        )
+        # The dashboard's own 400 page (config.urls' handler400), naming the problem.
+        raise BadRequest(f"{problem}.")
 
 
 def request_meta(request: HttpRequest, via: str) -> dict[str, Any]:

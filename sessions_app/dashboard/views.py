@@ -13,9 +13,10 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import Resolver404
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -90,8 +91,9 @@ def _fragment(
 
 def _error(request: HtmxRequest, text: str, status: int) -> HttpResponse:
     """An error an htmx request shows next to what the operator clicked (static/js reads
-    the `data-error` text); a full page for anything else."""
-    if request.htmx:
+    the `data-error` text); a full page for anything else. (A request refused before
+    django-htmx's middleware saw it is told by its header.)"""
+    if getattr(request, "htmx", None) or request.headers.get("HX-Request") == "true":
         response = render(request, "sessions/error.html#fragment", {"text": text}, status=status)
         # Read by static/js from the header, so no page is ever parsed to find it.
         response["X-Respawn-Error"] = quote(text[:500])
@@ -712,11 +714,18 @@ def permission_denied(request: HtmxRequest, exception: Exception) -> HttpRespons
 
 
 def page_not_found(request: HtmxRequest, exception: Exception) -> HttpResponse:
-    text = str(exception) if isinstance(exception, Http404) and exception.args else ""
+    # A view's own 404 says what is missing ("no such session"); an address that matches
+    # no URL carries the resolver's internals, which are not for the page.
+    said = isinstance(exception, Http404) and not isinstance(exception, Resolver404)
+    text = str(exception) if said and exception.args else ""
     return _error(request, f"Not found: {text or 'nothing lives at this address'}", 404)
 
 
 def bad_request(request: HtmxRequest, exception: Exception) -> HttpResponse:
+    # What the input guard refused is named (BadRequest); anything else Django refuses
+    # (a suspicious host or header) is not repeated back.
+    if isinstance(exception, BadRequest) and exception.args:
+        return _error(request, f"Bad request: {exception}", 400)
     return _error(request, "Bad request: the server could not read what was sent", 400)
 
 
