@@ -339,6 +339,19 @@ class InputGuardMiddleware:
         raise BadRequest(f"{problem}.")
 
 
+def command_meta(command: str) -> dict[str, Any]:
+    """What an audit record keeps about a `manage.py` command: the channel (`cli`), the
+    command, and the operating-system user who ran it, where the system knows one."""
+    import getpass
+
+    meta: dict[str, Any] = {"via": "cli", "command": command}
+    try:
+        meta["os_user"] = getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (some containers)
+        pass
+    return meta
+
+
 def request_meta(request: HttpRequest, via: str) -> dict[str, Any]:
     """What an audit record keeps about a request: the channel, the address and the
     User-Agent (cut short; scrubbed on its way to storage like everything else)."""

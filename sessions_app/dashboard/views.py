@@ -38,13 +38,14 @@ from ..web.http import (
     HtmxRequest,
     bearer_token,
     parse_uuid,
+    parse_uuid_prefix,
     positive_int,
     request_meta,
 )
 from . import charts, trace
 from .actions import ACTIONS, BULK_ACTIONS, OPERATE, PREVIEWS, ActionInput, Permission
 from .page import SessionPage, steps_context
-from .presenters import diff_states
+from .presenters import audit_details, audit_via, diff_states
 
 PAGE_SIZE = 50
 
@@ -505,28 +506,43 @@ def audit_log(request: HtmxRequest) -> HttpResponse:
     session_q = (request.GET.get("session") or "").strip()
     error = None
     session_id = parse_uuid(session_q)
-    if session_q and session_id is None:
-        error = f"not a session id: {session_q!r}"
+    session_ids = None
     before = None
-    if request.GET.get("before"):
-        try:
+    try:
+        if session_q and session_id is None:
+            session_ids = parse_uuid_prefix(session_q)  # the start of an id
+        if request.GET.get("before"):
             before = parse_int(request.GET["before"], "before", maximum=2**63 - 1)
-        except InvalidInput as exc:
-            error = str(exc)
-    page, more = selectors.audit_page(
-        actor=actor, action=action, session_id=session_id, before=before, size=PAGE_SIZE
-    )
+    except InvalidInput as exc:
+        error = str(exc)
+    if action and action not in AuditAction.values:
+        error = f"unknown action {action[:50]!r}"
+    page: list[Any] = []
+    more = False
+    if error is None:  # a filter that cannot apply shows nothing, never every row
+        page, more = selectors.audit_page(
+            actor=actor,
+            action=action,
+            session_id=session_id,
+            session_ids=session_ids,
+            before=before,
+            size=PAGE_SIZE,
+        )
     query = {k: v for k, v in {"actor": actor, "action": action, "session": session_q}.items() if v}
     return render(
         request,
         "sessions/audit.html",
         {
             "events": page,
+            "rows": [
+                (e, audit_details(e.before, e.after), audit_via(e.request_meta)) for e in page
+            ],
             "next_query": {**query, "before": page[-1].id} if more and page else None,
             "query": query,
             "error": error,
             "actions": AuditAction.choices,
         },
+        status=400 if error else 200,
     )
 
 

@@ -1309,11 +1309,13 @@ def audit_page(
     actor: str = "",
     action: str = "",
     session_id: uuid.UUID | None = None,
+    session_ids: tuple[uuid.UUID, uuid.UUID] | None = None,
     before: int | None = None,
     size: int,
 ) -> tuple[list[AuditEvent], bool]:
     """The audit log, newest first, filtered; a page before event id `before`, and
-    whether older events follow."""
+    whether older events follow. `session_ids`: sessions whose ids lie in this range
+    (both ends included: the ids a prefix stands for; a range on the session index)."""
     events = AuditEvent.objects.select_related("session").order_by("-id")
     if actor:
         events = events.filter(actor_label__iexact=actor)
@@ -1321,6 +1323,8 @@ def audit_page(
         events = events.filter(action=action)
     if session_id is not None:
         events = events.filter(session_id=session_id)
+    if session_ids is not None:
+        events = events.filter(session_id__gte=session_ids[0], session_id__lte=session_ids[1])
     if before is not None:
         events = events.filter(id__lt=before)
     return first_rows(events, size)
