@@ -8,7 +8,7 @@ import hashlib
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, time, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.db import connection
@@ -158,6 +158,16 @@ class SessionFilters:
         )
 
 
+def with_busy_workers(
+    sessions: QuerySet[AgentSession], now: datetime | None = None
+) -> QuerySet[AgentSession]:
+    """The sessions, each knowing whether a worker is busy (AgentSession.is_stuck asks):
+    one subquery for the whole page instead of one query per row."""
+    return cast(
+        "QuerySet[AgentSession]", sessions.annotate(busy_workers=AgentSession.workers_busy(now))
+    )
+
+
 def first_rows(rows: QuerySet[_Row], size: int) -> tuple[list[_Row], bool]:
     """The first `size` rows of an ordered query, and whether more follow (one row more
     is read: no COUNT)."""
@@ -255,7 +265,8 @@ def session_page(
     just before `before` (the previous page). `position` is where the page starts (from 1)
     when the link says so; otherwise it is counted."""
     order = SORTS[f.sort]
-    sessions = filtered_sessions(f)
+    # Whether a worker is busy, once for the page: what each row's stuck badge asks.
+    sessions = with_busy_workers(filtered_sessions(f))
     if before:
         reverse = tuple(o[1:] if o.startswith("-") else f"-{o}" for o in order)
         rows = list(
@@ -792,6 +803,7 @@ def attention_section(
     page = sessions
     if cursor:
         page = page.filter(_beyond(order, cursor, forward=True))
+    page = with_busy_workers(page, now)
     rows, more = first_rows(page.order_by("updated_at", "id"), ATTENTION_PAGE)
     return AttentionSection(
         key=key,
@@ -1237,7 +1249,8 @@ def session_by_id(session_id: Any) -> AgentSession | None:
 
 def sessions_by_ids(ids: list[uuid.UUID]) -> list[AgentSession]:
     """The sessions of a bulk selection, latest activity first."""
-    return list(AgentSession.objects.filter(id__in=ids).order_by("-updated_at"))
+    sessions = AgentSession.objects.filter(id__in=ids)
+    return list(with_busy_workers(sessions).order_by("-updated_at"))
 
 
 def api_session_page(
@@ -1261,6 +1274,7 @@ def api_session_page(
     order = SessionFilters()
     if cursor:
         sessions = sessions.filter(_beyond(order, cursor, forward=True))
+    sessions = with_busy_workers(sessions)
     rows, more = first_rows(sessions.order_by(*SORTS[order.sort]), size)
     return rows, encode_cursor(rows[-1], order.sort) if more and rows else None
 
