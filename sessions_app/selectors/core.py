@@ -1253,6 +1253,25 @@ def sessions_by_ids(ids: list[uuid.UUID]) -> list[AgentSession]:
     return list(with_busy_workers(sessions).order_by("-updated_at"))
 
 
+def matching_count(f: SessionFilters) -> int:
+    """How many sessions the list's filters match (what a bulk action on all of them
+    names before it is taken): an exact count."""
+    return filtered_sessions(f).count()
+
+
+def matching_sessions(
+    f: SessionFilters, *, after: uuid.UUID | None, size: int
+) -> tuple[list[AgentSession], uuid.UUID | None]:
+    """The next `size` sessions the filters match, in id order after `after` (a keyset
+    over the primary key: stable while the actions change the rows' status and time), and
+    the `after` of the rest (None: these are the last)."""
+    sessions = filtered_sessions(f)
+    if after is not None:
+        sessions = sessions.filter(id__gt=after)
+    rows, more = first_rows(with_busy_workers(sessions).order_by("id"), size)
+    return rows, rows[-1].id if more and rows else None
+
+
 def api_session_page(
     *,
     status: str | None,
