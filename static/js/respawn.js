@@ -256,6 +256,11 @@
       const confirm = box.querySelector("button.primary");
       if (confirm) confirm.focus({ preventScroll: true });
     }
+    if (target && target.id === "bulk-result" && target.querySelector("[data-bulk-progress]") && !target.querySelector("[data-bulk-next]")) {
+      // Every matching session was acted on: the selection is spent.
+      document.querySelectorAll("[data-select-matching], [data-select-all]").forEach((box) => { box.checked = false; });
+      selectionBoxes().forEach((box) => { box.checked = false; });
+    }
     countSelection();
   });
 })();

@@ -94,6 +94,12 @@ def test_bulk_action_on_every_matching_session(page, users, monkeypatch):
         what="the report of every batch",
     )
     screenshot(page, "list-bulk-all-matching-report")
+    # The selection is spent: nothing stays ticked for a second click to act on again.
+    wait_for(
+        lambda: page.locator("[data-selected-count]").inner_text() == "0",
+        what="the selection to clear",
+    )
+    assert not matching.locator("input").is_checked()
 
     assert set(
         AgentSession.objects.filter(status=Status.CANCELLED).values_list("id", flat=True)
