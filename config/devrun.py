@@ -55,6 +55,8 @@ def claim_instance(url: str):
 def check_port_free(host: str, port: int) -> None:
     """Raise AlreadyRunning when something else listens on host:port."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as sock:
+        # As the web server binds (a port a stopped run left in TIME_WAIT is free).
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host.strip("[]"), port))
         except OSError as exc:

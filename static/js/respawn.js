@@ -146,6 +146,15 @@
   document.addEventListener("htmx:timeout", (event) => showError(event.detail.elt, "The server took too long to answer; try again."));
 
   // --- Previews and reports close again ---------------------------------------------------
+  function showStopped(next) {
+    const report = next.closest("[data-bulk-progress]");
+    if (report) report.querySelectorAll("[data-going-on]").forEach((el) => el.remove());
+    next.replaceWith(Object.assign(document.createElement("p"), {
+      className: "muted",
+      textContent: "Stopped: the sessions not reached yet were left as they were.",
+    }));
+  }
+
   document.addEventListener("click", (event) => {
     const button = event.target instanceof Element ? event.target.closest("[data-dismiss]") : null;
     if (!button) return;
@@ -154,10 +163,7 @@
       // Stop a bulk action going batch by batch: no further batch is asked for.
       const result = document.getElementById("bulk-result");
       if (result) result.dataset.stopped = "1";
-      next.replaceWith(Object.assign(document.createElement("p"), {
-        className: "muted",
-        textContent: "Stopped: the sessions not reached yet were left as they were.",
-      }));
+      showStopped(next);
       return;
     }
     const box = button.closest(".preview-box, .bulk-report, form.confirm");
@@ -256,7 +262,11 @@
       const confirm = box.querySelector("button.primary");
       if (confirm) confirm.focus({ preventScroll: true });
     }
-    if (target && target.id === "bulk-result" && target.querySelector("[data-bulk-progress]") && !target.querySelector("[data-bulk-next]")) {
+    if (target && target.id === "bulk-result" && target.dataset.stopped) {
+      // The batch that was on its way when the operator stopped: its counts, and no more.
+      target.querySelectorAll("[data-bulk-next]").forEach(showStopped);
+    }
+    if (target && target.id === "bulk-result" && target.querySelector("[data-bulk-progress]") && !target.querySelector("[data-bulk-next]") && !target.dataset.stopped) {
       // Every matching session was acted on: the selection is spent.
       document.querySelectorAll("[data-select-matching], [data-select-all]").forEach((box) => { box.checked = false; });
       selectionBoxes().forEach((box) => { box.checked = false; });

@@ -5,6 +5,7 @@ match, not only the 50 on the page."""
 from __future__ import annotations
 
 import re
+import time
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
@@ -125,4 +126,38 @@ def test_bulk_action_on_every_matching_session(page, users, monkeypatch):
         )
         is not None
     )
+    assert console_errors(page) == [], page.console_errors
+
+
+def test_a_bulk_action_on_every_matching_session_can_be_stopped(page, users, monkeypatch):
+    from sessions_app.services import core as services
+
+    monkeypatch.setattr(views, "BULK_BATCH", 5)
+    cancel = services.session_cancel
+
+    def slow_cancel(**kwargs):
+        time.sleep(0.1)  # a batch takes half a second: time to stop it
+        return cancel(**kwargs)
+
+    monkeypatch.setattr(services, "session_cancel", slow_cancel)
+    for i in range(60):
+        session_start(agent="echo", input=f"job {i}", title=f"job {i}")
+    login(page, "olivia", "pw-operator")
+    page.locator("label.select-matching input").check()
+    page.locator("#bulk-form button[value=cancel]").click()
+    page.locator("#bulk-result form.confirm").get_by_role(
+        "button", name="Yes, cancel all 60"
+    ).click()
+    stop = page.locator("#bulk-result [data-bulk-next] button", has_text="Stop here")
+    wait_for(lambda: stop.count() == 1 and stop.is_visible(), what="the first batch's report")
+    stop.click()
+    report = page.locator("#bulk-result .bulk-report")
+    wait_for(lambda: "Stopped" in report.inner_text(), what="the stop")
+    page.wait_for_timeout(2000)  # a batch that was on its way lands; no other follows
+    cancelled = AgentSession.objects.filter(status=Status.CANCELLED).count()
+    assert 5 <= cancelled <= 15
+    page.wait_for_timeout(1500)
+    assert AgentSession.objects.filter(status=Status.CANCELLED).count() == cancelled
+    assert "Stopped" in report.inner_text() and "going on" not in report.inner_text()
+    assert f"{cancelled} done" in report.inner_text()
     assert console_errors(page) == [], page.console_errors
