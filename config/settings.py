@@ -486,9 +486,13 @@ LOGGING: dict[str, Any] = {
 }
 
 # Log lines go through the same redaction as stored steps (request lines decoded first).
+# A refused request (4xx) is one line, without the traceback of the exception that said no.
 LOGGING["filters"] = {
     "redact": {"()": "sessions_app.logging.RedactingFilter"},
     "redact_urls": {"()": "sessions_app.logging.RedactingFilter", "decode_urls": True},
+    "one_line_refusals": {"()": "sessions_app.logging.OneLineRefusals"},
 }
 for _name, _handler in LOGGING["handlers"].items():
-    _handler["filters"] = ["redact_urls" if _name == "requests" else "redact"]
+    _handler["filters"] = (
+        ["redact_urls"] if _name == "requests" else ["one_line_refusals", "redact"]
+    )

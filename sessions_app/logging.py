@@ -21,6 +21,29 @@ def _redactor() -> Redactor:
         return BUILT_IN_REDACTION
 
 
+class OneLineRefusals(logging.Filter):
+    """A refused request (a 4xx: a role the user lacks, a bad request, a state that does
+    not allow the action) is logged as one line saying what was refused and why, not with
+    the traceback of the exception that answered it: nothing went wrong in the server.
+    Django logs these with their exception (PermissionDenied, BadRequest, a suspicious
+    operation); a 5xx keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        status = getattr(record, "status_code", None)
+        if not isinstance(status, int) or not 400 <= status < 500 or not record.exc_info:
+            return True
+        exc = record.exc_info[1]
+        try:
+            message = record.getMessage()
+        except Exception:  # a malformed record: leave it to the handler
+            return True
+        reason = " ".join(str(exc).split()) if exc is not None else ""
+        record.msg = f"{message}: {reason}" if reason and reason not in message else message
+        record.args = None
+        record.exc_info = record.exc_text = None
+        return True
+
+
 class RedactingFilter(logging.Filter):
     """Replaces secret-looking values in a log record before it is emitted: its message,
     the traceback of an exception it carries (an exception's text may quote a secret),

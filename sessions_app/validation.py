@@ -22,7 +22,7 @@ from collections.abc import Callable
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
 
-from django.core.exceptions import ValidationError
+from django.core.exceptions import BadRequest, ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
 from ninja.parser import Parser
@@ -335,9 +335,21 @@ class InputGuardMiddleware:
             return self.get_response(request)
         if api:
             return JsonResponse({"error": "invalid", "detail": str(problem)}, status=400)
-        return HttpResponse(
-            f"Bad request: {problem}.\n", status=400, content_type="text/plain; charset=utf-8"
-        )
+        # The dashboard's own 400 page (config.urls' handler400), naming the problem.
+        raise BadRequest(f"{problem}.")
+
+
+def command_meta(command: str) -> dict[str, Any]:
+    """What an audit record keeps about a `manage.py` command: the channel (`cli`), the
+    command, and the operating-system user who ran it, where the system knows one."""
+    import getpass
+
+    meta: dict[str, Any] = {"via": "cli", "command": command}
+    try:
+        meta["os_user"] = getpass.getuser()
+    except (KeyError, OSError):  # no login name and no passwd entry (some containers)
+        pass
+    return meta
 
 
 def request_meta(request: HttpRequest, via: str) -> dict[str, Any]:

@@ -496,6 +496,10 @@ class AgentSessionAdmin(LargeTableAdmin):
     def has_operate_permission(self, request) -> bool:
         return can_operate(request.user)
 
+    def get_queryset(self, request):
+        # The "stuck" column asks whether any worker is busy: once for the page.
+        return selectors.with_busy_workers(super().get_queryset(request))
+
     def get_search_results(self, request, queryset, search_term):
         term = search_term.strip()
         if not term:

@@ -972,3 +972,59 @@ def diff_states(before: Any, after: Any) -> list[DiffLine]:
                 )
             )
     return lines
+
+
+# --- The audit log ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AuditDetail:
+    """One key of an audit record's before/after: as a person reads it (text as it is,
+    numbers and booleans plainly, anything nested as compact JSON)."""
+
+    key: str
+    before: str | None  # None: not in the record's "before"
+    after: str | None
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def audit_value(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def audit_details(before: Any, after: Any) -> list[AuditDetail]:
+    """The keys of a record's before and after, the changed ones first."""
+    before = before if isinstance(before, dict) else {"value": before} if before else {}
+    after = after if isinstance(after, dict) else {"value": after} if after else {}
+    keys = list(dict.fromkeys([*after, *before]))
+    details = [
+        AuditDetail(
+            str(key),
+            audit_value(before[key]) if key in before else None,
+            audit_value(after[key]) if key in after else None,
+        )
+        for key in keys
+    ]
+    return sorted(details, key=lambda d: not d.changed)
+
+
+def audit_via(meta: Any) -> str:
+    """Through what an action came: "dashboard", "api", "cli: start_session, by alice"."""
+    if not isinstance(meta, dict):
+        return ""
+    via = str(meta.get("via") or "")
+    extra = []
+    if meta.get("command"):
+        extra.append(str(meta["command"]))
+    if meta.get("os_user"):
+        extra.append(f"by {meta['os_user']}")
+    return f"{via}: {', '.join(extra)}" if via and extra else via

@@ -4,18 +4,22 @@ reading works without JavaScript; mutations are POST only and go through `servic
 
 from __future__ import annotations
 
+import json
 import sys
+import time
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 from uuid import UUID
 
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import BadRequest, PermissionDenied
 from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
+from django.urls import Resolver404
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET, require_POST
@@ -37,13 +41,14 @@ from ..web.http import (
     HtmxRequest,
     bearer_token,
     parse_uuid,
+    parse_uuid_prefix,
     positive_int,
     request_meta,
 )
 from . import charts, trace
 from .actions import ACTIONS, BULK_ACTIONS, OPERATE, PREVIEWS, ActionInput, Permission
 from .page import SessionPage, steps_context
-from .presenters import diff_states
+from .presenters import audit_details, audit_via, diff_states
 
 PAGE_SIZE = 50
 
@@ -90,8 +95,9 @@ def _fragment(
 
 def _error(request: HtmxRequest, text: str, status: int) -> HttpResponse:
     """An error an htmx request shows next to what the operator clicked (static/js reads
-    the `data-error` text); a full page for anything else."""
-    if request.htmx:
+    the `data-error` text); a full page for anything else. (A request refused before
+    django-htmx's middleware saw it is told by its header.)"""
+    if getattr(request, "htmx", None) or request.headers.get("HX-Request") == "true":
         response = render(request, "sessions/error.html#fragment", {"text": text}, status=status)
         # Read by static/js from the header, so no page is ever parsed to find it.
         response["X-Respawn-Error"] = quote(text[:500])
@@ -185,6 +191,11 @@ def _counts_context(
 @require_GET
 def session_list(request: HtmxRequest) -> HttpResponse:
     _require_view(request)
+    if not request.htmx and any(v == "" for _, values in request.GET.lists() for v in values):
+        # A filter form sent without JavaScript sends every field: the address of the
+        # list it asked for keeps only the filters that say something.
+        kept = [(k, v) for k, values in request.GET.lists() for v in values if v != ""]
+        return redirect(f"{request.path}?{urlencode(kept)}" if kept else request.path)
     context = _list_context(request)
     target = request.htmx.target if request.htmx else None
     template = {
@@ -228,14 +239,22 @@ def session_row(request: HtmxRequest, session_id: UUID) -> HttpResponse:
 @require_POST
 def bulk_action(request: HtmxRequest) -> HttpResponse:
     """One of actions.BULK_ACTIONS (the form's `action`) on the sessions selected in the
-    list: first a confirmation, then each session on its own, and a report."""
+    list, or on every session its filters match (`scope=matching`): first a confirmation
+    naming how many, then each session on its own, and a report."""
     bulk = BULK_ACTIONS.get(request.POST.get("action", ""))
     _require(request, bulk.permission if bulk else OPERATE)
     if bulk is None:
         return _error(request, f"unknown bulk action {request.POST.get('action', '')!r}", 400)
+    if request.POST.get("scope") == "matching":
+        return _bulk_matching(request, bulk)
     raw_ids = request.POST.getlist("ids")[: BULK_LIMIT + 1]
     if len(raw_ids) > BULK_LIMIT:
-        return _error(request, f"at most {BULK_LIMIT} sessions at once", 400)
+        return _error(
+            request,
+            f"at most {BULK_LIMIT} sessions at once by selection: select all matching the "
+            "filters instead",
+            400,
+        )
     ids = [parse_uuid(raw) for raw in raw_ids]
     for raw, session_id in zip(raw_ids, ids, strict=True):
         if session_id is None:
@@ -266,6 +285,123 @@ def bulk_action(request: HtmxRequest) -> HttpResponse:
         # The rows and the counts redraw themselves from the database.
         trigger_client_event(response, "sessions-changed", after="swap")
     return response
+
+
+# A bulk action on every matching session goes a batch per request, each session in its
+# own transaction through its service (audited one by one): a request stops after this
+# many sessions or seconds, and the page posts the next batch from where it stopped.
+BULK_BATCH = 500
+BULK_BATCH_SECONDS = 5.0
+BULK_REASONS = 20  # distinct refusal reasons a report keeps count of
+
+
+@dataclass
+class BulkTally:
+    """Where a bulk action on matching sessions stands, carried from batch to batch."""
+
+    total: int  # matching when the operator confirmed
+    done: int = 0
+    refused: int = 0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def from_form(cls, form: Any) -> BulkTally:
+        tally = cls(
+            total=positive_int(form.get("total")) or 0,
+            done=positive_int(form.get("done")) or 0,
+            refused=positive_int(form.get("refused")) or 0,
+        )
+        try:
+            reasons = json.loads(form.get("reasons") or "{}")
+        except ValueError:
+            reasons = {}
+        if isinstance(reasons, dict):
+            tally.reasons = {
+                str(k)[:300]: int(v)
+                for k, v in list(reasons.items())[:BULK_REASONS]
+                if isinstance(v, int) and v > 0
+            }
+        return tally
+
+    def refuse(self, reason: str) -> None:
+        self.refused += 1
+        if reason in self.reasons or len(self.reasons) < BULK_REASONS:
+            self.reasons[reason] = self.reasons.get(reason, 0) + 1
+
+    @property
+    def seen(self) -> int:
+        return self.done + self.refused
+
+    @property
+    def reasons_json(self) -> str:
+        return json.dumps(self.reasons)
+
+
+def _bulk_matching(request: HtmxRequest, bulk: Any) -> HttpResponse:
+    # The list's filters, carried as f.<name> (the bulk form sits beside the filter form).
+    given = {k[2:]: v for k, v in request.POST.items() if k.startswith("f.")}
+    filters = selectors.SessionFilters.from_query(given)
+    if filters.errors:
+        return _error(request, "; ".join(filters.errors), 400)
+    context: dict[str, Any] = {
+        "action": bulk.name,
+        "scope": "matching",
+        "filter_query": filters.as_query(),
+        "described": _described(filters),
+    }
+    after = None
+    if request.POST.get("after"):
+        after = parse_uuid(request.POST["after"])
+        if after is None:
+            return _error(request, f"not a session id: {request.POST['after'][:60]!r}", 400)
+    if request.POST.get("confirm") != "yes":
+        total = selectors.matching_count(filters)
+        if not total:
+            return _error(request, "no session matches these filters", 400)
+        return render(request, "sessions/bulk.html", {**context, "preview": True, "total": total})
+    tally = BulkTally.from_form(request.POST)
+    started = time.monotonic()
+    rows, rest = selectors.matching_sessions(filters, after=after, size=BULK_BATCH)
+    acted = []
+    for session in rows:
+        try:
+            bulk.run_one(session, tally.seen, request.user, _meta(request))
+            tally.done += 1
+        except services.ActionError as exc:
+            tally.refuse(str(exc))
+        acted.append(session)
+        if time.monotonic() - started > BULK_BATCH_SECONDS:
+            break
+    if acted and acted[-1] is not rows[-1]:
+        rest = acted[-1].id  # stopped for time: the next batch starts after it
+    response = render(
+        request,
+        "sessions/bulk.html",
+        {**context, "tally": tally, "after": rest, "matching": True},
+    )
+    if acted:
+        trigger_client_event(response, "sessions-changed", after="swap")
+    return response
+
+
+def _described(filters: selectors.SessionFilters) -> str:
+    """The filters in words, for a confirmation: "status failed, agent demo"."""
+    names = {
+        "q": "search",
+        "agent_version": "agent version",
+        "created_from": "created from",
+        "created_to": "created until",
+        "updated_from": "updated from",
+        "updated_to": "updated until",
+    }
+    query = filters.as_query(sort="")
+    return (
+        ", ".join(
+            f"{names.get(k, k)} {v!r}" if k == "q" else f"{names.get(k, k)} {v}"
+            for k, v in query.items()
+        )
+        or "no filter: every session"
+    )
 
 
 @login_required
@@ -503,28 +639,43 @@ def audit_log(request: HtmxRequest) -> HttpResponse:
     session_q = (request.GET.get("session") or "").strip()
     error = None
     session_id = parse_uuid(session_q)
-    if session_q and session_id is None:
-        error = f"not a session id: {session_q!r}"
+    session_ids = None
     before = None
-    if request.GET.get("before"):
-        try:
+    try:
+        if session_q and session_id is None:
+            session_ids = parse_uuid_prefix(session_q)  # the start of an id
+        if request.GET.get("before"):
             before = parse_int(request.GET["before"], "before", maximum=2**63 - 1)
-        except InvalidInput as exc:
-            error = str(exc)
-    page, more = selectors.audit_page(
-        actor=actor, action=action, session_id=session_id, before=before, size=PAGE_SIZE
-    )
+    except InvalidInput as exc:
+        error = str(exc)
+    if action and action not in AuditAction.values:
+        error = f"unknown action {action[:50]!r}"
+    page: list[Any] = []
+    more = False
+    if error is None:  # a filter that cannot apply shows nothing, never every row
+        page, more = selectors.audit_page(
+            actor=actor,
+            action=action,
+            session_id=session_id,
+            session_ids=session_ids,
+            before=before,
+            size=PAGE_SIZE,
+        )
     query = {k: v for k, v in {"actor": actor, "action": action, "session": session_q}.items() if v}
     return render(
         request,
         "sessions/audit.html",
         {
             "events": page,
+            "rows": [
+                (e, audit_details(e.before, e.after), audit_via(e.request_meta)) for e in page
+            ],
             "next_query": {**query, "before": page[-1].id} if more and page else None,
             "query": query,
             "error": error,
             "actions": AuditAction.choices,
         },
+        status=400 if error else 200,
     )
 
 
@@ -712,11 +863,18 @@ def permission_denied(request: HtmxRequest, exception: Exception) -> HttpRespons
 
 
 def page_not_found(request: HtmxRequest, exception: Exception) -> HttpResponse:
-    text = str(exception) if isinstance(exception, Http404) and exception.args else ""
+    # A view's own 404 says what is missing ("no such session"); an address that matches
+    # no URL carries the resolver's internals, which are not for the page.
+    said = isinstance(exception, Http404) and not isinstance(exception, Resolver404)
+    text = str(exception) if said and exception.args else ""
     return _error(request, f"Not found: {text or 'nothing lives at this address'}", 404)
 
 
 def bad_request(request: HtmxRequest, exception: Exception) -> HttpResponse:
+    # What the input guard refused is named (BadRequest); anything else Django refuses
+    # (a suspicious host or header) is not repeated back.
+    if isinstance(exception, BadRequest) and exception.args:
+        return _error(request, f"Bad request: {exception}", 400)
     return _error(request, "Bad request: the server could not read what was sent", 400)
 
 

@@ -9,7 +9,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
-from django.db.models import Q
+from django.db.models import Exists, Q
 from django.utils import timezone
 
 from agent_runtime.loop import BUDGET_REACHED
@@ -199,6 +199,32 @@ class AgentSession(models.Model):
     def is_incompatible(self) -> bool:
         return self.incompatible_at is not None
 
+    # What "stuck" means. A running session whose lease expired is stuck: its worker is
+    # gone (the reconciler hands it to another one within about a lease's time). A queued
+    # session is stuck when its dispatch is older than RESPAWN_DISPATCH_GRACE *and no
+    # worker is busy*: no runnable session holds a live lease, so the workers are idle or
+    # gone, and an idle worker would have taken it. While some worker runs a session, a
+    # queued one is waiting its turn in the queue (the reconciler re-dispatches a job
+    # Redis lost, or one a dead worker had taken), not stuck: a burst of sessions behind
+    # one slow run is not an alarm. It becomes one once no worker is running anything and
+    # it is still queued past the grace period.
+
+    @staticmethod
+    def leased(now=None) -> models.QuerySet[AgentSession]:
+        """Runnable sessions a worker holds a live lease on (the reconciler's partial index)."""
+        now = now or timezone.now()
+        return (
+            AgentSession.objects.filter(status__in=RUNNABLE, lease_expires_at__gt=now)
+            .exclude(lease_owner__isnull=True)
+            .exclude(lease_owner="")
+        )
+
+    @staticmethod
+    def workers_busy(now=None) -> Exists:
+        """Whether some worker is running a session, as an expression (uncorrelated: the
+        database evaluates it once per statement)."""
+        return Exists(AgentSession.leased(now))
+
     @staticmethod
     def stuck_q(now=None) -> Q:
         """is_stuck as a query (the admin's filter, "needs attention", the metrics; a test
@@ -211,13 +237,17 @@ class AgentSession(models.Model):
             | Q(lease_expires_at__isnull=True)
             | Q(lease_expires_at__lte=now)
         )
-        overdue = (
-            Q(status=Status.RUNNING) | Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=grace)
+        waited = (Q(dispatched_at__isnull=True) | Q(dispatched_at__lt=grace)) & Q(
+            ~AgentSession.workers_busy(now)
         )
+        overdue = Q(status=Status.RUNNING) | (Q(status=Status.QUEUED) & waited)
         return Q(status__in=RUNNABLE, incompatible_at__isnull=True) & no_live_lease & overdue
 
     def is_stuck(self, now=None) -> bool:
-        """Should be running, but nobody holds a live lease and the dispatch is overdue.
+        """Should be running, but nobody holds a live lease and nothing will run it: a
+        running session whose lease expired, or a queued one dispatched longer ago than
+        the grace period while no worker is busy (see above). A list that reads many
+        sessions annotates `busy_workers` (selectors) so this asks nothing more.
         (An incompatible session is not stuck: it waits for code that can load it.)"""
         now = now or timezone.now()
         if self.status not in RUNNABLE or self.lease_is_live(now) or self.is_incompatible:
@@ -225,7 +255,12 @@ class AgentSession(models.Model):
         if self.status == Status.RUNNING:
             return True
         grace = timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
-        return self.dispatched_at is None or self.dispatched_at < now - grace
+        if self.dispatched_at is not None and self.dispatched_at >= now - grace:
+            return False
+        busy = getattr(self, "busy_workers", None)
+        if busy is None:
+            busy = AgentSession.leased(now).exists()
+        return not busy
 
     @property
     def progress_percent(self) -> int | None:

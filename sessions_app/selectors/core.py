@@ -8,7 +8,7 @@ import hashlib
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, time, timedelta
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.db import connection
@@ -158,6 +158,16 @@ class SessionFilters:
         )
 
 
+def with_busy_workers(
+    sessions: QuerySet[AgentSession], now: datetime | None = None
+) -> QuerySet[AgentSession]:
+    """The sessions, each knowing whether a worker is busy (AgentSession.is_stuck asks):
+    one subquery for the whole page instead of one query per row."""
+    return cast(
+        "QuerySet[AgentSession]", sessions.annotate(busy_workers=AgentSession.workers_busy(now))
+    )
+
+
 def first_rows(rows: QuerySet[_Row], size: int) -> tuple[list[_Row], bool]:
     """The first `size` rows of an ordered query, and whether more follow (one row more
     is read: no COUNT)."""
@@ -255,7 +265,8 @@ def session_page(
     just before `before` (the previous page). `position` is where the page starts (from 1)
     when the link says so; otherwise it is counted."""
     order = SORTS[f.sort]
-    sessions = filtered_sessions(f)
+    # Whether a worker is busy, once for the page: what each row's stuck badge asks.
+    sessions = with_busy_workers(filtered_sessions(f))
     if before:
         reverse = tuple(o[1:] if o.startswith("-") else f"-{o}" for o in order)
         rows = list(
@@ -792,6 +803,7 @@ def attention_section(
     page = sessions
     if cursor:
         page = page.filter(_beyond(order, cursor, forward=True))
+    page = with_busy_workers(page, now)
     rows, more = first_rows(page.order_by("updated_at", "id"), ATTENTION_PAGE)
     return AttentionSection(
         key=key,
@@ -1237,7 +1249,27 @@ def session_by_id(session_id: Any) -> AgentSession | None:
 
 def sessions_by_ids(ids: list[uuid.UUID]) -> list[AgentSession]:
     """The sessions of a bulk selection, latest activity first."""
-    return list(AgentSession.objects.filter(id__in=ids).order_by("-updated_at"))
+    sessions = AgentSession.objects.filter(id__in=ids)
+    return list(with_busy_workers(sessions).order_by("-updated_at"))
+
+
+def matching_count(f: SessionFilters) -> int:
+    """How many sessions the list's filters match (what a bulk action on all of them
+    names before it is taken): an exact count."""
+    return filtered_sessions(f).count()
+
+
+def matching_sessions(
+    f: SessionFilters, *, after: uuid.UUID | None, size: int
+) -> tuple[list[AgentSession], uuid.UUID | None]:
+    """The next `size` sessions the filters match, in id order after `after` (a keyset
+    over the primary key: stable while the actions change the rows' status and time), and
+    the `after` of the rest (None: these are the last)."""
+    sessions = filtered_sessions(f)
+    if after is not None:
+        sessions = sessions.filter(id__gt=after)
+    rows, more = first_rows(with_busy_workers(sessions).order_by("id"), size)
+    return rows, rows[-1].id if more and rows else None
 
 
 def api_session_page(
@@ -1261,6 +1293,7 @@ def api_session_page(
     order = SessionFilters()
     if cursor:
         sessions = sessions.filter(_beyond(order, cursor, forward=True))
+    sessions = with_busy_workers(sessions)
     rows, more = first_rows(sessions.order_by(*SORTS[order.sort]), size)
     return rows, encode_cursor(rows[-1], order.sort) if more and rows else None
 
@@ -1309,11 +1342,13 @@ def audit_page(
     actor: str = "",
     action: str = "",
     session_id: uuid.UUID | None = None,
+    session_ids: tuple[uuid.UUID, uuid.UUID] | None = None,
     before: int | None = None,
     size: int,
 ) -> tuple[list[AuditEvent], bool]:
     """The audit log, newest first, filtered; a page before event id `before`, and
-    whether older events follow."""
+    whether older events follow. `session_ids`: sessions whose ids lie in this range
+    (both ends included: the ids a prefix stands for; a range on the session index)."""
     events = AuditEvent.objects.select_related("session").order_by("-id")
     if actor:
         events = events.filter(actor_label__iexact=actor)
@@ -1321,6 +1356,8 @@ def audit_page(
         events = events.filter(action=action)
     if session_id is not None:
         events = events.filter(session_id=session_id)
+    if session_ids is not None:
+        events = events.filter(session_id__gte=session_ids[0], session_id__lte=session_ids[1])
     if before is not None:
         events = events.filter(id__lt=before)
     return first_rows(events, size)

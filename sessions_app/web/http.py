@@ -74,6 +74,27 @@ def parse_uuid(raw: str | None) -> UUID | None:
         return None
 
 
+# The fewest hex digits of a session id the audit log looks a session up by.
+MIN_ID_PREFIX = 4
+
+
+def parse_uuid_prefix(raw: str) -> tuple[UUID, UUID]:
+    """The ids a session id, or its first MIN_ID_PREFIX or more hex digits (dashes
+    anywhere), can stand for: the lowest and the highest, both included. InvalidInput
+    naming the problem otherwise."""
+    digits = raw.strip().replace("-", "").lower()
+    if len(digits) > 32 or not digits or any(c not in "0123456789abcdef" for c in digits):
+        raise InvalidInput(
+            "session", f"{raw[:60]!r} is not a session id or the start of one (0-9, a-f)"
+        )
+    if len(digits) < MIN_ID_PREFIX:
+        raise InvalidInput(
+            "session",
+            f"{raw[:60]!r} is too short: give at least {MIN_ID_PREFIX} hex digits of a session id",
+        )
+    return UUID(digits.ljust(32, "0")), UUID(digits.ljust(32, "f"))
+
+
 def positive_int(raw: str | None) -> int | None:
     """A number of up to nine ASCII digits, or None (`"²".isdigit()` is true too)."""
     try:

@@ -12,18 +12,31 @@
 
   function countSelection() {
     const count = Array.from(selectionBoxes()).filter((box) => box.checked).length;
+    const matching = document.querySelector("[data-select-matching]");
+    // How many match, as the pager says it ("of 130", "of about 20,000"), once counted.
+    const listed = document.getElementById("listed");
+    const total = listed ? listed.textContent.trim().replace(/^of /, "") : "";
+    document.querySelectorAll("[data-matching-count]").forEach((el) => { el.textContent = total; });
     document.querySelectorAll("[data-selected-count]").forEach((el) => {
-      el.textContent = String(count);
+      el.textContent = matching && matching.checked ? (total ? `all ${total}` : "all matching") : String(count);
     });
   }
 
   document.addEventListener("change", (event) => {
     const target = event.target;
     if (!(target instanceof HTMLInputElement)) return;
-    if (target.matches("[data-select-all]")) {
+    const matching = document.querySelector("[data-select-matching]");
+    if (target.matches("[data-select-matching]")) {
+      // Every session the filters match: the page's boxes are ticked to show it.
       selectionBoxes().forEach((box) => { box.checked = target.checked; });
+      document.querySelectorAll("[data-select-all]").forEach((box) => { box.checked = target.checked; });
+    } else if (target.matches("[data-select-all]")) {
+      selectionBoxes().forEach((box) => { box.checked = target.checked; });
+      if (!target.checked && matching) matching.checked = false;
+    } else if (target.matches("input[name=ids]") && !target.checked && matching) {
+      matching.checked = false;
     }
-    if (target.matches("[data-select-all], input[name=ids]")) countSelection();
+    if (target.matches("[data-select-all], [data-select-matching], input[name=ids]")) countSelection();
   });
 
   // --- Errors: never swapped into the page, always shown next to the action ---------------
@@ -94,7 +107,21 @@
     }
   }
 
-  document.addEventListener("htmx:beforeRequest", (event) => clearError(event.detail.elt));
+  document.addEventListener("htmx:beforeRequest", (event) => {
+    const elt = event.detail.elt;
+    const result = document.getElementById("bulk-result");
+    if (result && result.dataset.stopped && elt.closest("[data-bulk-next]")) {
+      // Stopped: a batch that was on its way when the operator stopped asks for no more.
+      if (!(event.detail.triggeringEvent && event.detail.triggeringEvent.type === "submit")) {
+        event.preventDefault();
+        return;
+      }
+    }
+    if (result && (elt.closest("form.confirm") || (event.detail.triggeringEvent && event.detail.triggeringEvent.type === "submit"))) {
+      delete result.dataset.stopped;
+    }
+    clearError(elt);
+  });
 
   document.addEventListener("htmx:beforeSwap", (event) => {
     const detail = event.detail;
@@ -119,9 +146,26 @@
   document.addEventListener("htmx:timeout", (event) => showError(event.detail.elt, "The server took too long to answer; try again."));
 
   // --- Previews and reports close again ---------------------------------------------------
+  function showStopped(next) {
+    const report = next.closest("[data-bulk-progress]");
+    if (report) report.querySelectorAll("[data-going-on]").forEach((el) => el.remove());
+    next.replaceWith(Object.assign(document.createElement("p"), {
+      className: "muted",
+      textContent: "Stopped: the sessions not reached yet were left as they were.",
+    }));
+  }
+
   document.addEventListener("click", (event) => {
     const button = event.target instanceof Element ? event.target.closest("[data-dismiss]") : null;
     if (!button) return;
+    const next = button.closest("[data-bulk-next]");
+    if (next) {
+      // Stop a bulk action going batch by batch: no further batch is asked for.
+      const result = document.getElementById("bulk-result");
+      if (result) result.dataset.stopped = "1";
+      showStopped(next);
+      return;
+    }
     const box = button.closest(".preview-box, .bulk-report, form.confirm");
     if (box) box.remove();
   });
@@ -150,6 +194,14 @@
       const steps = elt.querySelectorAll("#trace-list > li.step");
       const last = steps.length ? steps[steps.length - 1].dataset.seq : "";
       if (last) event.detail.parameters.upto = last;
+    }
+    if (elt.hasAttribute("data-clean-query")) {
+      // Only the filters that say something go into the request and the address bar.
+      const params = event.detail.parameters;
+      Object.keys(params).forEach((name) => {
+        const value = params[name];
+        if (value === "" || (Array.isArray(value) && value.every((v) => v === ""))) delete params[name];
+      });
     }
     const cause = event.detail.triggeringEvent && event.detail.triggeringEvent.type;
     if (elt.hasAttribute("data-counts") && (cause === "sessions-changed" || cause === "sessions-settled")) {
@@ -209,6 +261,15 @@
       box.scrollIntoView({ block: box.offsetHeight > window.innerHeight ? "start" : "nearest" });
       const confirm = box.querySelector("button.primary");
       if (confirm) confirm.focus({ preventScroll: true });
+    }
+    if (target && target.id === "bulk-result" && target.dataset.stopped) {
+      // The batch that was on its way when the operator stopped: its counts, and no more.
+      target.querySelectorAll("[data-bulk-next]").forEach(showStopped);
+    }
+    if (target && target.id === "bulk-result" && target.querySelector("[data-bulk-progress]") && !target.querySelector("[data-bulk-next]") && !target.dataset.stopped) {
+      // Every matching session was acted on: the selection is spent.
+      document.querySelectorAll("[data-select-matching], [data-select-all]").forEach((box) => { box.checked = false; });
+      selectionBoxes().forEach((box) => { box.checked = false; });
     }
     countSelection();
   });

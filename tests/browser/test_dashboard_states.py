@@ -82,7 +82,7 @@ def test_running_rows_refresh_in_place_and_bulk_cancel_stops_them(page, users, s
 
 
 def test_errors_of_every_status_are_shown_next_to_the_action(page, users, settings, monkeypatch):
-    # As `make run` serves it: DEBUG on.
+    # With DEBUG on (DEBUG=1 make run).
     settings.DEBUG = True
     done = run_inline(session_start(agent="demo", input="what is (12*7)+3, then save it as a note"))
     waiting = run_inline(session_start(agent="approval", input="pay invoice 9"))

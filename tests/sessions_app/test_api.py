@@ -246,6 +246,7 @@ def test_openapi_document_lists_every_endpoint(client):
 
 
 def test_create_api_token_command(users):
+    import getpass
     from io import StringIO
 
     from django.core.management import call_command
@@ -258,7 +259,11 @@ def test_create_api_token_command(users):
     assert token.user == users["operator"]
     event = AuditEvent.objects.get(action="admin_issue_token")
     assert event.after["user"] == "olivia" and event.after["key_prefix"] == token.key_prefix
-    assert event.request_meta == {"via": "manage.py create_api_token"}
+    assert event.request_meta == {
+        "via": "cli",
+        "command": "create_api_token",
+        "os_user": getpass.getuser(),
+    }
     assert raw not in str(event.after)  # the secret is kept nowhere
     with pytest.raises(CommandError, match="no user named 'nobody'"):
         call_command("create_api_token", "nobody")

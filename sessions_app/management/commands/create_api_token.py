@@ -2,6 +2,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
 from sessions_app.services.records import api_token_issue
+from sessions_app.validation import command_meta
 
 
 class Command(BaseCommand):
@@ -19,6 +20,6 @@ class Command(BaseCommand):
             raise CommandError(f"no user named {options['username']!r}") from None
         # Audited like a token an admin issues in the admin site (the secret is not kept).
         _, raw = api_token_issue(
-            user=user, name=options["name"], request_meta={"via": "manage.py create_api_token"}
+            user=user, name=options["name"], request_meta=command_meta("create_api_token")
         )
         self.stdout.write(raw)

@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from sessions_app.models import AgentSession
 from sessions_app.upkeep.transfer import export_session
+from sessions_app.validation import command_meta
 
 
 class Command(BaseCommand):
@@ -27,12 +28,13 @@ class Command(BaseCommand):
         except (ValueError, AgentSession.DoesNotExist):
             raise CommandError(f"no session with id {options['session_id']}") from None
         target = options["output"]
+        meta = command_meta("export_session")
         if target == "-":
-            counts = export_session(session, sys.stdout.buffer)
+            counts = export_session(session, sys.stdout.buffer, request_meta=meta)
             return
         try:
             with open(target, "wb") as out:
-                counts = export_session(session, out)
+                counts = export_session(session, out, request_meta=meta)
         except OSError as exc:
             raise CommandError(f"cannot write {target}: {exc.strerror}") from None
         self.stderr.write(

@@ -3,6 +3,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from sessions_app.upkeep.transfer import TransferError, import_session
+from sessions_app.validation import command_meta
 
 
 class Command(BaseCommand):
@@ -26,7 +27,9 @@ class Command(BaseCommand):
         except OSError as exc:
             raise CommandError(f"cannot read {options['file']}: {exc.strerror}") from None
         try:
-            result = import_session(raw, new_ids=options["new_ids"])
+            result = import_session(
+                raw, new_ids=options["new_ids"], request_meta=command_meta("import_session")
+            )
         except TransferError as exc:
             raise CommandError(f"{options['file']}: {exc}") from None
         self.stdout.write(str(result.session.id))

@@ -19,6 +19,7 @@ from sessions_app.models import AgentSession, Status
 from sessions_app.runtime import agent_registry, run_config
 from sessions_app.services.core import checkpoint_rollback, session_cancel, session_start
 from sessions_app.store import DjangoEffects, session_store, writes
+from sessions_app.validation import command_meta
 
 DEMO_USERS = [
     # username, password (outside production), group, superuser, what it may do
@@ -66,6 +67,7 @@ class Command(BaseCommand):
             )
             return
         store, effects = session_store(), DjangoEffects()
+        meta = command_meta("seed_demo")
 
         def run(session, **kwargs):
             return run_session(
@@ -77,34 +79,48 @@ class Command(BaseCommand):
                 **kwargs,
             )
 
-        completed = session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
+        completed = session_start(
+            request_meta=meta, agent="demo", input="what is (12*7)+3, then save it as a note"
+        )
         run(completed)
-        run(session_start(agent="flaky", input="check the status page"))
+        run(session_start(request_meta=meta, agent="flaky", input="check the status page"))
 
-        waiting = session_start(agent="approval", input="pay invoice INV-1042 to ACME Ltd")
+        waiting = session_start(
+            request_meta=meta, agent="approval", input="pay invoice INV-1042 to ACME Ltd"
+        )
         run(waiting)
 
         failed = session_start(
-            agent="demo", input="what is 6*7?", title="demo with a revoked API key"
+            request_meta=meta,
+            agent="demo",
+            input="what is 6*7?",
+            title="demo with a revoked API key",
         )
         run(failed, make_provider=lambda spec, options: (_RevokedKeyProvider(), spec))
 
-        paused = session_start(agent="demo", input="what is 2**10, then save it as a note")
+        paused = session_start(
+            request_meta=meta, agent="demo", input="what is 2**10, then save it as a note"
+        )
         run(paused)
         first_boundary = paused.checkpoints.earliest("seq").seq
-        checkpoint_rollback(session_id=paused.id, checkpoint_seq=first_boundary)
+        checkpoint_rollback(session_id=paused.id, checkpoint_seq=first_boundary, request_meta=meta)
 
         cancelled = session_start(
-            agent="slow", input="count to 50", title="a long count, cancelled"
+            request_meta=meta, agent="slow", input="count to 50", title="a long count, cancelled"
         )
-        session_cancel(session_id=cancelled.id)
+        session_cancel(session_id=cancelled.id, request_meta=meta)
 
         stuck = session_start(
-            agent="slow", input="count to 4", title="worker crashed mid-tool-call"
+            request_meta=meta,
+            agent="slow",
+            input="count to 4",
+            title="worker crashed mid-tool-call",
         )
         self.crash_mid_call(store, stuck)
 
-        queued = session_start(agent="slow", input="count to 20", title="slow count: watch it live")
+        queued = session_start(
+            request_meta=meta, agent="slow", input="count to 20", title="slow count: watch it live"
+        )
         self.stdout.write(
             f"seeded sessions: completed {completed.id}, waiting {waiting.id}, failed {failed.id}, "
             f"paused {paused.id}, cancelled {cancelled.id}, stuck {stuck.id}, queued {queued.id}"

@@ -4,6 +4,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from sessions_app.models import FINAL, Status
 from sessions_app.services.core import ActionError, session_start
+from sessions_app.validation import command_meta
 
 STOPPED = (*FINAL, Status.WAITING_INPUT, Status.PAUSED)
 
@@ -21,7 +22,10 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         try:
             session = session_start(
-                agent=options["agent"], input=options["input"], title=options["title"]
+                agent=options["agent"],
+                input=options["input"],
+                title=options["title"],
+                request_meta=command_meta("start_session"),
             )
         except ActionError as exc:
             raise CommandError(str(exc)) from None
