@@ -411,6 +411,9 @@ RESPAWN_REDACT_SECRETS = [
     REDIS_SENTINEL_PASSWORD,
     *(env_secret(name) for name in RESPAWN_REDACT_ENV),
 ]
+# Seconds an operator's action or an admin edit waits for a session row a worker holds
+# (inside a tool's fenced write) before it answers "busy, try again" (PostgreSQL).
+RESPAWN_LOCK_WAIT = env_float("RESPAWN_LOCK_WAIT", 2.0)
 # Seconds one model call may take before it is abandoned and retried.
 RESPAWN_MODEL_TIMEOUT = env_float("RESPAWN_MODEL_TIMEOUT", 60.0)
 # Model prices (agent_runtime.pricing): inline JSON or a JSON file's path, over the

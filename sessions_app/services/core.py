@@ -11,8 +11,9 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import transaction
+from django.db import OperationalError, connection, transaction
 from django.utils import timezone
 
 from agent_runtime.agents import UnknownAgent
@@ -111,8 +112,25 @@ def audit(
 
 
 def _locked(session_id: Any) -> AgentSession:
+    """The session row, locked for this transaction. On PostgreSQL the wait for it is
+    bounded (RESPAWN_LOCK_WAIT): a worker stopped inside a tool's fenced write holds the
+    row, and a request must not hang on it (nor hold a web thread): "busy", try again."""
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('lock_timeout', %s, true)",
+                [f"{int(settings.RESPAWN_LOCK_WAIT * 1000)}ms"],
+            )
     try:
         return AgentSession.objects.select_for_update().get(id=session_id)
+    except OperationalError as exc:
+        if getattr(getattr(exc, "__cause__", None), "sqlstate", None) != "55P03":
+            raise
+        raise ActionError(
+            "the session is busy: a worker is writing a tool's result on it (or is stopped"
+            " inside that write); nothing was changed, try again in a moment",
+            code="busy",
+        ) from None
     except AgentSession.DoesNotExist:
         raise ActionError(f"no session with id {session_id}", code="not_found") from None
     except (ValueError, TypeError):

@@ -42,6 +42,7 @@ ERROR_STATUS = {
     "bad_status": 409,
     "already_running": 409,
     "exists": 409,
+    "busy": 409,
 }
 # The code the API names an HTTP error by when no ActionError named it.
 STATUS_CODE = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}

@@ -227,3 +227,44 @@ def _in_thread(call):
         return call()
     finally:
         connection.close()
+
+
+def test_an_operators_action_on_a_row_a_stuck_tool_holds_answers_busy_not_never(
+    client, users, settings
+):
+    """The API's cancel of a session whose row a stopped worker holds: a 409 "busy" after
+    RESPAWN_LOCK_WAIT, nothing changed, the web thread free again; once the worker lets go
+    the cancel goes through."""
+    import time
+
+    import psycopg
+
+    from sessions_app.models import ApiToken
+
+    from ..conftest import database_url
+
+    settings.RESPAWN_LOCK_WAIT = 1.0
+    session = session_start(agent="echo", input="a")
+    _, token = ApiToken.issue(users["operator"])
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    holder = psycopg.connect(database_url())
+    try:
+        holder.execute(
+            f"SELECT 1 FROM {AgentSession._meta.db_table} WHERE id = %s FOR SHARE", [session.id]
+        )
+        began = time.monotonic()
+        answer = client.post(
+            f"/api/sessions/{session.id}/cancel", content_type="application/json", **auth
+        )
+        took = time.monotonic() - began
+        assert answer.status_code == 409 and answer.json()["error"] == "busy", answer.content
+        assert "try again" in answer.json()["detail"] and took < 5, took
+        assert AgentSession.objects.get(id=session.id).status == Status.QUEUED
+    finally:
+        holder.rollback()
+        holder.close()
+    again = client.post(
+        f"/api/sessions/{session.id}/cancel", content_type="application/json", **auth
+    )
+    assert again.status_code == 200, again.content
+    assert AgentSession.objects.get(id=session.id).status == Status.CANCELLED
