@@ -101,6 +101,14 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | InterfaceError) or is_infrastructure_error(exc)
 
 
+def is_store_fault(exc: BaseException) -> bool:
+    """The database failing under a run (down, restarting, its disk full, a lock or a
+    statement timed out): Django's OperationalError and InterfaceError."""
+    from django.db import InterfaceError, OperationalError
+
+    return isinstance(exc, OperationalError | InterfaceError)
+
+
 def run_config() -> RunConfig:
     return RunConfig(
         prices=price_table(),
@@ -113,6 +121,7 @@ def run_config() -> RunConfig:
         model_timeout=settings.RESPAWN_MODEL_TIMEOUT,
         # No redactor: what a run reads back is kept exactly; the Django store seals a
         # payload or state that holds a secret (sessions_app.sealing).
+        is_store_fault=is_store_fault,
         max_crashes=settings.RESPAWN_MAX_CRASHES,
         transient=TransientRetry(
             retry_for=settings.RESPAWN_TRANSIENT_RETRY_FOR, is_transient=is_transient

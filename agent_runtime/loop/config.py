@@ -41,6 +41,11 @@ class RunConfig:
     redactor: Redactor | None = None
     # Fail a session whose worker died this many times in a row at the same step.
     max_crashes: int = 5
+    # Whether an exception is the store's infrastructure failing (not the session's own
+    # data): the run then releases its lease, retrying for up to `store_fault_patience`
+    # seconds, so that a fault of minutes counts no crash (None: no exception is).
+    is_store_fault: Callable[[BaseException], bool] | None = None
+    store_fault_patience: float = 300.0
     # A fan-out branch dispatched this many times without a result (its worker kept dying)
     # gets an error result the model sees instead of another try.
     max_branch_attempts: int = 3
@@ -70,6 +75,9 @@ class Outcome(enum.StrEnum):
     PAUSED = "paused"
     # The turn's tool calls were handed to branch jobs; `RunResult.branches` says which.
     FANNED_OUT = "fanned_out"
+    # The store failed under the run (the database down, full, or a write timed out): the
+    # lease was released, nothing counts as a crash, the next dispatch runs it again.
+    STORE_FAULT = "store_fault"
 
 
 @dataclass(frozen=True)

@@ -894,6 +894,62 @@ def run_session(
         log.info("session %s: not claimed (leased elsewhere or not runnable)", session_id)
         return RunResult(session_id, Outcome.NOT_CLAIMED)
     try:
+        return _claimed(
+            session_id,
+            lease,
+            claimed_at,
+            store=store,
+            agents=agents,
+            effects=effects,
+            config=config,
+            make_provider=make_provider,
+            records=records,
+        )
+    except Exception as exc:
+        if config.is_store_fault is None or not config.is_store_fault(exc):
+            raise
+        return _release_after_store_fault(session_id, lease, exc, store=store, config=config)
+
+
+def _release_after_store_fault(
+    session_id: str, lease: Lease, fault: Exception, *, store: SessionStore, config: RunConfig
+) -> RunResult:
+    """The store failed under the run (the database down, its disk full, a write that timed
+    out). Not the session's fault and no crash: release the lease, retrying while the
+    store keeps failing, for up to `store_fault_patience` seconds, so that the next claim
+    is not a takeover. Then the reconciler dispatches the session again. A store that is
+    still failing after that lets the lease expire (and that takeover counts)."""
+    log.warning("session %s: the store failed under the run (%s); releasing", session_id, fault)
+    is_fault = config.is_store_fault
+    assert is_fault is not None  # how we got here
+    deadline = time.monotonic() + config.store_fault_patience
+    delay = 0.5
+    while True:
+        try:
+            store.release(lease)
+            break
+        except Exception as again:
+            if not is_fault(again) or time.monotonic() + delay > deadline:
+                raise fault from again
+            time.sleep(delay)
+            delay = min(delay * 2, 10.0)
+    return RunResult(session_id, Outcome.STORE_FAULT, error=f"{type(fault).__name__}: {fault}")
+
+
+def _claimed(
+    session_id: str,
+    lease: Lease,
+    claimed_at: float,
+    *,
+    store: SessionStore,
+    agents: AgentRegistry,
+    effects: EffectLedger,
+    config: RunConfig,
+    make_provider: ProviderFactory,
+    records: RecordSource | None,
+) -> RunResult:
+    """run_session once the lease is held."""
+    try:
         head = store.load_tail(session_id)
     except IncompatibleSchemaError as exc:
         store.release(lease)

@@ -462,6 +462,10 @@ class DjangoSessionStore(abc.ABC):
         return HeartbeatResult(alive=bool(alive), cancel_requested=bool(cancel))
 
     def release(self, lease: Lease) -> bool:
+        # Also called again and again after the database failed under a run: a connection
+        # that failure broke is dropped first, and the next query opens a new one.
+        if connection.errors_occurred and not connection.in_atomic_block:
+            connection.close_if_unusable_or_obsolete()
         return bool(self._held(lease).update(lease_owner=None, lease_expires_at=None))
 
     def report_progress(self, lease: Lease, *, done: int, total: int | None, message: str) -> bool:
