@@ -16,7 +16,7 @@ from typing import Any
 import django_rq
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, When
 from django.utils import timezone
 from redis import Redis
 from redis.exceptions import RedisError
@@ -50,14 +50,16 @@ def new_job_id(session_id) -> str:
     return f"run-{session_id}-{uuid.uuid4().hex[:12]}"
 
 
-def enqueue(session_id, job_id: str) -> bool:
-    """Put a run job on the queue. A Redis failure is logged, not raised: the session is
-    recorded as dispatched in PostgreSQL and the reconciler will try again."""
+def enqueue(session_id, job_id: str, *, first: bool = False) -> bool:
+    """Put a run job on the queue (`first`: at its front, before every waiting job). A Redis
+    failure is logged, not raised: the session is recorded as dispatched in PostgreSQL and
+    the reconciler will try again."""
     try:
         queue().enqueue(
             RUN_JOB,
             str(session_id),
             job_id=job_id,
+            at_front=first,
             job_timeout=settings.RQ_QUEUES[settings.RESPAWN_QUEUE]["DEFAULT_TIMEOUT"],
             result_ttl=600,
             failure_ttl=86400,
@@ -210,7 +212,11 @@ def reconcile(*, limit: int | None = None) -> list[str]:
             | Q(incompatible_code_schema__lt=SCHEMA_VERSION)
             | ~_marked_by_this_code()
         )
-        .order_by(F("dispatched_at").asc(nulls_first=True))
+        # Runs a crash cut short first: their people have waited longest.
+        .order_by(
+            Case(When(status=Status.RUNNING, then=0), default=1),
+            F("dispatched_at").asc(nulls_first=True),
+        )
         .values_list("id", "job_id", "dispatched_at", "status", "lease_expires_at")[:limit]
     )
     try:
@@ -230,7 +236,12 @@ def reconcile(*, limit: int | None = None) -> list[str]:
         if state == "waiting" or (state == "taken" and not overdue):
             continue
         new_id = new_job_id(session_id)
-        if _redispatch(session_id, dispatched_at, new_id) and enqueue(session_id, new_id):
+        # A run that had started (its worker died, its lease expired) goes to the front of
+        # the queue: before sessions that have not started, however many wait.
+        recovered = status == Status.RUNNING
+        if _redispatch(session_id, dispatched_at, new_id) and enqueue(
+            session_id, new_id, first=recovered
+        ):
             dispatched.append(str(session_id))
     if dispatched:
         from ..telemetry import DISPATCHES

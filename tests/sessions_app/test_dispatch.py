@@ -268,3 +268,24 @@ def test_an_operators_action_on_a_row_a_stuck_tool_holds_answers_busy_not_never(
     )
     assert again.status_code == 200, again.content
     assert AgentSession.objects.get(id=session.id).status == Status.CANCELLED
+
+
+def test_a_run_its_worker_died_in_goes_before_sessions_that_have_not_started(rq_queue):
+    """A burst of new sessions waits in the queue; a running session's worker dies. Its
+    re-dispatch is at the front of the queue, not behind the burst."""
+    waiting = [session_start(agent="echo", input=f"new {n}") for n in range(20)]
+    assert rq_queue.count == 20
+    crashed = session_start(agent="echo", input="was running")
+    rq_queue.remove(crashed.job_id)  # the worker that died had dequeued it
+    now = timezone.now()
+    AgentSession.objects.filter(id=crashed.id).update(
+        status=Status.RUNNING,
+        lease_owner="dead-worker",
+        lease_expires_at=now - timedelta(seconds=1),
+        dispatched_at=now - timedelta(minutes=1),
+    )
+    assert reconcile() == [str(crashed.id)]
+    crashed.refresh_from_db()
+    assert rq_queue.job_ids[0] == crashed.job_id
+    # The burst keeps its order behind it.
+    assert rq_queue.job_ids[-20:] == [s.job_id for s in waiting]
