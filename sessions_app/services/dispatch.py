@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import django_rq
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Case, F, Q, When
+from django.db.models.functions import Now
 from django.utils import timezone
 from redis import Redis
 from redis.exceptions import RedisError
@@ -93,7 +94,7 @@ def dispatch_now(session_id) -> None:
     """Record a dispatch of the session's next run and enqueue it (outside a transaction:
     the write that made it runnable has committed)."""
     job_id = new_job_id(session_id)
-    AgentSession.objects.filter(id=session_id).update(job_id=job_id, dispatched_at=timezone.now())
+    AgentSession.objects.filter(id=session_id).update(job_id=job_id, dispatched_at=Now())
     enqueue(session_id, job_id)
 
 
@@ -101,9 +102,9 @@ def dispatch_on_commit(session: AgentSession) -> None:
     """Record the dispatch in this transaction; enqueue only once it has committed, so a
     worker never sees a session that does not exist yet."""
     job_id = new_job_id(session.id)
-    now = timezone.now()
-    AgentSession.objects.filter(id=session.id).update(job_id=job_id, dispatched_at=now)
-    session.job_id, session.dispatched_at = job_id, now
+    AgentSession.objects.filter(id=session.id).update(job_id=job_id, dispatched_at=Now())
+    # The row holds the database's time; this copy this process's (close enough to show).
+    session.job_id, session.dispatched_at = job_id, timezone.now()
     session_id = session.id
     transaction.on_commit(lambda: enqueue(session_id, job_id))
 
@@ -137,10 +138,26 @@ def _job_state(job_id: str, connection) -> str:
 ENQUEUE_SETTLE = 1.0
 
 
+def database_now() -> datetime:
+    """The database's clock: leases and dispatches are stamped with it, so a process
+    whose own clock runs fast or slow compares them right."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT clock_timestamp()")  # now(): the transaction's start
+        else:
+            cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
+        now = cursor.fetchone()[0]
+    if isinstance(now, str):  # SQLite: text, in UTC
+        now = datetime.fromisoformat(now).replace(tzinfo=UTC)
+    return now
+
+
 def next_lease_expiry() -> float | None:
     """Seconds until the first live lease of a runnable session runs out (None: no live
     lease). Read from the reconciler's partial index (runnable sessions by expiry)."""
-    now = timezone.now()
+    now = database_now()
     expires = (
         AgentSession.objects.filter(status__in=RUNNABLE, lease_expires_at__gt=now)
         .order_by("lease_expires_at")
@@ -175,9 +192,7 @@ def _redispatch(session_id: Any, dispatched_at: Any, job_id: str) -> bool:
         )
         if not list(free):
             return False
-        AgentSession.objects.filter(id=session_id).update(
-            job_id=job_id, dispatched_at=timezone.now()
-        )
+        AgentSession.objects.filter(id=session_id).update(job_id=job_id, dispatched_at=Now())
         return True
 
 
@@ -196,11 +211,13 @@ def reconcile(*, limit: int | None = None) -> list[str]:
     Returns the ids dispatched.
     """
     limit = limit or settings.RESPAWN_RECONCILE_BATCH
-    now = timezone.now()
+    # Leases and dispatches are stamped with the database's clock: so are the comparisons.
+    now = database_now()
     grace = now - timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
     settled = now - timedelta(seconds=min(ENQUEUE_SETTLE, settings.RESPAWN_DISPATCH_GRACE))
     candidates = (
         AgentSession.objects.filter(status__in=RUNNABLE)
+        # Leases expire on the database's clock (the store's claim and heartbeat).
         .filter(Q(lease_owner__isnull=True) | Q(lease_expires_at__lte=now))
         .filter(
             Q(dispatched_at__isnull=True)

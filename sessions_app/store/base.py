@@ -29,6 +29,7 @@ from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connection, connections, transaction
 from django.db.models import F, QuerySet
+from django.db.models.functions import Now
 from django.db.models.signals import post_migrate, pre_migrate
 from django.dispatch import receiver
 from django.utils import timezone
@@ -452,8 +453,8 @@ class DjangoSessionStore(abc.ABC):
             return BranchAppend(seq=seq, unanswered=len(calls - answered - {call_id}))
 
     def heartbeat(self, lease: Lease, ttl: float) -> HeartbeatResult:
-        now = timezone.now()
-        alive = self._held(lease).update(lease_expires_at=now + timedelta(seconds=ttl))
+        # On the database's clock, as the claim.
+        alive = self._held(lease).update(lease_expires_at=Now() + timedelta(seconds=ttl))
         cancel = (
             AgentSession.objects.filter(id=lease.session_id)
             .values_list("cancel_requested", flat=True)

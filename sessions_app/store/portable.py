@@ -9,7 +9,7 @@ from typing import Any
 
 from django.db import transaction
 from django.db.models import Case, F, Value, When
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.store import AppendResult, Lease, SessionNotFound
@@ -20,14 +20,15 @@ from .base import AppendRows, DjangoSessionStore, LiveStep, SessionRow
 
 class PortableSessionStore(DjangoSessionStore):
     def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
-        now = timezone.now()
+        # On the database's clock (Now()), as on PostgreSQL.
+        now = Now()
         runnable = AgentSession.objects.filter(id=session_id, status__in=RUNNABLE)
         taken = {
             "lease_owner": owner,
-            "lease_expires_at": now + timedelta(seconds=ttl),
+            "lease_expires_at": Now() + timedelta(seconds=ttl),
             "fencing_token": F("fencing_token") + 1,
             "status": Status.RUNNING,
-            "updated_at": now,
+            "updated_at": Now(),
         }
         # A free lease (released cleanly, or freed by a person): no crash to count.
         claimed = runnable.filter(lease_owner__isnull=True).update(**taken, crash_count=0)

@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import timedelta
 from typing import Any
 
 import orjson
 import psycopg
 from django.conf import settings
 from django.db import connection, connections
-from django.utils import timezone
 from psycopg.types.json import set_json_loads
 
 from agent_runtime.state import SCHEMA_VERSION, StepKind
@@ -113,25 +111,25 @@ def _execute_prepared(
 
 class PostgreSQLSessionStore(DjangoSessionStore):
     def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
-        """The portable claim's two UPDATEs in one statement."""
-        now = timezone.now()
+        """The portable claim's two UPDATEs in one statement. Expiry is on the database's
+        clock (now()): a worker whose clock runs fast takes no live lease, one that runs
+        slow keeps no dead worker's session waiting."""
         row = _execute_prepared(
-            f"UPDATE {SESSION_TABLE} SET lease_owner = %s, lease_expires_at = %s,"
-            " fencing_token = fencing_token + 1, status = %s, updated_at = %s,"
+            f"UPDATE {SESSION_TABLE} SET lease_owner = %s,"
+            " lease_expires_at = now() + %s * interval '1 second',"
+            " fencing_token = fencing_token + 1, status = %s, updated_at = now(),"
             " crash_count = CASE WHEN lease_owner IS NULL THEN 0"
             "  WHEN last_seq <= crash_seq + 1 THEN crash_count + 1 ELSE 1 END,"
             " crash_seq = CASE WHEN lease_owner IS NULL THEN crash_seq ELSE last_seq END"
             " WHERE id = %s::uuid AND status IN (%s, %s)"
-            " AND (lease_owner IS NULL OR lease_expires_at <= %s)"
+            " AND (lease_owner IS NULL OR lease_expires_at <= now())"
             " RETURNING fencing_token, crash_count",
             [
                 owner,
-                now + timedelta(seconds=ttl),
+                float(ttl),
                 Status.RUNNING.value,
-                now,
                 session_id,
                 *(s.value for s in RUNNABLE),
-                now,
             ],
         )
         if row is None:
