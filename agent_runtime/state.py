@@ -661,6 +661,7 @@ class PayloadField(enum.StrEnum):
     MODEL = "model"
     NAME = "name"
     OF = "of"
+    OUTPUT = "output"
     PLAN_UPDATE = "plan_update"
     RESULT_SEQ = "result_seq"
     STATUS = "status"

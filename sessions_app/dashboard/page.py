@@ -8,6 +8,7 @@ shows: a 100,000-step trace must not make a header refresh slow."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.conf import settings
@@ -23,6 +24,9 @@ from .actions import ACTIONS
 from .presenters import TraceContext, status_view
 
 LIVE_POLL = "2s"
+# The longest output (as indented JSON) the correction form is filled in with; a longer
+# one is read in the trace, and the form starts empty rather than with a cut-off value.
+PREFILL_MAX = 20_000
 TRACE_REFRESH_MAX = 500  # steps a trace re-renders in place after an action
 
 # The pieces each part shows, in order; piece `x` is SessionPage's method `_x`.
@@ -101,8 +105,16 @@ class SessionPage:
         return {"failures": self.failures()}
 
     def _tool_results(self, context: dict[str, Any], part: str) -> dict[str, Any]:
-        # Only operators see the correction form that lists them.
-        return {"tool_results": selectors.live_tool_results(self.session)} if self.operate else {}
+        # Only operators see the correction form that lists them, each with what it says
+        # now: the form starts from the current output, not from nothing.
+        if not self.operate:
+            return {}
+        return {
+            "tool_results": [
+                {"seq": seq, "name": name, "output": _prefill(output)}
+                for seq, name, output in selectors.live_tool_results(self.session)
+            ]
+        }
 
     def _checkpoints(self, context: dict[str, Any], part: str) -> dict[str, Any]:
         checkpoints, older_checkpoints = selectors.latest_checkpoints(self.session)
@@ -160,6 +172,11 @@ def steps_context(request: HtmxRequest) -> TraceContext | None:
     if turns is None or runs is None:
         return None
     return TraceContext(turns, runs, request.GET.get("worker", "")[:200])
+
+
+def _prefill(output: Any) -> str | None:
+    text = json.dumps(output, ensure_ascii=False, indent=2)
+    return text if len(text) <= PREFILL_MAX else None
 
 
 def _model_name(session: AgentSession) -> str:

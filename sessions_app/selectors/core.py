@@ -1314,12 +1314,15 @@ def superseded_count(session: AgentSession) -> int:
     return Step.objects.filter(session=session, superseded_at__isnull=False).count()
 
 
-def live_tool_results(session: AgentSession, limit: int = 50) -> list[tuple[int, str]]:
-    """(seq, tool) of the latest live tool results: what an operator may correct."""
+def live_tool_results(session: AgentSession, limit: int = 50) -> list[tuple[int, str, Any]]:
+    """(seq, tool, output) of the latest live tool results: what an operator may correct,
+    and what each says now (the key `output` is the same at every schema version)."""
     return list(
         Step.objects.filter(session=session, kind=Kind.TOOL_RESULT, superseded_at__isnull=True)
         .order_by("-seq")
-        .values_list("seq", payload_key(PayloadField.NAME))[:limit]
+        .values_list("seq", payload_key(PayloadField.NAME), payload_key(PayloadField.OUTPUT))[
+            :limit
+        ]
     )
 
 
