@@ -142,7 +142,8 @@ def budget_fields(form: Mapping[str, Any]) -> dict[str, Any]:
         except ValueError:
             kind = "a whole number" if name in ("max_steps", "max_tokens") else "a number"
             raise services.ActionError(
-                f"{name.replace('_', ' ')}: expected {kind} or 'none', got {raw[:40]!r}"
+                f"{name.replace('_', ' ')}: expected {kind} or 'none', got {raw[:40]!r}",
+                field=name,
             ) from None
     return changes
 

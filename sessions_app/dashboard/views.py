@@ -46,7 +46,15 @@ from ..web.http import (
     request_meta,
 )
 from . import charts, trace
-from .actions import ACTIONS, BULK_ACTIONS, OPERATE, PREVIEWS, ActionInput, Permission
+from .actions import (
+    ACTIONS,
+    BULK_ACTIONS,
+    OPERATE,
+    PREVIEWS,
+    ActionInput,
+    Permission,
+    budget_fields,
+)
 from .page import SessionPage, steps_context
 from .presenters import audit_details, audit_via, diff_states
 
@@ -676,6 +684,75 @@ def audit_log(request: HtmxRequest) -> HttpResponse:
             "actions": AuditAction.choices,
         },
         status=400 if error else 200,
+    )
+
+
+# --- Starting a session -----------------------------------------------------------------
+
+MAX_TITLE = 300  # as the API's
+BUDGET_INPUTS = (  # the form's budget fields: name, label, inputmode
+    ("max_steps", "Steps", "numeric"),
+    ("max_tokens", "Tokens", "numeric"),
+    ("max_cost", "Cost ($)", "decimal"),
+    ("max_seconds", "Wall time (s)", "decimal"),
+)
+
+
+@login_required
+def session_new(request: HtmxRequest) -> HttpResponse:
+    """Start a session (operators): an agent, its input, a title and budgets, checked by
+    the service the API starts sessions with; a refusal is shown beside the field it is
+    about, with what was typed kept."""
+    _require_view(request)
+    _require_operate(request)
+    agents = selectors.startable_agents()
+    form = {
+        "agent": request.POST.get("agent", request.GET.get("agent", "")),
+        "input": request.POST.get("input", ""),
+        "title": request.POST.get("title", ""),
+        **{name: request.POST.get(name, "") for name in services.BUDGET_FIELDS},
+    }
+    errors: dict[str, str] = {}
+    if request.method == "POST":
+        try:
+            title = form["title"].strip()
+            if any(char in title for char in "\r\n"):
+                raise services.ActionError("title: one line, please", field="title")
+            if len(title) > MAX_TITLE:
+                raise services.ActionError(
+                    f"title: at most {MAX_TITLE} characters (got {len(title)})", field="title"
+                )
+            budgets = budget_fields(request.POST)
+            session = services.session_start(
+                agent=form["agent"],
+                input=form["input"],
+                title=title,
+                budgets=budgets or None,
+                actor=request.user,
+                request_meta=_meta(request),
+            )
+        except services.ActionError as exc:
+            errors[exc.field or "form"] = str(exc)
+        else:
+            messages.success(request, f"Started: a {session.agent} session, queued for a worker.")
+            return redirect("sessions:detail", session_id=session.id)
+    elif request.method != "GET":
+        return HttpResponse(status=405)
+    return render(
+        request,
+        "sessions/new.html",
+        {
+            "agents": agents,
+            "form": form,
+            "errors": errors,
+            "max_input": services.MAX_INPUT_CHARS,
+            "max_title": MAX_TITLE,
+            "budget_inputs": [
+                {"name": name, "label": label, "mode": mode, "value": form[name]}
+                for name, label, mode in BUDGET_INPUTS
+            ],
+        },
+        status=400 if errors else 200,
     )
 
 

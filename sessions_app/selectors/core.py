@@ -358,6 +358,36 @@ def agent_names() -> list[str]:
 
 
 @dataclass(frozen=True)
+class AgentChoice:
+    """An agent a person may start a session of, with the limits it runs under unless
+    the session sets its own."""
+
+    name: str
+    description: str
+    version: str
+    max_steps: int
+    max_tokens: int | None
+    max_cost: float | None
+    max_seconds: float | None
+
+
+def startable_agents() -> list[AgentChoice]:
+    """The registered agents, by name: what a new session may run."""
+    return [
+        AgentChoice(
+            name=agent.name,
+            description=agent.description,
+            version=agent.version,
+            max_steps=agent.limits.max_steps,
+            max_tokens=agent.limits.max_tokens,
+            max_cost=agent.limits.max_cost,
+            max_seconds=agent.limits.max_seconds,
+        )
+        for agent in agent_registry()
+    ]
+
+
+@dataclass(frozen=True)
 class ToolView:
     name: str
     description: str

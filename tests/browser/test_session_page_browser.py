@@ -4,17 +4,18 @@ tool result, rolling back, reading a finished or a running session, starting one
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from agent_runtime.state import OperatorAction
 from sessions_app.dashboard.actions import ACTIONS
-from sessions_app.models import AgentSession, Kind, Status, Step
+from sessions_app.models import AgentSession, AuditAction, AuditEvent, Kind, Status, Step
 from sessions_app.services.core import session_start
 
 from ..conftest import run_inline, wait_for
 from ..sessions_app.test_dashboard import _uncertain_notify_session
-from .conftest import console_errors, login
+from .conftest import console_errors, login, screenshot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -87,3 +88,72 @@ def test_the_correction_form_starts_from_the_chosen_results_current_output(page,
     step = Step.objects.filter(session=session, kind=Kind.OPERATOR).get()
     assert step.payload["output"] == corrected
     assert console_errors(page) == []
+
+
+def test_an_operator_starts_a_session_from_the_dashboard(page, users):
+    login(page, "olivia", "pw-operator")
+    page.locator("#new-session-link").click()
+    page.wait_for_url("**/sessions/new/")
+    agents = page.locator("select[name=agent] option").evaluate_all(
+        "options => options.map(o => o.value)"
+    )
+    assert "echo" in agents and "demo" in agents
+
+    # A bad budget is refused beside its field, naming it; what was typed is kept.
+    page.select_option("select[name=agent]", "echo")
+    page.fill("textarea[name=input]", "say hello to the new dashboard")
+    page.fill("input[name=max_steps]", "ten")
+    page.get_by_role("button", name="Start the session").click()
+    error = page.locator(".form-error[data-field=max_steps]")
+    assert "max steps" in error.inner_text() and "'ten'" in error.inner_text()
+    assert page.locator("textarea[name=input]").input_value() == "say hello to the new dashboard"
+    assert page.locator("select[name=agent]").input_value() == "echo"
+    assert not AgentSession.objects.exists()
+    screenshot(page, "new-session-refused")
+
+    # The service's own checks, beside their fields too: a limit that is not positive.
+    page.fill("input[name=max_steps]", "0")
+    page.get_by_role("button", name="Start the session").click()
+    assert "budgets.max_steps" in page.locator(".form-error[data-field=max_steps]").inner_text()
+    page.fill("input[name=max_steps]", "5")
+    page.fill("textarea[name=input]", "   ")
+    page.get_by_role("button", name="Start the session").click()
+    assert "input must not be empty" in page.locator(".form-error[data-field=input]").inner_text()
+    assert not AgentSession.objects.exists()
+
+    page.fill("textarea[name=input]", "say hello to the new dashboard")
+    page.fill("input[name=max_cost]", "0.25")
+    page.get_by_role("button", name="Start the session").click()
+    page.wait_for_url(re.compile(r"/sessions/[0-9a-f-]{36}/$"))
+    session = AgentSession.objects.get()
+    assert page.url.endswith(f"/sessions/{session.id}/")
+    assert session.agent == "echo" and session.created_by == users["operator"]
+    assert "Started" in page.locator(".messages").inner_text()
+    event = AuditEvent.objects.get(session=session, action=AuditAction.START)
+    assert event.actor == users["operator"]
+    assert event.request_meta["via"] == "dashboard"
+    assert event.after["budgets"] == {"max_steps": 5, "max_cost": 0.25}
+    assert console_errors(page, allow_http_errors=True) == []
+
+
+def test_the_new_session_page_fits_a_phone(make_page, users):
+    page = make_page(390, 800)
+    login(page, "olivia", "pw-operator")
+    page.goto("/sessions/new/")
+    page.fill("textarea[name=input]", "x")
+    page.fill("input[name=max_cost]", "a lot")
+    page.get_by_role("button", name="Start the session").click()
+    assert page.locator(".form-error[data-field=max_cost]").is_visible()
+    screenshot(page, "new-session-phone")
+    assert page.evaluate("document.documentElement.scrollWidth") <= 390
+
+
+def test_a_viewer_is_offered_no_new_session_and_is_refused_one(page, users, client):
+    login(page, "victor", "pw-viewer")
+    assert page.locator("#new-session-link").count() == 0
+    response = page.goto("/sessions/new/")
+    assert response.status == 403
+    client.force_login(users["viewer"])
+    response = client.post("/sessions/new/", {"agent": "echo", "input": "hi"})
+    assert response.status_code == 403
+    assert not AgentSession.objects.exists()
