@@ -14,14 +14,16 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from ..models import AgentSession
+from agent_runtime.state import SCHEMA_VERSION
+
+from ..models import FINAL, AgentSession
 from ..permissions import can_operate
 from ..selectors import core as selectors
 from ..services.graphs import pending_interrupts
 from ..web.http import HtmxRequest, positive_int
 from . import trace
 from .actions import ACTIONS
-from .presenters import TraceContext, status_view
+from .presenters import TraceContext, final_plan, progress_view, status_view
 
 LIVE_POLL = "2s"
 # The longest output (as indented JSON) the correction form is filled in with; a longer
@@ -80,14 +82,21 @@ class SessionPage:
 
     def _base(self, context: dict[str, Any], part: str) -> dict[str, Any]:
         session = self.session
-        state = selectors.head_state(session)
+        checkpoint, state = selectors.head(session)
+        plan = trace.current_plan(session, state) if state or session.head else []
+        ended = session.status in FINAL
         return {
             "state": state,
             "status": status_view(session),
-            "plan": trace.current_plan(session, state) if state or session.head else [],
+            # A finished session's plan is as it was left, not "in progress".
+            "plan": final_plan(plan, session.status) if ended else plan,
+            "plan_final": ended and bool(plan),
+            "progress": progress_view(session, state),
             "now": timezone.now(),
             "duration": (session.updated_at - session.created_at) if session.updated_at else None,
-            "schema_version": state.get("schema_version"),
+            # The version the head is stored at (None before the first checkpoint).
+            "schema_version": checkpoint.schema_version if checkpoint else None,
+            "schema_current": SCHEMA_VERSION,
             "model": _model_name(session),
             "pending": state.get("pending_approval") if session.can_decide() else None,
             "uncertain": selectors.uncertain_call(session, state),

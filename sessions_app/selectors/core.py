@@ -987,8 +987,13 @@ def latest_checkpoints(session: AgentSession, limit: int = 20) -> tuple[list[Che
 def head_state(session: AgentSession) -> dict[str, Any]:
     """The head checkpoint's state, upgraded to the current schema (as stored if it cannot
     be: the page then shows the session's incompatibility)."""
+    return head(session)[1]
+
+
+def head(session: AgentSession) -> tuple[Checkpoint | None, dict[str, Any]]:
+    """The head checkpoint (None before the first), and its state as head_state reads it."""
     checkpoint = session.head_checkpoint()
-    return upgraded_state(checkpoint.state) if checkpoint else {}
+    return checkpoint, upgraded_state(checkpoint.state) if checkpoint else {}
 
 
 # --- Budgets and costs ----------------------------------------------------------------

@@ -157,3 +157,43 @@ def test_a_viewer_is_offered_no_new_session_and_is_refused_one(page, users, clie
     response = client.post("/sessions/new/", {"agent": "echo", "input": "hi"})
     assert response.status_code == 403
     assert not AgentSession.objects.exists()
+
+
+def test_a_finished_session_shows_its_final_state_not_its_last_live_news(page, users, settings):
+    settings.RESPAWN_SLOW_DELAY = 0  # the notification tool's pause
+    demo = run_inline(session_start(agent="demo", input="what is (12*7)+3, then save it as a note"))
+    notify = run_inline(session_start(agent="notify", input="tell ops the deploy finished"))
+    migrate = run_inline(
+        session_start(agent="migrate", input="migrate 30 records in batches of 10")
+    )
+    queued = session_start(agent="echo", input="not picked up yet")
+    for session in (demo, notify, migrate):
+        assert session.status == Status.COMPLETED, session.last_error
+    # What the notification tool reported while it ran stays on the row.
+    notify.refresh_from_db()
+    assert notify.progress_note.startswith("sending")
+
+    login(page, "olivia", "pw-operator")
+    page.goto(f"/sessions/{demo.id}/")
+    header = page.locator("#header")
+    plan = header.locator(".plan-box").last
+    assert "Plan, as the session left it" in plan.text_content()
+    assert "in progress" not in plan.text_content()
+    # The agent answered without ticking its last items off.
+    assert "save the result as a note (not marked done)" in plan.inner_text()
+    assert "compute (12*7)+3 (done)" in plan.inner_text()
+    assert "state v–" not in header.inner_text()
+    assert header.locator("#schema").inner_text() == "state v3"
+
+    page.goto(f"/sessions/{notify.id}/")
+    assert page.locator("#progress").count() == 0
+    assert "sending" not in page.locator("#header").inner_text()
+
+    # Batch work keeps its durable progress: every record, done.
+    page.goto(f"/sessions/{migrate.id}/")
+    assert "30 / 30 (100%)" in page.locator("#progress").inner_text()
+
+    page.goto(f"/sessions/{queued.id}/")
+    assert page.locator("#schema").count() == 0
+    assert "v–" not in page.locator("#header").inner_text()
+    assert console_errors(page) == []
