@@ -133,7 +133,7 @@ def status_view(session: AgentSession) -> StatusView:
 # What a plan item still open says once its session ended: a finished session's plan is as
 # it was left, never "in progress". A completed session's agent may simply not have ticked
 # its last items off (it answered): they are "not marked done", not "not started".
-LEFT_OPEN = {
+LEFT_OPEN: dict[str, dict[str, str]] = {
     Status.COMPLETED: {"in_progress": "not marked done", "pending": "not marked done"},
     Status.FAILED: {"in_progress": "unfinished", "pending": "not started"},
     Status.CANCELLED: {"in_progress": "unfinished", "pending": "not started"},
