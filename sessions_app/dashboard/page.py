@@ -37,7 +37,9 @@ PARTS: dict[str, tuple[str, ...]] = {
     "actions": ("base", "budgets", "tool_results"),
     "panel": ("base", "budgets", "failures", "tool_results"),
     "trace": ("trace",),
-    "page": ("base", "budgets", "failures", "tool_results", "trace", "checkpoints"),
+    "checkpoints": ("checkpoints",),
+    "audit": ("audit",),
+    "page": ("base", "budgets", "failures", "tool_results", "trace", "checkpoints", "audit"),
 }
 
 
@@ -127,11 +129,18 @@ class SessionPage:
 
     def _checkpoints(self, context: dict[str, Any], part: str) -> dict[str, Any]:
         checkpoints, older_checkpoints = selectors.latest_checkpoints(self.session)
+        # The head: the last checkpoint written at the head seq (a rollback may leave an
+        # older copy there), as session.head_checkpoint() picks it.
+        head = max((c.pk for c in checkpoints if c.seq == self.session.head), default=None)
         return {
             "checkpoints": checkpoints,
             "older_checkpoints": older_checkpoints,
-            "audit": selectors.recent_audit(self.session),
+            "head_checkpoint_id": head,
+            "now": timezone.now(),
         }
+
+    def _audit(self, context: dict[str, Any], part: str) -> dict[str, Any]:
+        return {"audit": selectors.recent_audit(self.session), "now": timezone.now()}
 
     def _trace(self, context: dict[str, Any], part: str) -> dict[str, Any]:
         """The trace as the page (or its #trace part) shows it: from `from`, with filters.

@@ -453,10 +453,11 @@ def session_detail(request: HtmxRequest, session_id: UUID) -> HttpResponse:
 @login_required
 @require_GET
 def session_header(request: HtmxRequest, session_id: UUID) -> HttpResponse:
-    """The header (polled while the session is live), the actions, or both."""
+    """The header (polled while the session is live), the actions, or both; or the
+    checkpoints or audit card (redrawn after an action, and as the session moves)."""
     session = _get_session(request, session_id)
     part = request.GET.get("part", "panel")
-    if part not in ("panel", "header", "actions"):
+    if part not in ("panel", "header", "actions", "checkpoints", "audit"):
         raise Http404("no such part")
     response = render(
         request, f"sessions/detail.html#{part}", SessionPage(request, session).context(part)

@@ -975,13 +975,24 @@ def checkpoints_of(session: AgentSession) -> list[Checkpoint]:
 
 def latest_checkpoints(session: AgentSession, limit: int = 20) -> tuple[list[Checkpoint], bool]:
     """The latest `limit` checkpoints (oldest first), and whether there are older ones: a
-    long session checkpoints every turn, and its page lists only the recent ones."""
-    rows = list(
-        Checkpoint.objects.filter(session=session)
-        .order_by("-seq", "-id")
-        .defer("state")[: limit + 1]
+    long session checkpoints every turn, and its page lists only the recent ones. The
+    head is always among them, however old (a rollback to an early checkpoint leaves the
+    latest ones superseded); each says whether a rollback superseded it."""
+    checkpoints = Checkpoint.objects.filter(session=session).annotate(
+        # Its step was superseded by a rollback: no longer on the session's path (and
+        # shown in the trace only with the superseded steps).
+        superseded=Exists(
+            Step.objects.filter(session=session, seq=OuterRef("seq"), superseded_at__isnull=False)
+        )
     )
-    return rows[:limit][::-1], len(rows) > limit
+    rows = list(checkpoints.order_by("-seq", "-id").defer("state")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    if session.head and not any(row.seq == session.head for row in rows):
+        head = checkpoints.filter(seq=session.head).order_by("-id").defer("state").first()
+        if head is not None:
+            rows = [*rows[: limit - 1], head]
+    return sorted(rows, key=lambda row: (row.seq, row.pk)), more
 
 
 def head_state(session: AgentSession) -> dict[str, Any]:

@@ -197,3 +197,71 @@ def test_a_finished_session_shows_its_final_state_not_its_last_live_news(page, u
     assert page.locator("#schema").count() == 0
     assert "v–" not in page.locator("#header").inner_text()
     assert console_errors(page) == []
+
+
+def checkpoint_rows(page) -> list[tuple[int, str, str]]:
+    """(seq, reason, marks) of each row of the checkpoints card."""
+    return [
+        (int(seq), reason, marks)
+        for seq, reason, marks in page.locator("#checkpoints tbody tr").evaluate_all(
+            """rows => rows.map(r => [r.dataset.seq, r.cells[1].innerText,
+                [r.classList.contains('head') ? 'head' : '',
+                 r.classList.contains('superseded') ? 'superseded' : ''].join(' ').trim()])"""
+        )
+    ]
+
+
+def test_after_a_rollback_the_checkpoints_card_marks_the_head_and_what_was_superseded(page, users):
+    session = run_inline(
+        session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
+    )
+    login(page, "olivia", "pw-operator")
+    page.goto(f"/sessions/{session.id}/")
+    page.evaluate("window.__noReload = true")
+    assert checkpoint_rows(page) == [(7, "auto", ""), (12, "auto", ""), (13, "auto", "head")]
+
+    page.locator("#step-7 button", has_text="roll back here").click()
+    page.locator("#preview button", has_text="Confirm rollback").click()
+    wait_for(lambda: page.locator("#status").inner_text() == "Paused", what="the rollback")
+    # Redrawn in place, without a reload: the head is #7, what came after it superseded.
+    wait_for(
+        lambda: (
+            checkpoint_rows(page)
+            == [
+                (7, "auto", "head"),
+                (12, "auto", "superseded"),
+                (13, "auto", "superseded"),
+                (13, "before-rollback", "superseded"),
+            ]
+        ),
+        what="the checkpoints card to be redrawn",
+    )
+    assert page.evaluate("window.__noReload") is True
+    # The audit card too.
+    assert "rollback" in page.locator("#audit").inner_text()
+
+    # Every listed checkpoint leads to its step, a superseded one among the superseded steps.
+    page.locator("#checkpoints tr[data-seq='12'] a").click()
+    page.wait_for_url("**superseded=1**")
+    step = page.locator("#step-12")
+    assert step.is_visible()
+    assert "superseded" in (step.get_attribute("class") or "")
+    page.goto(f"/sessions/{session.id}/")
+    page.locator("#checkpoints tr.head a").click()
+    page.wait_for_url("**from=7**")
+    assert page.locator("#step-7").is_visible()
+    assert console_errors(page) == []
+
+
+def test_the_head_is_listed_however_old_it_is(page, users):
+    session = run_inline(session_start(agent="slow", input="count to 25"))
+    first = Step.objects.filter(session=session, kind=Kind.TOOL_RESULT).order_by("seq").first()
+    from sessions_app.services.core import checkpoint_rollback
+
+    checkpoint_rollback(session_id=session.id, checkpoint_seq=first.seq)
+    login(page, "olivia", "pw-operator")
+    page.goto(f"/sessions/{session.id}/")
+    rows = checkpoint_rows(page)
+    assert len(rows) == 20
+    assert rows[0] == (first.seq, "auto", "head")
+    assert all(marks == "superseded" for _, _, marks in rows[1:])
