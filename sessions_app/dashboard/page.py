@@ -149,7 +149,9 @@ class SessionPage:
         params = self.request.GET
         session = self.session
         filters = trace.TraceFilters.from_query(params)
-        start = positive_int(params.get("from"))
+        latest_from = max(session.last_seq - trace.TRACE_PAGE + 1, 1)
+        # from=latest: the tail as it is when the link is followed, not when it was drawn.
+        start = latest_from if params.get("from") == "latest" else positive_int(params.get("from"))
         upto = positive_int(params.get("upto")) if part == "trace" else None
         limit = trace.TRACE_PAGE
         if upto:
@@ -166,7 +168,7 @@ class SessionPage:
             "earlier_from": max(start - trace.TRACE_PAGE, 1) if start and start > 1 else None,
             "failures": failures,
             "first_error": failures.first,
-            "latest_from": max(session.last_seq - trace.TRACE_PAGE + 1, 1),
+            "latest_from": latest_from,
             "trace_query": filters.query(**{"from": start}),
             "kinds": list(trace.KIND_FILTERS),
         }

@@ -55,7 +55,7 @@ from .actions import (
     Permission,
     budget_fields,
 )
-from .page import SessionPage, steps_context
+from .page import TRACE_REFRESH_MAX, SessionPage, steps_context
 from .presenters import audit_details, audit_via, diff_states
 
 PAGE_SIZE = 50
@@ -466,6 +466,10 @@ def session_header(request: HtmxRequest, session_id: UUID) -> HttpResponse:
         # Settled: stop polling, and tell the actions to redraw for the new status.
         response.status_code = HttpResponseStopPolling.status_code
         trigger_client_event(response, "session-settled", after="swap")
+    elif part == "header" and session.last_seq != positive_int(request.GET.get("seen")):
+        # New steps since the header the page shows: the live parts (trace tail,
+        # timeline, usage, checkpoints) follow this one poll, so none lags behind it.
+        trigger_client_event(response, "session-moved", {"last_seq": session.last_seq})
     return response
 
 
@@ -480,7 +484,12 @@ def session_steps(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     except InvalidInput as exc:
         return _error(request, f"{exc} (a step number)", 400)
     filters = trace.TraceFilters.from_query(request.GET)
-    page = trace.trace_page(session, after=after, filters=filters, context=steps_context(request))
+    # The live tail takes every step that arrived since (up to a bound), so the trace keeps
+    # up with the header however fast the session runs; scrolling loads a page at a time.
+    limit = TRACE_REFRESH_MAX if request.GET.get("live") == "1" else trace.TRACE_PAGE
+    page = trace.trace_page(
+        session, after=after, filters=filters, context=steps_context(request), limit=limit
+    )
     if not page.views and not page.more and not session.is_runnable:
         # Caught up with a session that will not change: nothing to add, stop asking.
         return HttpResponseStopPolling()

@@ -265,3 +265,53 @@ def test_the_head_is_listed_however_old_it_is(page, users):
     assert len(rows) == 20
     assert rows[0] == (first.seq, "auto", "head")
     assert all(marks == "superseded" for _, _, marks in rows[1:])
+
+
+def test_the_live_parts_keep_up_with_the_header_and_latest_means_now(page, users, start_worker):
+    # About 30 steps a second: more than a page of the trace (50) between two polls (2 s).
+    start_worker(RESPAWN_SLOW_DELAY="0.1")
+    session = session_start(agent="slow", input="count to 400")
+    wait_for(
+        lambda: AgentSession.objects.get(id=session.id).last_seq > 20, timeout=30, what="the run"
+    )
+    login(page, "olivia", "pw-operator")
+    page.goto(f"/sessions/{session.id}/")
+    page.evaluate("window.__noReload = true")
+    loaded_at = int(page.locator("#header").get_attribute("data-last-seq"))
+
+    def shown() -> tuple[int, int, int]:
+        """(header's last seq, trace's last seq, timeline's step count), as drawn now."""
+        return page.evaluate(
+            """() => {
+                const steps = document.querySelectorAll('#trace-list > li.step');
+                const sum = document.querySelector('#timeline .timeline-sum b');
+                return [
+                    +document.querySelector('#header').dataset.lastSeq,
+                    steps.length ? +steps[steps.length - 1].dataset.seq : 0,
+                    sum ? +sum.textContent.replace(/[^0-9]/g, '') : 0,
+                ];
+            }"""
+        )
+
+    # Each time the header moves on, the trace and the timeline follow within the same
+    # poll: never a page or more behind it.
+    for _ in range(4):
+        header = shown()[0]
+        wait_for(lambda h=header: shown()[0] > h, timeout=10, what="the header to move on")
+        header = shown()[0]
+        wait_for(
+            lambda h=header: shown()[1] >= h and shown()[2] >= h,
+            timeout=1.5,
+            interval=0.05,
+            what=f"the trace and timeline to reach the header's #{header}: {shown()}",
+        )
+
+    # "latest steps" goes to the tail as it is now, not as it was when the page loaded.
+    assert AgentSession.objects.get(id=session.id).last_seq > loaded_at + 100
+    page.locator("#trace a.latest").click()
+    page.wait_for_url("**from=latest**")
+    now = AgentSession.objects.get(id=session.id).last_seq
+    first = int(page.locator("#trace-list > li.step").first.get_attribute("data-seq"))
+    assert first > loaded_at + 50 and first >= now - 200
+    assert page.evaluate("window.__noReload") is None  # a link followed: a new page
+    assert console_errors(page) == []
