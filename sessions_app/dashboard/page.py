@@ -26,6 +26,16 @@ from .actions import ACTIONS
 from .presenters import TraceContext, final_plan, progress_view, status_view
 
 LIVE_POLL = "2s"
+# Past this many steps a live session's timeline and tokens per turn (drawn over the whole
+# session: ~0.5 s and ~0.08 s at 100,000 steps) follow the header's poll at most every 10 s.
+LIVE_HEAVY_STEPS = 20_000
+
+
+def live_throttle(session: AgentSession) -> str:
+    """The hx-trigger modifier a whole-session part of a live page follows the poll with."""
+    return " throttle:10s" if session.last_seq > LIVE_HEAVY_STEPS else ""
+
+
 # The longest output (as indented JSON) the correction form is filled in with; a longer
 # one is read in the trace, and the form starts empty rather than with a cut-off value.
 PREFILL_MAX = 20_000
@@ -80,6 +90,7 @@ class SessionPage:
             "actions": ACTIONS,
             "is_live": self.session.is_runnable,
             "live_poll": LIVE_POLL,
+            "live_throttle": live_throttle(self.session),
         }
 
     def _base(self, context: dict[str, Any], part: str) -> dict[str, Any]:

@@ -55,7 +55,7 @@ from .actions import (
     Permission,
     budget_fields,
 )
-from .page import TRACE_REFRESH_MAX, SessionPage, steps_context
+from .page import TRACE_REFRESH_MAX, SessionPage, live_throttle, steps_context
 from .presenters import audit_details, audit_via, diff_states
 
 PAGE_SIZE = 50
@@ -516,6 +516,7 @@ def session_timeline(request: HtmxRequest, session_id: UUID) -> HttpResponse:
             "tf": filters,
             "filter_query": filters.query(),
             "is_live": session.is_runnable,
+            "live_throttle": live_throttle(session),
         },
         title="Timeline",
         target="timeline",
