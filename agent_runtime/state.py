@@ -854,9 +854,19 @@ def validate_step_payload(kind: str, payload: Any) -> None:
     elif kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.INSTRUCTION:
         _check_parts(payload, "operator instruction")
     elif kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.SET_BUDGETS:
-        budgets = payload.get("budgets")
-        if not isinstance(budgets, dict) or set(budgets) - set(STATE_BUDGETS):
-            raise StateError(f"set_budgets payload needs budgets: an object of {STATE_BUDGETS}")
+        # The next run folds these into the state: each checked as the state's own budgets
+        # are, or every run would fail on them.
+        check_budgets_patch(payload.get("budgets"))
+
+
+def check_budgets_patch(budgets: Any) -> None:
+    """Budgets a set_budgets step changes: some of the state's, each a valid limit (None
+    lifts a token or cost limit; a step limit always stays). StateError names the field."""
+    _fields(budgets, "budgets", optional=STATE_BUDGETS)
+    if "max_steps" in budgets:
+        _whole(budgets["max_steps"], "budgets.max_steps", minimum=1)
+    _maybe(_whole, budgets.get("max_tokens"), "budgets.max_tokens")
+    _maybe(_amount, budgets.get("max_cost"), "budgets.max_cost")
 
 
 def _short(value: Any, limit: int = 200) -> str:

@@ -338,6 +338,32 @@ def test_a_checkpoint_state_that_is_not_a_state_object_is_refused(
     assert checkpoint.state == before
 
 
+@pytest.mark.parametrize(
+    ("budgets", "message"),
+    [
+        ({"max_steps": "ten"}, "budgets.max_steps: expected an integer >= 1, got 'ten'"),
+        ({"max_steps": -3}, "budgets.max_steps: expected an integer >= 1, got -3"),
+        ({"max_cost": "abc"}, "budgets.max_cost: expected a number >= 0, got 'abc'"),
+        ({"max_tokens": 2.5}, "budgets.max_tokens: expected an integer >= 0, got 2.5"),
+        ({"max_step": 9}, "budgets: unknown key(s) max_step"),
+        ("lots", "budgets: expected an object, got 'lots'"),
+    ],
+)
+def test_a_budget_step_the_run_could_not_apply_is_refused(client, staff, budgets, message):
+    """A set_budgets operator step is folded into the state by the next run: a value the
+    state refuses would fail every run, so the admin refuses it first."""
+    session = session_start(agent="echo", input="hi", budgets={"max_steps": 7})
+    step = Step.objects.get(session=session, kind=Kind.OPERATOR)
+    assert step.payload["budgets"] == {"max_steps": 7}
+    client.force_login(staff)
+    payload = {**step.payload, "budgets": budgets}
+    response = client.post(admin_url("step", "change", step.pk), {"payload": json.dumps(payload)})
+    assert response.status_code == 200
+    assert message in " ".join(response.context["adminform"].form.errors["payload"])
+    step.refresh_from_db()
+    assert step.payload["budgets"] == {"max_steps": 7}
+
+
 def test_a_step_edit_is_audited_with_the_full_before_and_after(client, demo, staff):
     client.force_login(staff)
     step = tool_result(demo)
