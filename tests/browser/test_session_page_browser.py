@@ -135,6 +135,12 @@ def test_an_operator_starts_a_session_from_the_dashboard(page, users):
     assert event.after["budgets"] == {"max_steps": 5, "max_cost": 0.25}
     assert console_errors(page, allow_http_errors=True) == []
 
+    # From an agent's card, the form opens with that agent chosen.
+    page.goto("/sessions/agents/")
+    page.locator("#agent-demo a.start-agent").click()
+    page.wait_for_url("**/sessions/new/?agent=demo")
+    assert page.locator("select[name=agent]").input_value() == "demo"
+
 
 def test_the_new_session_page_fits_a_phone(make_page, users):
     page = make_page(390, 800)
@@ -151,6 +157,8 @@ def test_the_new_session_page_fits_a_phone(make_page, users):
 def test_a_viewer_is_offered_no_new_session_and_is_refused_one(page, users, client):
     login(page, "victor", "pw-viewer")
     assert page.locator("#new-session-link").count() == 0
+    page.goto("/sessions/agents/")
+    assert page.locator("a.start-agent").count() == 0
     response = page.goto("/sessions/new/")
     assert response.status == 403
     client.force_login(users["viewer"])
