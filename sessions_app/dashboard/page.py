@@ -38,7 +38,7 @@ def live_throttle(session: AgentSession) -> str:
 
 # The longest output (as indented JSON) the correction form is filled in with; a longer
 # one is read in the trace, and the form starts empty rather than with a cut-off value.
-PREFILL_MAX = 20_000
+PREFILL_MAX = 8_000
 TRACE_REFRESH_MAX = 500  # steps a trace re-renders in place after an action
 
 # The pieces each part shows, in order; piece `x` is SessionPage's method `_x`.

@@ -1,5 +1,5 @@
-"""The live session page's one poll: the header says when new steps arrived, and the
-whole-session parts follow it (throttled on a very long session)."""
+"""The session page: its one live poll (the header says when new steps arrived, and the
+whole-session parts follow it, throttled on a very long session), and its forms."""
 
 from __future__ import annotations
 
@@ -47,3 +47,27 @@ def test_whole_session_parts_of_a_long_live_session_follow_the_poll_at_most_ever
     throttled = 'hx-trigger="session-moved from:body throttle:10s"'
     assert throttled in client.get(timeline, **HX).content.decode()
     assert "session-moved from:body throttle:10s" in client.get(detail).content.decode()
+
+
+def test_the_correction_form_is_not_filled_with_an_output_too_long_to_edit_there(client, users):
+    from sessions_app.models import Kind, Step
+
+    session = session_start(agent="echo", input="hi")
+    Step.objects.create(
+        session=session,
+        seq=2,
+        kind=Kind.TOOL_RESULT,
+        payload={"call_id": "c1", "name": "big", "status": "ok", "output": "x" * 9000},
+    )
+    Step.objects.create(
+        session=session,
+        seq=3,
+        kind=Kind.TOOL_RESULT,
+        payload={"call_id": "c2", "name": "small", "status": "ok", "output": {"n": 1}},
+    )
+    AgentSession.objects.filter(id=session.id).update(status=Status.PAUSED, last_seq=3)
+    client.force_login(users["operator"])
+    page = client.get(reverse("sessions:detail", args=[session.id])).content.decode()
+    assert '<option value="3" data-prefill="{\n  &quot;n&quot;: 1\n}">' in page
+    assert '<option value="2" data-prefill="">' in page
+    assert "x" * 9000 not in page.split('name="result_seq"')[1].split("</form>")[0]
