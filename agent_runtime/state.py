@@ -30,7 +30,12 @@ SCHEMA_VERSION = 3
 
 
 class StateError(ValueError):
-    """A stored blob does not have the shape its schema version promises."""
+    """A stored blob does not have the shape its schema version promises. `problem` is
+    the part a person fixes, naming the field ("budgets.max_steps: expected ...")."""
+
+    def __init__(self, message: str, *, problem: str | None = None) -> None:
+        super().__init__(message)
+        self.problem = problem or message
 
 
 class StepKind(enum.StrEnum):
@@ -300,9 +305,12 @@ class SessionState:
 def _wrong(where: str, expected: str, value: Any) -> StateError:
     shown = repr(value)
     shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    return _mismatch(f"{where}: expected {expected}, got {shown}")
+
+
+def _mismatch(problem: str) -> StateError:
     return StateError(
-        f"state does not match schema version {SCHEMA_VERSION}: {where}: expected {expected}, "
-        f"got {shown}"
+        f"state does not match schema version {SCHEMA_VERSION}: {problem}", problem=problem
     )
 
 
@@ -314,14 +322,11 @@ def _fields(
         raise _wrong(where, "an object", value)
     missing = [k for k in required if k not in value]
     if missing:
-        raise _wrong(where, "the key(s) " + ", ".join(missing), sorted(value))
+        raise _mismatch(f"{where}: missing the key(s) {', '.join(missing)}")
     unknown = sorted(str(k) for k in value if k not in required and k not in optional)
     if unknown:
         known = ", ".join((*required, *optional))
-        raise StateError(
-            f"state does not match schema version {SCHEMA_VERSION}: {where}: unknown key(s) "
-            f"{', '.join(unknown)} (known: {known})"
-        )
+        raise _mismatch(f"{where}: unknown key(s) {', '.join(unknown)} (known: {known})")
     return value
 
 
@@ -656,6 +661,7 @@ class PayloadField(enum.StrEnum):
     MODEL = "model"
     NAME = "name"
     OF = "of"
+    OUTPUT = "output"
     PLAN_UPDATE = "plan_update"
     RESULT_SEQ = "result_seq"
     STATUS = "status"
@@ -848,9 +854,19 @@ def validate_step_payload(kind: str, payload: Any) -> None:
     elif kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.INSTRUCTION:
         _check_parts(payload, "operator instruction")
     elif kind == StepKind.OPERATOR and payload.get("action") == OperatorAction.SET_BUDGETS:
-        budgets = payload.get("budgets")
-        if not isinstance(budgets, dict) or set(budgets) - set(STATE_BUDGETS):
-            raise StateError(f"set_budgets payload needs budgets: an object of {STATE_BUDGETS}")
+        # The next run folds these into the state: each checked as the state's own budgets
+        # are, or every run would fail on them.
+        check_budgets_patch(payload.get("budgets"))
+
+
+def check_budgets_patch(budgets: Any) -> None:
+    """Budgets a set_budgets step changes: some of the state's, each a valid limit (None
+    lifts a token or cost limit; a step limit always stays). StateError names the field."""
+    _fields(budgets, "budgets", optional=STATE_BUDGETS)
+    if "max_steps" in budgets:
+        _whole(budgets["max_steps"], "budgets.max_steps", minimum=1)
+    _maybe(_whole, budgets.get("max_tokens"), "budgets.max_tokens")
+    _maybe(_amount, budgets.get("max_cost"), "budgets.max_cost")
 
 
 def _short(value: Any, limit: int = 200) -> str:

@@ -80,6 +80,7 @@ class IncompatibleSchemaError(Exception):
     ):
         super().__init__(f"{where}: {message}" if where else message)
         self.detail = message
+        self.problem = message
         self.found = found
         self.supported = supported
         self.where = where
@@ -268,9 +269,12 @@ def _chain(
 
 def _malformed(what: str, version: int, exc: Exception) -> IncompatibleSchemaError:
     detail = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
-    return IncompatibleSchemaError(
+    error = IncompatibleSchemaError(
         f"{what} (stored at schema version {version}) cannot be read: {detail}", found=version
     )
+    # What a person fixes, without the chain of what could not read it.
+    error.problem = getattr(exc, "problem", detail)
+    return error
 
 
 def upgrade_state_blob(blob: Any, target: int = SCHEMA_VERSION) -> Loaded:

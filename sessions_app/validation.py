@@ -368,6 +368,17 @@ def request_meta(request: HttpRequest, via: str) -> dict[str, Any]:
 LOAD_ERRORS = (IncompatibleSchemaError, StateError, KeyError, TypeError, ValueError, AttributeError)
 
 
+def _problem(exc: Exception) -> str:
+    """What is wrong with a blob, naming the field, as a person fixes it: the engine's
+    own words (`problem`), not the chain of loaders that met it or a bare Python error."""
+    problem = getattr(exc, "problem", None)
+    if problem:
+        return str(problem)
+    if isinstance(exc, KeyError):
+        return f"missing the key {exc}"
+    return str(exc) or type(exc).__name__
+
+
 def validate_step_payload_json(kind: str, payload: Any, schema_version: int) -> None:
     """Refuse a payload that agent_runtime cannot load as a `kind` step stored at
     `schema_version`. The one place the admin calls the engine's step loader."""
@@ -377,7 +388,7 @@ def validate_step_payload_json(kind: str, payload: Any, schema_version: int) -> 
         raise ValidationError(
             "This %(kind)s payload does not load at schema version %(version)s: %(error)s",
             code="schema",
-            params={"kind": kind, "version": schema_version, "error": exc},
+            params={"kind": kind, "version": schema_version, "error": _problem(exc)},
         ) from exc
 
 
@@ -398,5 +409,5 @@ def validate_checkpoint_state_json(state: Any, schema_version: int) -> None:
         raise ValidationError(
             "This state does not load at schema version %(version)s: %(error)s",
             code="schema",
-            params={"version": schema_version, "error": exc},
+            params={"version": schema_version, "error": _problem(exc)},
         ) from exc

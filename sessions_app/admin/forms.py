@@ -31,6 +31,11 @@ class PrettyJSONField(forms.JSONField):
     before it is parsed, and for what storage cannot hold (sessions_app/validation.py)."""
 
     widget = forms.Textarea(attrs={"rows": 24, "cols": 100, "class": "vLargeTextField"})
+    # `{}` and `[]` are values the schema judges (and names what they lack), not "empty".
+    empty_values = [None, ""]
+    default_error_messages = {
+        "required": "Give a JSON object here (an empty field or null is not one).",
+    }
 
     def to_python(self, value: Any) -> Any:
         if isinstance(value, str) and json_depth(value) > MAX_JSON_DEPTH:

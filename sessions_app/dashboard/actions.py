@@ -80,6 +80,10 @@ class Action:
     # Asked before it is taken: "preview" (a preview whose button confirms, built by
     # `preview`), or the question the browser asks (hx-confirm); "" when none.
     confirm: str = ""
+    # An action with more than one decision (its `choice_field` names it) asks each its own
+    # question: {value: question}; a value absent here is taken without asking.
+    choice_field: str = ""
+    confirms: Mapping[str, str] | None = None
     reason: Reason = "none"
     preview: Callable[[AgentSession, Mapping[str, Any]], selectors.Preview] | None = None
 
@@ -138,7 +142,8 @@ def budget_fields(form: Mapping[str, Any]) -> dict[str, Any]:
         except ValueError:
             kind = "a whole number" if name in ("max_steps", "max_tokens") else "a number"
             raise services.ActionError(
-                f"{name.replace('_', ' ')}: expected {kind} or 'none', got {raw[:40]!r}"
+                f"{name.replace('_', ' ')}: expected {kind} or 'none', got {raw[:40]!r}",
+                field=name,
             ) from None
     return changes
 
@@ -380,8 +385,16 @@ ACTIONS: dict[str, Action] = _actions(
         services.session_resolve_uncertain,
         "decision_refusal",
         fields=("resolution", "output", "note"),
-        # Only failing the session is asked about: rerun and record go on.
-        confirm="Fail this session?",
+        # Running it again may do the side effect twice, and failing ends the session:
+        # both are asked about. Recording a result by hand goes on.
+        choice_field="resolution",
+        confirms={
+            OperatorAction.RERUN: (
+                "Run the tool again? It runs now with the arguments shown: if the first "
+                "run did happen, its side effect may happen twice. This cannot be undone."
+            ),
+            OperatorAction.FAIL: "Fail this session?",
+        },
         reason="optional",
     ),
     Action(

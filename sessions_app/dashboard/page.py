@@ -8,21 +8,37 @@ shows: a 100,000-step trace must not make a header refresh slow."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.conf import settings
 from django.utils import timezone
 
-from ..models import AgentSession
+from agent_runtime.state import SCHEMA_VERSION
+
+from ..models import FINAL, AgentSession
 from ..permissions import can_operate
 from ..selectors import core as selectors
 from ..services.graphs import pending_interrupts
 from ..web.http import HtmxRequest, positive_int
 from . import trace
 from .actions import ACTIONS
-from .presenters import TraceContext, status_view
+from .presenters import TraceContext, final_plan, progress_view, status_view
 
 LIVE_POLL = "2s"
+# Past this many steps a live session's timeline and tokens per turn (drawn over the whole
+# session: ~0.5 s and ~0.08 s at 100,000 steps) follow the header's poll at most every 10 s.
+LIVE_HEAVY_STEPS = 20_000
+
+
+def live_throttle(session: AgentSession) -> str:
+    """The hx-trigger modifier a whole-session part of a live page follows the poll with."""
+    return " throttle:10s" if session.last_seq > LIVE_HEAVY_STEPS else ""
+
+
+# The longest output (as indented JSON) the correction form is filled in with; a longer
+# one is read in the trace, and the form starts empty rather than with a cut-off value.
+PREFILL_MAX = 8_000
 TRACE_REFRESH_MAX = 500  # steps a trace re-renders in place after an action
 
 # The pieces each part shows, in order; piece `x` is SessionPage's method `_x`.
@@ -31,7 +47,9 @@ PARTS: dict[str, tuple[str, ...]] = {
     "actions": ("base", "budgets", "tool_results"),
     "panel": ("base", "budgets", "failures", "tool_results"),
     "trace": ("trace",),
-    "page": ("base", "budgets", "failures", "tool_results", "trace", "checkpoints"),
+    "checkpoints": ("checkpoints",),
+    "audit": ("audit",),
+    "page": ("base", "budgets", "failures", "tool_results", "trace", "checkpoints", "audit"),
 }
 
 
@@ -72,18 +90,26 @@ class SessionPage:
             "actions": ACTIONS,
             "is_live": self.session.is_runnable,
             "live_poll": LIVE_POLL,
+            "live_throttle": live_throttle(self.session),
         }
 
     def _base(self, context: dict[str, Any], part: str) -> dict[str, Any]:
         session = self.session
-        state = selectors.head_state(session)
+        checkpoint, state = selectors.head(session)
+        plan = trace.current_plan(session, state) if state or session.head else []
+        ended = session.status in FINAL
         return {
             "state": state,
             "status": status_view(session),
-            "plan": trace.current_plan(session, state) if state or session.head else [],
+            # A finished session's plan is as it was left, not "in progress".
+            "plan": final_plan(plan, session.status) if ended else plan,
+            "plan_final": ended and bool(plan),
+            "progress": progress_view(session, state),
             "now": timezone.now(),
             "duration": (session.updated_at - session.created_at) if session.updated_at else None,
-            "schema_version": state.get("schema_version"),
+            # The version the head is stored at (None before the first checkpoint).
+            "schema_version": checkpoint.schema_version if checkpoint else None,
+            "schema_current": SCHEMA_VERSION,
             "model": _model_name(session),
             "pending": state.get("pending_approval") if session.can_decide() else None,
             "uncertain": selectors.uncertain_call(session, state),
@@ -101,16 +127,31 @@ class SessionPage:
         return {"failures": self.failures()}
 
     def _tool_results(self, context: dict[str, Any], part: str) -> dict[str, Any]:
-        # Only operators see the correction form that lists them.
-        return {"tool_results": selectors.live_tool_results(self.session)} if self.operate else {}
+        # Only operators see the correction form that lists them, each with what it says
+        # now: the form starts from the current output, not from nothing.
+        if not self.operate:
+            return {}
+        return {
+            "tool_results": [
+                {"seq": seq, "name": name, "output": _prefill(output)}
+                for seq, name, output in selectors.live_tool_results(self.session)
+            ]
+        }
 
     def _checkpoints(self, context: dict[str, Any], part: str) -> dict[str, Any]:
         checkpoints, older_checkpoints = selectors.latest_checkpoints(self.session)
+        # The head: the last checkpoint written at the head seq (a rollback may leave an
+        # older copy there), as session.head_checkpoint() picks it.
+        head = max((c.pk for c in checkpoints if c.seq == self.session.head), default=None)
         return {
             "checkpoints": checkpoints,
             "older_checkpoints": older_checkpoints,
-            "audit": selectors.recent_audit(self.session),
+            "head_checkpoint_id": head,
+            "now": timezone.now(),
         }
+
+    def _audit(self, context: dict[str, Any], part: str) -> dict[str, Any]:
+        return {"audit": selectors.recent_audit(self.session), "now": timezone.now()}
 
     def _trace(self, context: dict[str, Any], part: str) -> dict[str, Any]:
         """The trace as the page (or its #trace part) shows it: from `from`, with filters.
@@ -119,7 +160,9 @@ class SessionPage:
         params = self.request.GET
         session = self.session
         filters = trace.TraceFilters.from_query(params)
-        start = positive_int(params.get("from"))
+        latest_from = max(session.last_seq - trace.TRACE_PAGE + 1, 1)
+        # from=latest: the tail as it is when the link is followed, not when it was drawn.
+        start = latest_from if params.get("from") == "latest" else positive_int(params.get("from"))
         upto = positive_int(params.get("upto")) if part == "trace" else None
         limit = trace.TRACE_PAGE
         if upto:
@@ -136,7 +179,7 @@ class SessionPage:
             "earlier_from": max(start - trace.TRACE_PAGE, 1) if start and start > 1 else None,
             "failures": failures,
             "first_error": failures.first,
-            "latest_from": max(session.last_seq - trace.TRACE_PAGE + 1, 1),
+            "latest_from": latest_from,
             "trace_query": filters.query(**{"from": start}),
             "kinds": list(trace.KIND_FILTERS),
         }
@@ -160,6 +203,11 @@ def steps_context(request: HtmxRequest) -> TraceContext | None:
     if turns is None or runs is None:
         return None
     return TraceContext(turns, runs, request.GET.get("worker", "")[:200])
+
+
+def _prefill(output: Any) -> str | None:
+    text = json.dumps(output, ensure_ascii=False, indent=2)
+    return text if len(text) <= PREFILL_MAX else None
 
 
 def _model_name(session: AgentSession) -> str:

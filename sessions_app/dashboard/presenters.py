@@ -130,6 +130,60 @@ def status_view(session: AgentSession) -> StatusView:
     return StatusView(label, hint)
 
 
+# What a plan item still open says once its session ended: a finished session's plan is as
+# it was left, never "in progress". A completed session's agent may simply not have ticked
+# its last items off (it answered): they are "not marked done", not "not started".
+LEFT_OPEN: dict[str, dict[str, str]] = {
+    Status.COMPLETED: {"in_progress": "not marked done", "pending": "not marked done"},
+    Status.FAILED: {"in_progress": "unfinished", "pending": "not started"},
+    Status.CANCELLED: {"in_progress": "unfinished", "pending": "not started"},
+}
+
+
+def final_plan(plan: list[dict[str, Any]], status: str) -> list[dict[str, Any]]:
+    """The plan of a session that ended (completed, failed, cancelled): an item left open
+    says so, and is styled as such (its `status` becomes "left_open")."""
+    labels = LEFT_OPEN.get(status, {})
+    final = []
+    for item in plan:
+        label = labels.get(str(item.get("status")))
+        final.append({**item, "label": label, "status": "left_open"} if label else item)
+    return final
+
+
+@dataclass(frozen=True)
+class ProgressView:
+    done: int
+    total: int | None
+    note: str
+
+    @property
+    def percent(self) -> int | None:
+        if self.total is None:
+            return None
+        return min(100, self.done * 100 // self.total) if self.total else 100
+
+
+def progress_view(session: AgentSession, state: dict[str, Any]) -> ProgressView | None:
+    """Progress as the header shows it. A tool's report (done/total and a note, "sending to
+    ops") is news of a run in progress: shown while the session is queued or running. Once
+    it stops, what stays is the durable progress of batch work (the head state's cursor),
+    or nothing."""
+    if session.is_runnable:
+        if session.progress_total is None and not session.progress_note:
+            return None
+        return ProgressView(
+            session.progress_done or 0, session.progress_total, session.progress_note
+        )
+    cursor = state.get("batch_cursor")
+    if not isinstance(cursor, dict):
+        return None
+    done, total = cursor.get("done"), cursor.get("total")
+    if not isinstance(done, int) or not isinstance(total, int):
+        return None
+    return ProgressView(done, total, "")
+
+
 # --- Steps ------------------------------------------------------------------------------
 
 

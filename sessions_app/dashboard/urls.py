@@ -31,6 +31,7 @@ urlpatterns = [
     path("agents/", views.agents, name="agents"),
     path("costs/", views.costs, name="costs"),
     path("import/", views.session_import, name="import"),
+    path("new/", views.session_new, name="new"),
     path("<uuid:session_id>/", views.session_detail, name="detail"),
     path("<uuid:session_id>/panel/", views.session_header, name="panel"),
     path("<uuid:session_id>/row/", views.session_row, name="row"),

@@ -46,8 +46,16 @@ from ..web.http import (
     request_meta,
 )
 from . import charts, trace
-from .actions import ACTIONS, BULK_ACTIONS, OPERATE, PREVIEWS, ActionInput, Permission
-from .page import SessionPage, steps_context
+from .actions import (
+    ACTIONS,
+    BULK_ACTIONS,
+    OPERATE,
+    PREVIEWS,
+    ActionInput,
+    Permission,
+    budget_fields,
+)
+from .page import TRACE_REFRESH_MAX, SessionPage, live_throttle, steps_context
 from .presenters import audit_details, audit_via, diff_states
 
 PAGE_SIZE = 50
@@ -445,10 +453,11 @@ def session_detail(request: HtmxRequest, session_id: UUID) -> HttpResponse:
 @login_required
 @require_GET
 def session_header(request: HtmxRequest, session_id: UUID) -> HttpResponse:
-    """The header (polled while the session is live), the actions, or both."""
+    """The header (polled while the session is live), the actions, or both; or the
+    checkpoints or audit card (redrawn after an action, and as the session moves)."""
     session = _get_session(request, session_id)
     part = request.GET.get("part", "panel")
-    if part not in ("panel", "header", "actions"):
+    if part not in ("panel", "header", "actions", "checkpoints", "audit"):
         raise Http404("no such part")
     response = render(
         request, f"sessions/detail.html#{part}", SessionPage(request, session).context(part)
@@ -457,6 +466,10 @@ def session_header(request: HtmxRequest, session_id: UUID) -> HttpResponse:
         # Settled: stop polling, and tell the actions to redraw for the new status.
         response.status_code = HttpResponseStopPolling.status_code
         trigger_client_event(response, "session-settled", after="swap")
+    elif part == "header" and session.last_seq != positive_int(request.GET.get("seen")):
+        # New steps since the header the page shows: the live parts (trace tail,
+        # timeline, usage, checkpoints) follow this one poll, so none lags behind it.
+        trigger_client_event(response, "session-moved", {"last_seq": session.last_seq})
     return response
 
 
@@ -471,7 +484,12 @@ def session_steps(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     except InvalidInput as exc:
         return _error(request, f"{exc} (a step number)", 400)
     filters = trace.TraceFilters.from_query(request.GET)
-    page = trace.trace_page(session, after=after, filters=filters, context=steps_context(request))
+    # The live tail takes every step that arrived since (up to a bound), so the trace keeps
+    # up with the header however fast the session runs; scrolling loads a page at a time.
+    limit = TRACE_REFRESH_MAX if request.GET.get("live") == "1" else trace.TRACE_PAGE
+    page = trace.trace_page(
+        session, after=after, filters=filters, context=steps_context(request), limit=limit
+    )
     if not page.views and not page.more and not session.is_runnable:
         # Caught up with a session that will not change: nothing to add, stop asking.
         return HttpResponseStopPolling()
@@ -498,6 +516,7 @@ def session_timeline(request: HtmxRequest, session_id: UUID) -> HttpResponse:
             "tf": filters,
             "filter_query": filters.query(),
             "is_live": session.is_runnable,
+            "live_throttle": live_throttle(session),
         },
         title="Timeline",
         target="timeline",
@@ -676,6 +695,75 @@ def audit_log(request: HtmxRequest) -> HttpResponse:
             "actions": AuditAction.choices,
         },
         status=400 if error else 200,
+    )
+
+
+# --- Starting a session -----------------------------------------------------------------
+
+MAX_TITLE = 300  # as the API's
+BUDGET_INPUTS = (  # the form's budget fields: name, label, inputmode
+    ("max_steps", "Steps", "numeric"),
+    ("max_tokens", "Tokens", "numeric"),
+    ("max_cost", "Cost ($)", "decimal"),
+    ("max_seconds", "Wall time (s)", "decimal"),
+)
+
+
+@login_required
+def session_new(request: HtmxRequest) -> HttpResponse:
+    """Start a session (operators): an agent, its input, a title and budgets, checked by
+    the service the API starts sessions with; a refusal is shown beside the field it is
+    about, with what was typed kept."""
+    _require_view(request)
+    _require_operate(request)
+    agents = selectors.startable_agents()
+    form = {
+        "agent": request.POST.get("agent", request.GET.get("agent", "")),
+        "input": request.POST.get("input", ""),
+        "title": request.POST.get("title", ""),
+        **{name: request.POST.get(name, "") for name in services.BUDGET_FIELDS},
+    }
+    errors: dict[str, str] = {}
+    if request.method == "POST":
+        try:
+            title = form["title"].strip()
+            if any(char in title for char in "\r\n"):
+                raise services.ActionError("title: one line, please", field="title")
+            if len(title) > MAX_TITLE:
+                raise services.ActionError(
+                    f"title: at most {MAX_TITLE} characters (got {len(title)})", field="title"
+                )
+            budgets = budget_fields(request.POST)
+            session = services.session_start(
+                agent=form["agent"],
+                input=form["input"],
+                title=title,
+                budgets=budgets or None,
+                actor=request.user,
+                request_meta=_meta(request),
+            )
+        except services.ActionError as exc:
+            errors[exc.field or "form"] = str(exc)
+        else:
+            messages.success(request, f"Started: a {session.agent} session, queued for a worker.")
+            return redirect("sessions:detail", session_id=session.id)
+    elif request.method != "GET":
+        return HttpResponse(status=405)
+    return render(
+        request,
+        "sessions/new.html",
+        {
+            "agents": agents,
+            "form": form,
+            "errors": errors,
+            "max_input": services.MAX_INPUT_CHARS,
+            "max_title": MAX_TITLE,
+            "budget_inputs": [
+                {"name": name, "label": label, "mode": mode, "value": form[name]}
+                for name, label, mode in BUDGET_INPUTS
+            ],
+        },
+        status=400 if errors else 200,
     )
 
 

@@ -358,6 +358,36 @@ def agent_names() -> list[str]:
 
 
 @dataclass(frozen=True)
+class AgentChoice:
+    """An agent a person may start a session of, with the limits it runs under unless
+    the session sets its own."""
+
+    name: str
+    description: str
+    version: str
+    max_steps: int
+    max_tokens: int | None
+    max_cost: float | None
+    max_seconds: float | None
+
+
+def startable_agents() -> list[AgentChoice]:
+    """The registered agents, by name: what a new session may run."""
+    return [
+        AgentChoice(
+            name=agent.name,
+            description=agent.description,
+            version=agent.version,
+            max_steps=agent.limits.max_steps,
+            max_tokens=agent.limits.max_tokens,
+            max_cost=agent.limits.max_cost,
+            max_seconds=agent.limits.max_seconds,
+        )
+        for agent in agent_registry()
+    ]
+
+
+@dataclass(frozen=True)
 class ToolView:
     name: str
     description: str
@@ -945,20 +975,36 @@ def checkpoints_of(session: AgentSession) -> list[Checkpoint]:
 
 def latest_checkpoints(session: AgentSession, limit: int = 20) -> tuple[list[Checkpoint], bool]:
     """The latest `limit` checkpoints (oldest first), and whether there are older ones: a
-    long session checkpoints every turn, and its page lists only the recent ones."""
-    rows = list(
-        Checkpoint.objects.filter(session=session)
-        .order_by("-seq", "-id")
-        .defer("state")[: limit + 1]
+    long session checkpoints every turn, and its page lists only the recent ones. The
+    head is always among them, however old (a rollback to an early checkpoint leaves the
+    latest ones superseded); each says whether a rollback superseded it."""
+    checkpoints = Checkpoint.objects.filter(session=session).annotate(
+        # Its step was superseded by a rollback: no longer on the session's path (and
+        # shown in the trace only with the superseded steps).
+        superseded=Exists(
+            Step.objects.filter(session=session, seq=OuterRef("seq"), superseded_at__isnull=False)
+        )
     )
-    return rows[:limit][::-1], len(rows) > limit
+    rows = list(checkpoints.order_by("-seq", "-id").defer("state")[: limit + 1])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    if session.head and not any(row.seq == session.head for row in rows):
+        head = checkpoints.filter(seq=session.head).order_by("-id").defer("state").first()
+        if head is not None:
+            rows = [*rows[: limit - 1], head]
+    return sorted(rows, key=lambda row: (row.seq, row.pk)), more
 
 
 def head_state(session: AgentSession) -> dict[str, Any]:
     """The head checkpoint's state, upgraded to the current schema (as stored if it cannot
     be: the page then shows the session's incompatibility)."""
+    return head(session)[1]
+
+
+def head(session: AgentSession) -> tuple[Checkpoint | None, dict[str, Any]]:
+    """The head checkpoint (None before the first), and its state as head_state reads it."""
     checkpoint = session.head_checkpoint()
-    return upgraded_state(checkpoint.state) if checkpoint else {}
+    return checkpoint, upgraded_state(checkpoint.state) if checkpoint else {}
 
 
 # --- Budgets and costs ----------------------------------------------------------------
@@ -1314,12 +1360,15 @@ def superseded_count(session: AgentSession) -> int:
     return Step.objects.filter(session=session, superseded_at__isnull=False).count()
 
 
-def live_tool_results(session: AgentSession, limit: int = 50) -> list[tuple[int, str]]:
-    """(seq, tool) of the latest live tool results: what an operator may correct."""
+def live_tool_results(session: AgentSession, limit: int = 50) -> list[tuple[int, str, Any]]:
+    """(seq, tool, output) of the latest live tool results: what an operator may correct,
+    and what each says now (the key `output` is the same at every schema version)."""
     return list(
         Step.objects.filter(session=session, kind=Kind.TOOL_RESULT, superseded_at__isnull=True)
         .order_by("-seq")
-        .values_list("seq", payload_key(PayloadField.NAME))[:limit]
+        .values_list("seq", payload_key(PayloadField.NAME), payload_key(PayloadField.OUTPUT))[
+            :limit
+        ]
     )
 
 

@@ -58,11 +58,13 @@ MAX_INPUT_CHARS = 100_000
 
 class ActionError(Exception):
     """An action that does not fit: bad input, or the session's status does not allow it.
-    `status` is the HTTP status every face (dashboard, API) answers it with."""
+    `status` is the HTTP status every face (dashboard, API) answers it with; `field`, when
+    the input of one field is wrong, names it (a form shows the message beside it)."""
 
-    def __init__(self, message: str, *, code: str = "invalid") -> None:
+    def __init__(self, message: str, *, code: str = "invalid", field: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.field = field
 
     @property
     def status(self) -> int:
@@ -270,16 +272,18 @@ def parse_budgets(raw: Any) -> dict[str, Any]:
     for name, value in raw.items():
         if value is None:
             if name not in LIFTABLE:
-                raise ActionError(f"budgets.{name}: a step limit is required (a positive integer)")
+                raise ActionError(
+                    f"budgets.{name}: a step limit is required (a positive integer)", field=name
+                )
             out[name] = None
             continue
         whole = name in ("max_steps", "max_tokens")
         number = isinstance(value, int | float) and not isinstance(value, bool)
         if not number or value <= 0 or (whole and not isinstance(value, int)) or value != value:
             kind = "a positive integer" if whole else "a positive number"
-            raise ActionError(f"budgets.{name}: expected {kind}, got {value!r}")
+            raise ActionError(f"budgets.{name}: expected {kind}, got {value!r}", field=name)
         if value > 10**12:
-            raise ActionError(f"budgets.{name}: {value!r} is too large")
+            raise ActionError(f"budgets.{name}: {value!r} is too large", field=name)
         out[name] = value if whole else float(value)
     return out
 
@@ -347,13 +351,15 @@ def session_start(
     except UnknownAgent:
         known = ", ".join(agent_registry().names())
         raise ActionError(
-            f"unknown agent {agent!r} (known: {known})", code="unknown_agent"
+            f"unknown agent {agent!r} (known: {known})", code="unknown_agent", field="agent"
         ) from None
     text = (input or "").strip()
     if not text:
-        raise ActionError("input must not be empty", code="empty_input")
+        raise ActionError("input must not be empty", code="empty_input", field="input")
     if len(text) > MAX_INPUT_CHARS:
-        raise ActionError(f"input is longer than {MAX_INPUT_CHARS} characters", code="too_long")
+        raise ActionError(
+            f"input is longer than {MAX_INPUT_CHARS} characters", code="too_long", field="input"
+        )
     limits = parse_budgets(budgets)
     who = _actor(actor)
     now = timezone.now()

@@ -20,9 +20,16 @@ from ..dashboard.presenters import (
     pretty,
 )
 from ..models import Status
+from ..permissions import can_operate
 from ..selectors import core as selectors
 
 register = template.Library()
+
+
+@register.filter
+def may_operate(user: Any) -> bool:
+    """Whether the user may change sessions (the operator role): what to offer them."""
+    return can_operate(user)
 
 
 @register.filter(name="json")

@@ -39,6 +39,20 @@
     if (target.matches("[data-select-all], [data-select-matching], input[name=ids]")) countSelection();
   });
 
+  // --- A choice that fills in a field: the correction form starts from the chosen tool
+  // result's current output (each option carries it; empty when too long to fill in).
+  document.addEventListener("change", (event) => {
+    const select = event.target;
+    if (!(select instanceof HTMLSelectElement) || !select.dataset.prefills) return;
+    const field = select.form && select.form.elements.namedItem(select.dataset.prefills);
+    const option = select.selectedOptions[0];
+    if (!(field instanceof HTMLTextAreaElement) || !option) return;
+    field.value = option.dataset.prefill || "";
+    field.placeholder = option.dataset.prefill
+      ? ""
+      : `too long to fill in here: see step #${option.value} in the trace`;
+  });
+
   // --- Errors: never swapped into the page, always shown next to the action ---------------
   function errorText(xhr) {
     if (!xhr) return "Could not reach the server: check the connection and try again.";

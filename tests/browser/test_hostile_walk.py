@@ -131,6 +131,9 @@ def test_every_page_with_hostile_and_large_data_at_390_and_1400_px(make_page, us
         f"/sessions/{session.id}/",
         f"/sessions/{session.id}/diff/?a={checkpoints[0]}&b={checkpoints[-1]}",
         f"/sessions/{long.id}/",
+        f"/sessions/{long.id}/?from=latest",
+        "/sessions/new/",
+        "/sessions/new/?agent=" + "x" * 300,
         "/audit/",
     ]
     problems = []

@@ -245,7 +245,8 @@ def test_invalid_json_is_a_field_error_and_saves_nothing(client, demo, staff):
     [
         ("[1, 2, 3]", "payload does not load at schema version"),
         ('"just a string"', "payload does not load at schema version"),
-        ("null", "This field is required."),
+        ("null", "Give a JSON object here (an empty field or null is not one)."),
+        ("{}", "tool_result payload needs a call_id and a name"),
     ],
 )
 def test_step_payload_the_schema_rejects_saves_nothing(client, demo, staff, payload, message):
@@ -263,7 +264,16 @@ def test_step_payload_the_schema_rejects_saves_nothing(client, demo, staff, payl
 @pytest.mark.parametrize(
     ("change", "message"),
     [
-        (lambda s: s.pop("agent"), "state does not load at schema version"),
+        # Each message names the field, in one sentence: no chain of loaders, no KeyError.
+        (
+            lambda s: s.pop("agent"),
+            "does not load at schema version 3: state: missing the key(s) agent",
+        ),
+        (lambda s: s["agent"].pop("name"), "agent: missing the key(s) name"),
+        (
+            lambda s: [s.pop(key) for key in list(s) if key != "schema_version"],
+            "state: missing the key(s) agent, plan",
+        ),
         (lambda s: s.update(counters={"steps": "many"}) or s.pop("plan"), "does not load"),
         (lambda s: s.update(schema_version=99), "schema_version must stay"),
         (lambda s: s.update(plan=[{"title": "x"}]), "does not load"),
@@ -299,10 +309,59 @@ def test_checkpoint_state_the_schema_rejects_saves_nothing(client, demo, staff, 
         admin_url("checkpoint", "change", checkpoint.pk), {"state": json.dumps(state)}
     )
     assert response.status_code == 200
-    assert message in " ".join(response.context["adminform"].form.errors["state"])
+    errors = " ".join(response.context["adminform"].form.errors["state"])
+    assert message in errors
+    assert "cannot be read" not in errors and "does not match schema version" not in errors
     checkpoint.refresh_from_db()
     assert checkpoint.state == before
     assert not AuditEvent.objects.filter(action__startswith="admin_").exists()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("[1, 2]", "A checkpoint state must be a JSON object."),
+        ('"text"', "A checkpoint state must be a JSON object."),
+        ("null", "Give a JSON object here (an empty field or null is not one)."),
+        ("{}", "The state's schema_version must stay 3 (found None)."),
+    ],
+)
+def test_a_checkpoint_state_that_is_not_a_state_object_is_refused(
+    client, demo, staff, raw, message
+):
+    client.force_login(staff)
+    checkpoint = head_checkpoint(demo)
+    before = checkpoint.state
+    response = client.post(admin_url("checkpoint", "change", checkpoint.pk), {"state": raw})
+    assert response.context["adminform"].form.errors["state"] == [message]
+    checkpoint.refresh_from_db()
+    assert checkpoint.state == before
+
+
+@pytest.mark.parametrize(
+    ("budgets", "message"),
+    [
+        ({"max_steps": "ten"}, "budgets.max_steps: expected an integer >= 1, got 'ten'"),
+        ({"max_steps": -3}, "budgets.max_steps: expected an integer >= 1, got -3"),
+        ({"max_cost": "abc"}, "budgets.max_cost: expected a number >= 0, got 'abc'"),
+        ({"max_tokens": 2.5}, "budgets.max_tokens: expected an integer >= 0, got 2.5"),
+        ({"max_step": 9}, "budgets: unknown key(s) max_step"),
+        ("lots", "budgets: expected an object, got 'lots'"),
+    ],
+)
+def test_a_budget_step_the_run_could_not_apply_is_refused(client, staff, budgets, message):
+    """A set_budgets operator step is folded into the state by the next run: a value the
+    state refuses would fail every run, so the admin refuses it first."""
+    session = session_start(agent="echo", input="hi", budgets={"max_steps": 7})
+    step = Step.objects.get(session=session, kind=Kind.OPERATOR)
+    assert step.payload["budgets"] == {"max_steps": 7}
+    client.force_login(staff)
+    payload = {**step.payload, "budgets": budgets}
+    response = client.post(admin_url("step", "change", step.pk), {"payload": json.dumps(payload)})
+    assert response.status_code == 200
+    assert message in " ".join(response.context["adminform"].form.errors["payload"])
+    step.refresh_from_db()
+    assert step.payload["budgets"] == {"max_steps": 7}
 
 
 def test_a_step_edit_is_audited_with_the_full_before_and_after(client, demo, staff):
