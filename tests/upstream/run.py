@@ -188,9 +188,15 @@ SUMMARY = re.compile(
 )
 
 
+def split_arguments(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Suites first (all of them when none is named), then pytest's arguments: in
+    `openai-agents -k langgraph`, "langgraph" is an argument of pytest's."""
+    count = next((i for i, a in enumerate(argv) if a not in SUITES), len(argv))
+    return argv[:count] or list(SUITES), argv[count:]
+
+
 def main(argv: list[str]) -> int:
-    names = [a for a in argv if a in SUITES] or list(SUITES)
-    extra = [a for a in argv if a not in SUITES]
+    names, extra = split_arguments(argv)
     plan: list[tuple[Suite, str, list[str]]] = []
     for name in names:
         suite = SUITES[name]
@@ -229,9 +235,13 @@ def main(argv: list[str]) -> int:
             for match in SUMMARY.finditer(output):
                 for i, value in enumerate(match.groups()):
                     totals[suite.name][i] += int(value)
-            if code:
+            # 5: no test collected, as when -k leaves none in one shard (and if none in any
+            # shard of the suite, its count below is all zeros: a failure too).
+            if code not in (0, 5):
                 failed.append(f"{shard} (pytest exited {code})")
     for name, (passed, failures, listed, skipped) in totals.items():
+        if not passed + failures + listed + skipped:
+            failed.append(f"{name} (no test ran)")
         print(
             f"{name} {installed_version(name)}: {passed} passed, {failures} failed, "
             f"{listed} not applicable (tests/upstream/not_applicable.toml), "
