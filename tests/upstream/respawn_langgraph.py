@@ -73,6 +73,12 @@ def pytest_plugin_registered(plugin, plugin_name):
     ):
         plugin.sync_checkpointer = _Checkpointers.sync_checkpointer
         plugin.async_checkpointer = _Checkpointers.async_checkpointer
+        _replaced.append(plugin_name)
+
+
+# Their conftests whose fixtures were replaced: none, and their tests would run against
+# their own savers, so the run stops instead.
+_replaced: list[str] = []
 
 
 def pytest_configure(config):
@@ -81,6 +87,11 @@ def pytest_configure(config):
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    if items and not _replaced:
+        raise pytest.UsageError(
+            f"no conftest of this langgraph defines {' and '.join(FIXTURES)}: "
+            "tests/upstream/respawn_langgraph.py cannot put RespawnSaver in their place"
+        )
     respawn_upstream.select(
         config,
         items,

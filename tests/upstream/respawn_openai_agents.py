@@ -100,6 +100,7 @@ def pytest_collection_finish(session):
 
     replacement = stand_in()
     tests = session.config.rootpath / "tests"
+    replaced = 0
     for module in list(sys.modules.values()):
         path = getattr(module, "__file__", None)
         if (
@@ -108,6 +109,13 @@ def pytest_collection_finish(session):
             and getattr(module, NAME, None) is SQLiteSession
         ):
             setattr(module, NAME, replacement)
+            replaced += 1
+    if session.items and not replaced:
+        # Their tests would run against SQLiteSession itself.
+        raise pytest.UsageError(
+            f"no test module of this openai-agents imports {NAME} by name: "
+            "tests/upstream/respawn_openai_agents.py cannot put RespawnSession in its place"
+        )
 
 
 def pytest_terminal_summary(terminalreporter):

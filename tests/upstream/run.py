@@ -61,8 +61,9 @@ SUITES = {
         tests="tests",
         selects=r"\bSQLiteSession\b",
         # Other stores' own tests (SQLAlchemy, Redis, Dapr, MongoDB, the SDK's
-        # advanced and async SQLite sessions), and sandboxes.
-        excludes=("tests/extensions/", "tests/sandbox/"),
+        # advanced and async SQLite sessions), sandboxes, and what importing the SDK
+        # does (in a subprocess, where SQLiteSession is only a name).
+        excludes=("tests/extensions/", "tests/sandbox/", "tests/tracing/"),
     ),
 }
 
