@@ -2,7 +2,8 @@
 #   make run   - a working Respawn on this machine (SQLite + embedded Redis unless
 #                DATABASE_URL / REDIS_URL say otherwise): web server, one worker, demo data.
 #   make test  - ruff, the import contracts (pyproject.toml), the type checker and the whole
-#                suite against real PostgreSQL and Redis.
+#                suite against real PostgreSQL and Redis, then LangGraph's and the OpenAI
+#                Agents SDK's own tests against Respawn's adapters (tests/upstream/run.py).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -13,7 +14,7 @@ STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum 
 export TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/respawn
 export TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 
-.PHONY: run test lint install services clean
+.PHONY: run test test-upstream lint install services clean
 
 $(STAMP):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "Respawn needs Python 3.11 or newer; found " + sys.version.split()[0])'
@@ -52,6 +53,16 @@ test: $(STAMP) services
 		$(BIN)/python -m pytest tests/contract -q -p no:cacheprovider
 	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
 		$(BIN)/python -m pytest --through-pgbouncer --through-sentinel $(POOLER_TESTS)
+	@echo "LangGraph's and the OpenAI Agents SDK's own tests, against Respawn's adapters:"
+	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
+		$(BIN)/python tests/upstream/run.py
+
+# The frameworks' own tests alone: the source distributions of the installed langgraph and
+# openai-agents (downloaded once into var/upstream/), each suite in its own pytest run with
+# our plugin (tests/upstream). UPSTREAM_ARGS: a suite's name, and/or arguments for pytest.
+test-upstream: $(STAMP) services
+	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" \
+		$(BIN)/python tests/upstream/run.py $(UPSTREAM_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
