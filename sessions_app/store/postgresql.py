@@ -112,17 +112,19 @@ def _execute_prepared(
 class PostgreSQLSessionStore(DjangoSessionStore):
     def claim(self, session_id: str, owner: str, ttl: float) -> Lease | None:
         """The portable claim's two UPDATEs in one statement. Expiry is on the database's
-        clock (now()): a worker whose clock runs fast takes no live lease, one that runs
-        slow keeps no dead worker's session waiting."""
+        clock (statement_timestamp(), as Django's Now(); now() is the transaction's start):
+        a worker whose clock runs fast takes no live lease, one that runs slow keeps no
+        dead worker's session waiting."""
         row = _execute_prepared(
             f"UPDATE {SESSION_TABLE} SET lease_owner = %s,"
-            " lease_expires_at = now() + %s * interval '1 second',"
-            " fencing_token = fencing_token + 1, status = %s, updated_at = now(),"
+            " lease_expires_at = statement_timestamp() + %s * interval '1 second',"
+            " fencing_token = fencing_token + 1, status = %s,"
+            " updated_at = statement_timestamp(),"
             " crash_count = CASE WHEN lease_owner IS NULL THEN 0"
             "  WHEN last_seq <= crash_seq + 1 THEN crash_count + 1 ELSE 1 END,"
             " crash_seq = CASE WHEN lease_owner IS NULL THEN crash_seq ELSE last_seq END"
             " WHERE id = %s::uuid AND status IN (%s, %s)"
-            " AND (lease_owner IS NULL OR lease_expires_at <= now())"
+            " AND (lease_owner IS NULL OR lease_expires_at <= statement_timestamp())"
             " RETURNING fencing_token, crash_count",
             [
                 owner,
