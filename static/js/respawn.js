@@ -93,7 +93,12 @@
   }
 
   function showError(elt, text) {
-    if (!elt || !elt.isConnected) return;
+    if (!elt || !elt.isConnected || !elt.getClientRects().length) {
+      // The button is gone (a poll redrew its part while the request was out) or hidden:
+      // the refusal is still the operator's to read.
+      showNotice(text);
+      return;
+    }
     if (isPolling(elt) && !elt.closest("form")) {
       // A refresh that failed: keep what is shown, mark it as possibly out of date.
       elt.classList.add("stale");
@@ -144,7 +149,13 @@
     if (xhr && xhr.status >= 400) {
       detail.shouldSwap = false;
       detail.isError = false; // shown here; htmx need not log it as well
-      showError(elt, errorText(xhr));
+      const text = errorText(xhr);
+      showError(elt, text);
+      if (detail.requestConfig && detail.requestConfig.verb !== "get") {
+        // A refused action is also told in the notice: the live page may redraw the part
+        // that holds its button (the session moved on: that is often why it was refused).
+        showNotice(text);
+      }
       return;
     }
     // One preview open at a time, in the slot next to the button that asked for it.
@@ -191,13 +202,16 @@
 
   // --- Notices after an action (HX-Trigger: respawn-notice) -------------------------------
   let toastTimer = null;
-  document.body.addEventListener("respawn-notice", (event) => {
+  function showNotice(text) {
     const toast = document.getElementById("toast");
-    if (!toast || !event.detail || !event.detail.text) return;
-    toast.textContent = event.detail.text;
+    if (!toast || !text) return;
+    toast.textContent = text;
     toast.hidden = false;
     clearTimeout(toastTimer);
     toastTimer = setTimeout(() => { toast.hidden = true; }, 6000);
+  }
+  document.body.addEventListener("respawn-notice", (event) => {
+    if (event.detail) showNotice(event.detail.text);
   });
 
   // --- Requests that need a little more than their URL ------------------------------------
