@@ -91,9 +91,22 @@ def envelope(view: Any, exact: Any) -> dict[str, Any]:
     key_id, ring = keys()
     text = json.dumps(exact, separators=(",", ":"), allow_nan=False)
     seal = {"v": VERSION, "key": key_id, "box": ring[key_id].encrypt(text.encode()).decode()}
+    return _packed(view, seal)
+
+
+def _packed(view: Any, seal: dict[str, Any]) -> dict[str, Any]:
+    """A view and its seal as one JSON object: an object's keys beside the seal's (so a
+    query on a key finds the masked value), anything else under VIEW."""
     if isinstance(view, dict):
         return {**view, SEALED: seal}
     return {SEALED: seal, VIEW: view}
+
+
+def _view(stored_value: dict[str, Any]) -> Any:
+    """The masked view an envelope holds."""
+    if VIEW in stored_value:
+        return stored_value[VIEW]
+    return {k: v for k, v in stored_value.items() if k != SEALED}
 
 
 def is_envelope(value: Any) -> bool:
@@ -108,7 +121,7 @@ def opened(value: Any) -> Any:
     if isinstance(value, Sealed) or not is_envelope(value):
         return value
     seal = value[SEALED]
-    view = value[VIEW] if VIEW in value else {k: v for k, v in value.items() if k != SEALED}
+    view = _view(value)
     wrapped: Sealed
     if isinstance(view, dict):
         wrapped = SealedDict(view)
@@ -131,9 +144,7 @@ def stored(value: Sealed) -> dict[str, Any]:
         view = list(value)
     else:
         view = str(value)
-    if isinstance(view, dict):
-        return {**view, SEALED: value.seal}
-    return {SEALED: value.seal, VIEW: view}
+    return _packed(view, value.seal)
 
 
 def exact(value: Any) -> Any:
@@ -176,8 +187,7 @@ def resealed(value: Any) -> Any:
     same view); None when it needs nothing."""
     if not is_envelope(value) or value[SEALED].get("key") == current_key_id():
         return None
-    view = value[VIEW] if VIEW in value else {k: v for k, v in value.items() if k != SEALED}
-    return envelope(view, exact(value))
+    return envelope(_view(value), exact(value))
 
 
 def keep_secrets(edited: Any, shown: Any) -> Any:

@@ -82,6 +82,7 @@ from agent_runtime.store import Lease, LeaseLost, SessionHead
 
 from ..sdk_glue import DatabaseThread, ensure_django, session_id_in
 from ..sdk_glue import now as _now
+from ..sealing import exact
 from . import gate
 
 __all__ = [
@@ -204,28 +205,19 @@ def _inline(value: Any) -> bool:
     return value is None or isinstance(value, _SCALARS)
 
 
+def _redaction() -> Any:
+    """sessions_app.redaction, imported once Django is set up (its fields need the app)."""
+    from .. import redaction
+
+    return redaction
+
+
 def _seal_blob(kind: str, data: bytes | None) -> tuple[str, bytes | None]:
-    from ..redaction import sealed_blob
-
-    return sealed_blob(kind, data)
-
-
-def _sealed(value: Any) -> Any:
-    from ..redaction import sealed
-
-    return sealed(value)
-
-
-def _exact(value: Any) -> Any:
-    from ..sealing import exact
-
-    return exact(value)
+    return _redaction().sealed_blob(kind, data)
 
 
 def _open_blob(kind: str, data: bytes) -> tuple[str, bytes]:
-    from ..redaction import opened_blob
-
-    return opened_blob(kind, data)
+    return _redaction().opened_blob(kind, data)
 
 
 # --- the saver ---------------------------------------------------------------------------
@@ -526,7 +518,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         )
         # Stored sealed when it holds a secret: masked where people and filters see it,
         # exact when a run reads it back.
-        stored_meta = _sealed(meta)
+        stored_meta = _redaction().sealed(meta)
         changed = {
             ch: _summary(checkpoint["channel_values"][ch])
             for ch in sorted(new_versions)
@@ -940,7 +932,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 }
             },
             checkpoint=body,
-            metadata=_exact(row.metadata),
+            metadata=exact(row.metadata),
             parent_config=parent,
             pending_writes=pending,
         )
