@@ -15,6 +15,9 @@ Then the checkpointer's own calls, side by side: the median ms of every `put` an
 `put_writes` the run made, of `get_tuple` of the thread's latest checkpoint and of `list`
 of the whole thread (what time travel and `get_state_history` wait on), read back
 `--reads` times after the run; and RespawnSaver's time over PostgresSaver's per call.
+Last, what starting a thread costs (a program, and each of LangGraph's tests, starts one
+every time): the median ms of `get_tuple` of a thread that is not there and of the first
+and second `put` of it, over `--threads` new threads.
 """
 
 from __future__ import annotations
@@ -133,6 +136,28 @@ def read_back(saver: Any, thread_id: str, reads: int) -> dict[str, list[float]]:
 builtins_list = list
 
 
+NEW_THREAD_CALLS = ["get_tuple", "first put", "second put"]
+
+
+def new_threads(saver: Any, threads: int) -> dict[str, float]:
+    """Median ms of what starting a thread costs: get_tuple of a thread that is not there
+    (what a graph's first invoke reads), then its first and second put."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    ms: dict[str, list[float]] = defaultdict(list)
+    for _ in range(threads):
+        config = {"configurable": {"thread_id": f"new-{uuid.uuid4()}", "checkpoint_ns": ""}}
+        started = time.perf_counter()
+        saver.get_tuple(config)
+        ms["get_tuple"].append((time.perf_counter() - started) * 1000)
+        for step, call in enumerate(("first put", "second put")):
+            metadata = {"source": "input" if step == 0 else "loop", "step": step - 1}
+            started = time.perf_counter()
+            config = saver.put(config, empty_checkpoint(), metadata, {})
+            ms[call].append((time.perf_counter() - started) * 1000)
+    return {call: statistics.median(values) for call, values in ms.items()}
+
+
 def run_once(graph: Any, url: str, tables: list[str], steps: int, clock: dict) -> dict[str, Any]:
     turns = (steps - 1) // 2  # 2 nodes a turn and the final answer
     with psycopg.connect(url, autocommit=True) as conn:
@@ -165,6 +190,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, nargs="+", default=[50, 500, 5000])
     parser.add_argument("--payload-bytes", type=int, default=200)
     parser.add_argument("--reads", type=int, default=9, help="get_tuple/list calls timed")
+    parser.add_argument("--threads", type=int, default=30, help="new threads timed")
     args = parser.parse_args()
 
     respawn_url = fresh_database("respawn_bench_langgraph_respawn")
@@ -229,6 +255,15 @@ def main() -> None:
                 )
             ratios = [by_saver["RespawnSaver"][c] / by_saver["PostgresSaver"][c] for c in CALLS]
             print(f"{steps:>6}  {'Respawn/PG':<14}" + "".join(f" {r:>10.2f}x" for r in ratios))
+        started = {name: new_threads(saver, args.threads) for name, saver in savers.items()}
+        print(f"\na new thread, median ms over {args.threads}")
+        print(f"{'saver':<14}" + "".join(f" {c:>11}" for c in NEW_THREAD_CALLS))
+        for name, medians in started.items():
+            print(f"{name:<14}" + "".join(f" {medians[c]:>11.3f}" for c in NEW_THREAD_CALLS))
+        ratios = [
+            started["RespawnSaver"][c] / started["PostgresSaver"][c] for c in NEW_THREAD_CALLS
+        ]
+        print(f"{'Respawn/PG':<14}" + "".join(f" {r:>10.2f}x" for r in ratios))
 
 
 if __name__ == "__main__":

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import functools
 import os
 import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -70,47 +71,93 @@ def now() -> datetime:
     return timezone.now()
 
 
-class DatabaseThread:
-    """One thread, started on first use, for an object's database work: the SDKs call from
-    their event loop (where Django refuses database calls) or from threads of their own,
-    and Django keeps a connection per thread; one thread keeps it to one connection, which
-    `close()` closes."""
+class OwnConnection:
+    """An object's own database connection (a saver's, a session's), used by one thread at
+    a time: whichever thread calls borrows it for the call, so its transactions are never
+    the caller's (Django keeps a connection per thread, and a worker's own may be inside
+    one) and a call costs no hop to another thread. The SDKs also call from their event
+    loop, where Django refuses database calls: those calls run on a thread of the
+    object's own. `close()` closes the connection."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, database: str = "default") -> None:
         self._name = name
+        self._alias = database
+        self._use = threading.RLock()  # one thread at a time on the connection
+        self._holder: int | None = None
+        self._connection: Any = None
         self._lock = threading.Lock()
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
-        self._ident: int | None = None
 
     def call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """`fn(*args, **kwargs)` on the thread (at once when already on it); waits."""
-        if threading.get_ident() == self._ident:
+        """`fn(*args, **kwargs)` on the connection; waits for the thread using it."""
+        if self._holder == threading.get_ident():
             return fn(*args, **kwargs)
-        return self._pool().submit(fn, *args, **kwargs).result()
+        if _in_event_loop():
+            return self._pool().submit(self.call, fn, *args, **kwargs).result()
+        with self._use, self._borrowed():
+            return fn(*args, **kwargs)
 
     async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """`fn(*args, **kwargs)` on the thread, awaited from an event loop."""
+        """`fn(*args, **kwargs)` on the connection, awaited from an event loop."""
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool(), functools.partial(fn, *args, **kwargs))
+        return await loop.run_in_executor(
+            self._pool(), functools.partial(self.call, fn, *args, **kwargs)
+        )
 
     def close(self) -> None:
-        """Close the thread's database connection and stop the thread."""
+        """Close the connection and stop the thread."""
+        if _in_event_loop():
+            # Django refuses database calls on an event loop: closed on the thread.
+            self._pool().submit(self._disconnect).result()
+        else:
+            self._disconnect()
         with self._lock:
             executor, self._executor = self._executor, None
         if executor is not None:
-            from django.db import connections
-
-            executor.submit(connections.close_all).result()
             executor.shutdown(wait=True)
-            self._ident = None
+
+    def _disconnect(self) -> None:
+        with self._use:
+            connection, self._connection = self._connection, None
+            if connection is not None:
+                connection.close()
+                connection.dec_thread_sharing()
+
+    @contextlib.contextmanager
+    def _borrowed(self) -> Iterator[None]:
+        """The connection is this thread's `connections[alias]` for the block (the
+        thread's own, if it had one, afterwards)."""
+        from django.db import connections
+
+        if self._connection is None:
+            self._connection = connections.create_connection(self._alias)
+            self._connection.inc_thread_sharing()
+        previous = next(  # the thread's own, when it has one
+            (c for c in connections.all(initialized_only=True) if c.alias == self._alias), None
+        )
+        connections[self._alias] = self._connection
+        self._holder = threading.get_ident()
+        try:
+            yield
+        finally:
+            self._holder = None
+            if previous is None:
+                del connections[self._alias]
+            else:
+                connections[self._alias] = previous
 
     def _pool(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
             if self._executor is None:
                 self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix=self._name, initializer=self._mark
+                    max_workers=1, thread_name_prefix=self._name
                 )
             return self._executor
 
-    def _mark(self) -> None:
-        self._ident = threading.get_ident()
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

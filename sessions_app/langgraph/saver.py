@@ -80,7 +80,7 @@ from agent_runtime.state import (
 )
 from agent_runtime.store import Lease, LeaseLost, SessionHead
 
-from ..sdk_glue import DatabaseThread, ensure_django, session_id_in
+from ..sdk_glue import OwnConnection, ensure_django, session_id_in
 from ..sdk_glue import now as _now
 from ..sealing import exact
 from . import gate
@@ -223,21 +223,22 @@ def _open_blob(kind: str, data: bytes) -> tuple[str, bytes]:
 # --- the saver ---------------------------------------------------------------------------
 
 
-def _on_saver_thread(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Run a saver method on the saver's own thread: LangGraph calls a checkpointer from
-    its task threads, and Django keeps a connection per thread; one thread keeps it to one
-    connection (closed by `close()`) and one writer."""
+def _on_own_connection(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run a saver method on the saver's own connection: LangGraph calls a checkpointer
+    from its task threads, and Django keeps a connection per thread; the calling thread
+    borrows the saver's one connection (closed by `close()`) for the call, one thread at a
+    time, so the saver is one writer and never inside a transaction of the caller's."""
 
     @functools.wraps(method)
     def wrapper(self: RespawnSaver, *args: Any, **kwargs: Any) -> Any:
-        return self._thread.call(method, self, *args, **kwargs)
+        return self._own.call(method, self, *args, **kwargs)
 
     return wrapper
 
 
 class RespawnSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer on Respawn's tables. Sync methods for `graph.invoke`,
-    async ones (run on a thread of the saver's own) for `await graph.ainvoke`.
+    async ones (their database work off the event loop) for `await graph.ainvoke`.
 
     database: the Django alias to write through (from_conn_string picks it).
     agent: the agent name of sessions this saver starts (name a `graph_agent` to let
@@ -279,8 +280,9 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         # finds the thread moved on when it takes the lease was raced by another writer.
         self._read_latest: dict[tuple[uuid.UUID, str], str] = {}
         # The last list stored per channel, to store the next version as what was added.
-        self._lists: dict[tuple[uuid.UUID, str, str], tuple[str, list[Any]]] = {}
-        self._thread = DatabaseThread("respawn-saver")
+        # With the versions of its chain: (version, length), from the one stored whole.
+        self._lists: dict[tuple[uuid.UUID, str, str], _ListChain] = {}
+        self._own = OwnConnection("respawn-saver", database)
         self.cancel_requested = False  # a bound saver's put saw the session's cancel
 
     # -- construction, as the official savers have -------------------------------------
@@ -294,7 +296,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         finally:
             saver.close()
 
-    @_on_saver_thread
+    @_on_own_connection
     def setup(self) -> None:
         """Create or upgrade Respawn's tables (Django's migrate, idempotent)."""
         from django.core.management import call_command
@@ -302,8 +304,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         call_command("migrate", database=self._db, interactive=False, verbosity=0)
 
     def close(self) -> None:
-        """Close the saver's database connection and stop its thread."""
-        self._thread.close()
+        """Close the saver's database connection."""
+        self._own.close()
 
     # -- versions: zero-padded, so they sort as strings ------------------------------------
     def get_next_version(self, current: str | None, channel: None = None) -> str:
@@ -453,6 +455,55 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             raise RunnerCancelled(f"session {lease.session_id}: cancel requested")
         return seq
 
+    def _create_with(
+        self,
+        session_id: uuid.UUID,
+        thread_id: str,
+        *,
+        head: bool,
+        rows: dict[str, Any],
+        answer: str | None,
+    ) -> Lease | None:
+        """A new thread's first write on PostgreSQL in one statement: its session created
+        holding this writer's lease (as `_claim` leaves it after `_create_thread`), its
+        thread row, and the write at seq 1. None, having written nothing, when the session
+        is there already (then `_claim` finds out whether this writer may write it)."""
+        from ..models import AgentSession, Status
+
+        now = _now()
+        token = AgentSession._meta.get_field("fencing_token").get_default() + 1
+        session = AgentSession(
+            id=session_id,
+            agent=self._agent,
+            title=_short(f"LangGraph thread {thread_id}"),
+            status=Status.WAITING_INPUT,
+            created_at=now,
+            updated_at=now,
+            lease_owner=self._owner,
+            fencing_token=token,
+            lease_expires_at=now + timedelta(seconds=self._ttl),
+            last_seq=1,
+            step_count=1,
+            head=1 if head else 0,
+            final_answer=answer or "",
+        )
+        lease = Lease(str(session_id), self._owner, token)
+        done = _graph_rows().fenced_write(
+            lease,
+            using=self._db,
+            head=head,
+            expires=None,
+            final_answer=None,
+            now=now,
+            create=_graph_rows().NewThread(session, thread_id),
+            **rows,
+        )
+        if done is None:
+            return None
+        with self._lock:
+            self._leases[session_id] = lease
+        return lease
+
     def _refusal(self, lease: Lease) -> str:
         from ..models import AgentSession
 
@@ -478,6 +529,12 @@ class RespawnSaver(BaseCheckpointSaver[str]):
     ) -> tuple[Lease, int]:
         session_id = session_id_for(thread_id)
         lease, continuing = self._lease_for(session_id, ns, parent_id)
+        if lease is None and parent_id is None and self._vendor() == "postgresql":
+            # A new thread's first write (it names no parent): one statement, unless the
+            # session is there already.
+            created = self._create_with(session_id, thread_id, head=head, rows=rows, answer=answer)
+            if created is not None:
+                return created, 1
         if lease is not None:
             try:
                 return lease, self._fenced(lease, head=head, write=write, rows=rows, answer=answer)
@@ -494,7 +551,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             return lease, self._fenced(lease, head=head, write=write, rows=rows, answer=answer)
 
     # -- writing -------------------------------------------------------------------------
-    @_on_saver_thread
+    @_on_own_connection
     def put(
         self,
         config: RunnableConfig,
@@ -610,7 +667,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         # Small scalars go in the body, as PostgresSaver keeps them.
         inline = {k: v for k, v in values.items() if _inline(v)}
         blobs: list[tuple] = []
-        lists: dict[tuple[uuid.UUID, str, str], tuple[str, list[Any]]] = {}
+        lists: dict[tuple[uuid.UUID, str, str], _ListChain] = {}
         for channel, version in new_versions.items():
             version = str(version)
             if channel not in values:
@@ -623,23 +680,30 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             if isinstance(value, list):
                 key = (session_id, ns, channel)
                 previous = self._lists.get(key)
+                chain = [(version, len(value))]
                 if (
                     previous is not None
-                    and previous[0] != version
-                    and previous[1]
-                    and len(value) >= len(previous[1])
+                    and previous.version != version
+                    and previous.items
+                    and len(value) >= len(previous.items)
                     # The same objects, not equal ones: a reducer appended to the list.
-                    and all(a is b for a, b in zip(previous[1], value, strict=False))
+                    and all(a is b for a, b in zip(previous.items, value, strict=False))
                 ):
-                    base = previous[0]
-                    kind, data = _seal_blob(*self.serde.dumps_typed(value[len(previous[1]) :]))
-                lists[key] = (version, list(value))
+                    # The k-th version after the whole one builds on the (k & (k - 1))-th,
+                    # as a Fenwick tree does: a reader loads at most log2(k) + 1 versions,
+                    # which hold the list's items once; each item is stored about
+                    # log2(k) / 2 times.
+                    k = len(previous.chain)
+                    base, length = previous.chain[k & (k - 1)]
+                    kind, data = _seal_blob(*self.serde.dumps_typed(value[length:]))
+                    chain = [*previous.chain, *chain]
+                lists[key] = _ListChain(version, list(value), chain)
             if base is None:
                 kind, data = _seal_blob(*self.serde.dumps_typed(value))
             blobs.append((channel, version, kind, data, base))
         return inline, blobs, lists
 
-    @_on_saver_thread
+    @_on_own_connection
     def put_writes(
         self,
         config: RunnableConfig,
@@ -716,7 +780,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             qs = qs.exclude(Exists(_superseded_step()))
         return qs
 
-    @_on_saver_thread
+    @_on_own_connection
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         from ..models import GraphCheckpoint
 
@@ -777,7 +841,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
         blob = GraphBlob._meta.db_table
         sql = (
-            "WITH cp AS (SELECT c.session_id, c.ns, c.checkpoint_id, c.parent_id, c.seq,"
+            "WITH RECURSIVE cp AS (SELECT c.session_id, c.ns, c.checkpoint_id, c.parent_id, c.seq,"
             f" c.body, c.metadata, t.thread_id, {_SUPERSEDED.format(t='c')} AS superseded,"
             " row_number() OVER (ORDER BY c.checkpoint_id DESC, c.id DESC) AS ord"
             f" FROM {GraphCheckpoint._meta.db_table} c"
@@ -789,23 +853,21 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             " v.value #>> '{}' AS version"
             " FROM cp, jsonb_each(cp.body -> 'channel_versions') AS v"
             " WHERE NOT coalesce(cp.body -> 'channel_values', '{}'::jsonb) ? v.key),"
-            " exact AS (SELECT b.session_id, b.ns, b.channel, b.version, b.type, b.blob,"
-            f" b.base_version FROM {blob} b JOIN wanted w ON b.session_id = w.session_id"
-            " AND b.ns = w.ns AND b.channel = w.channel AND b.version = w.version),"
-            # A list stored as what each version appended: its earlier versions too (the
-            # chain down to a whole one is among them; versions sort as strings).
-            " chains AS (SELECT session_id, ns, channel, max(version) AS newest FROM exact"
-            " WHERE base_version IS NOT NULL GROUP BY session_id, ns, channel),"
-            " older AS (SELECT b.session_id, b.ns, b.channel, b.version, b.type, b.blob,"
-            f" b.base_version FROM {blob} b JOIN chains h ON b.session_id = h.session_id"
-            " AND b.ns = h.ns AND b.channel = h.channel AND b.version < h.newest)"
+            # The versions wanted and, of a list stored as what versions appended, the
+            # versions they build on, down to a whole one.
+            " links AS (SELECT b.session_id, b.ns, b.channel, b.version, b.base_version"
+            f" FROM {blob} b JOIN wanted w ON b.session_id = w.session_id AND b.ns = w.ns"
+            " AND b.channel = w.channel AND b.version = w.version"
+            " UNION SELECT b.session_id, b.ns, b.channel, b.version, b.base_version"
+            f" FROM links o JOIN {blob} b ON b.session_id = o.session_id AND b.ns = o.ns"
+            " AND b.channel = o.channel AND b.version = o.base_version)"
             " SELECT 'c', cp.session_id, cp.ns, cp.checkpoint_id, cp.parent_id, cp.thread_id,"
             " NULL::text, cp.seq, cp.ord, cp.body, cp.metadata, cp.superseded, NULL::text,"
             " NULL::bytea FROM cp"
-            " UNION ALL SELECT 'b', session_id, ns, channel, version, base_version, NULL,"
-            " NULL, NULL, NULL, NULL, NULL, type, blob FROM exact"
-            " UNION ALL SELECT 'b', session_id, ns, channel, version, base_version, NULL,"
-            " NULL, NULL, NULL, NULL, NULL, type, blob FROM older"
+            " UNION ALL SELECT 'b', b.session_id, b.ns, b.channel, b.version, b.base_version,"
+            f" NULL, NULL, NULL, NULL, NULL, NULL, b.type, b.blob FROM links l JOIN {blob} b"
+            " ON b.session_id = l.session_id AND b.ns = l.ns AND b.channel = l.channel"
+            " AND b.version = l.version"
             " UNION ALL SELECT 'w', w.session_id, w.ns, w.task_id, w.channel, w.task_path,"
             f" w.checkpoint_id, w.seq, w.idx, NULL, NULL, {_SUPERSEDED.format(t='w')},"
             f" w.type, w.blob FROM {GraphWrite._meta.db_table} w JOIN cp"
@@ -937,7 +999,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             pending_writes=pending,
         )
 
-    @_on_saver_thread
+    @_on_own_connection
     def list(
         self,
         config: RunnableConfig | None,
@@ -946,7 +1008,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> Iterator[CheckpointTuple]:
-        # Read whole on the saver's thread (its connection), handed out as an iterator.
+        # Read whole on the saver's connection, handed out as an iterator.
         from django.db.models import F
 
         if self._vendor() == "postgresql":
@@ -1011,7 +1073,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         return connections[self._db].vendor
 
     # -- deleting and copying ------------------------------------------------------------
-    @_on_saver_thread
+    @_on_own_connection
     def delete_thread(self, thread_id: str) -> None:
         """Delete the thread's session and everything in it; an audit record stays."""
         from django.db import transaction
@@ -1040,7 +1102,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 for key in [k for k in cache if k[0] == session_id]:
                     del cache[key]
 
-    @_on_saver_thread
+    @_on_own_connection
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
         """Delete the checkpoints (and their writes) that the given runs wrote."""
         from django.db import transaction
@@ -1073,7 +1135,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 head=latest.seq if latest is not None else 0
             )
 
-    @_on_saver_thread
+    @_on_own_connection
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """A new thread (session) with the source's steps, checkpoints, values and writes,
         linked to the source as a fork at its last step."""
@@ -1118,7 +1180,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 after={"thread_id": target_thread_id},
             )
 
-    @_on_saver_thread
+    @_on_own_connection
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         """keep_latest: keep each namespace's latest checkpoint (and, for a graph with
         delta channels, its ancestors), with the values and writes it needs; delete:
@@ -1174,9 +1236,9 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 for list_key in [k for k in self._lists if k[0] == session_id]:
                     del self._lists[list_key]
 
-    # -- async: the same work on the saver's own thread ------------------------------------
+    # -- async: the same work on the saver's own connection, off the event loop ----------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return await self._thread.run(self.get_tuple, config)
+        return await self._own.run(self.get_tuple, config)
 
     async def alist(
         self,
@@ -1186,7 +1248,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         before: RunnableConfig | None = None,
         limit: int | None = None,
     ) -> AsyncIterator[CheckpointTuple]:
-        items = await self._thread.run(self.list, config, filter=filter, before=before, limit=limit)
+        items = await self._own.run(self.list, config, filter=filter, before=before, limit=limit)
         for item in items:
             yield item
 
@@ -1197,7 +1259,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return await self._thread.run(self.put, config, checkpoint, metadata, new_versions)
+        return await self._own.run(self.put, config, checkpoint, metadata, new_versions)
 
     async def aput_writes(
         self,
@@ -1206,19 +1268,19 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        await self._thread.run(self.put_writes, config, writes, task_id, task_path)
+        await self._own.run(self.put_writes, config, writes, task_id, task_path)
 
     async def adelete_thread(self, thread_id: str) -> None:
-        await self._thread.run(self.delete_thread, thread_id)
+        await self._own.run(self.delete_thread, thread_id)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        await self._thread.run(self.delete_for_runs, run_ids)
+        await self._own.run(self.delete_for_runs, run_ids)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        await self._thread.run(self.copy_thread, source_thread_id, target_thread_id)
+        await self._own.run(self.copy_thread, source_thread_id, target_thread_id)
 
     async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        await self._thread.run(self.prune, thread_ids, strategy=strategy)
+        await self._own.run(self.prune, thread_ids, strategy=strategy)
 
 
 class AsyncRespawnSaver(RespawnSaver):
@@ -1229,7 +1291,7 @@ class AsyncRespawnSaver(RespawnSaver):
             graph = builder.compile(checkpointer=saver)
             await graph.ainvoke(inputs, config)
 
-    Every database call runs on the saver's own thread, never on the event loop."""
+    Every database call runs on the saver's own connection, never on the event loop."""
 
     @classmethod
     @asynccontextmanager
@@ -1243,7 +1305,7 @@ class AsyncRespawnSaver(RespawnSaver):
             await saver.aclose()
 
     async def setup(self) -> None:
-        await self._thread.run(RespawnSaver.setup, self)
+        await self._own.run(RespawnSaver.setup, self)
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
@@ -1373,6 +1435,15 @@ class _Values:
             value = grown
             self._done[key] = _Prefix(grown, len(grown))
         return _whole(self._done[(session_id, ns, channel, version)])
+
+
+class _ListChain(NamedTuple):
+    """The last version of a list channel this saver stored, its items, and the versions
+    (with their lengths) since the one stored whole."""
+
+    version: str
+    items: builtins.list[Any]
+    chain: builtins.list[tuple[str, int]]
 
 
 class _Prefix(NamedTuple):

@@ -80,7 +80,7 @@ from agent_runtime.state import (
 )
 from agent_runtime.store import Lease, LeaseLost, SessionHead
 
-from ..sdk_glue import SDK_SESSION_AGENT, DatabaseThread, ensure_django, session_id_in
+from ..sdk_glue import SDK_SESSION_AGENT, OwnConnection, ensure_django, session_id_in
 from ..sdk_glue import now as _now
 from ..sealing import exact
 from . import gate
@@ -343,11 +343,11 @@ class RespawnSession(SessionABC):
     when given no limit of its own).
 
     The SDK's protocol methods are coroutines, whose database work runs on the session's
-    own thread; `get_items_sync` and the other `*_sync` methods do the same from code that
-    is not async, on the caller's thread (and its Django connection). Every write is one
-    transaction under the session row's lock, so concurrent writers never interleave inside
-    one call, and a pop returns each item once. After `close()` every call raises
-    RuntimeError, as the SDK's own sessions do.
+    own connection, off the event loop; `get_items_sync` and the other `*_sync` methods do
+    the same from code that is not async, on the caller's thread (and its Django
+    connection). Every write is one transaction under the session row's lock, so concurrent
+    writers never interleave inside one call, and a pop returns each item once. After
+    `close()` every call raises RuntimeError, as the SDK's own sessions do.
     """
 
     def __init__(
@@ -379,8 +379,8 @@ class RespawnSession(SessionABC):
         # say which version last ran it, so an older worker refuses it afterwards.
         self._agent_version = agent_version
         # The SDK calls a session from its event loop: the async methods do their
-        # database work on this thread of the session's own.
-        self._thread = DatabaseThread("respawn-sdk-session")
+        # database work on this connection of the session's own, off the loop.
+        self._own = OwnConnection("respawn-sdk-session", database)
 
     def __repr__(self) -> str:
         return f"RespawnSession({self.session_id!r}, respawn_id={str(self.respawn_id)!r})"
@@ -388,23 +388,23 @@ class RespawnSession(SessionABC):
     # -- the SDK's protocol ---------------------------------------------------------------
     # The items are the SDK's own (plain dicts of its TypedDicts), as add_items stored them.
     async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
-        return await self._on_thread(self.get_items_sync, limit)
+        return await self._on_connection(self.get_items_sync, limit)
 
     async def add_items(self, items: list[Any]) -> None:
-        await self._on_thread(self.add_items_sync, items)
+        await self._on_connection(self.add_items_sync, items)
 
     async def pop_item(self) -> TResponseInputItem | None:
-        return await self._on_thread(self.pop_item_sync)
+        return await self._on_connection(self.pop_item_sync)
 
     async def clear_session(self) -> None:
-        await self._on_thread(self.clear_session_sync)
+        await self._on_connection(self.clear_session_sync)
 
     async def wait_for_approval(self, result: Any) -> list[dict[str, Any]]:
         """Store a run that stopped on tool calls needing approval (a RunResult, or its
         RunState): the session waits until each call is approved or rejected in the
         dashboard or over the API, then a worker resumes the run. Returns the pending
         calls."""
-        return await self._on_thread(self.wait_for_approval_sync, result)
+        return await self._on_connection(self.wait_for_approval_sync, result)
 
     def trace_hooks(self) -> RunHooks:
         """Run hooks that write each tool call into the session's trace when it starts and
@@ -415,13 +415,13 @@ class RespawnSession(SessionABC):
         return _ToolTrace(self)
 
     async def _record_tool(self, payload: dict[str, Any]) -> None:
-        await self._on_thread(self._write, lambda session: self._system_step(session, payload))
+        await self._on_connection(self._write, lambda session: self._system_step(session, payload))
 
     async def record_usage(self, result: Any, *, since: Any = None) -> None:
         """Record what a run's model calls used (a RunResult's usage; less `since`, the
         usage a resumed RunState carried in) as a `sdk_usage` step and on the session's
         token counters, which the dashboard shows."""
-        await self._on_thread(self.record_usage_sync, result, since)
+        await self._on_connection(self.record_usage_sync, result, since)
 
     # -- the same, synchronous ------------------------------------------------------------
     def get_items_sync(self, limit: int | None = None) -> list[dict[str, Any]]:
@@ -817,17 +817,18 @@ class RespawnSession(SessionABC):
             session.status = "waiting_input"
             _store().release(session)
 
-    # -- the session's thread ----------------------------------------------------------
+    # -- the session's connection ------------------------------------------------------
     def close(self) -> None:
-        """Close the session thread's database connection and stop the thread. The session
-        is closed for good: a later call raises RuntimeError (closing again does nothing)."""
+        """Close the session's database connection. The session is closed for good: a
+        later call raises RuntimeError (closing again does nothing)."""
         self._closed = True
-        self._thread.close()
+        self._own.close()
 
-    async def _on_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """`fn(*args)` on the session's thread (RuntimeError once the session is closed)."""
+    async def _on_connection(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)` on the session's connection, off the event loop (RuntimeError once
+        the session is closed)."""
         self._check_open()
-        return await self._thread.run(fn, *args)
+        return await self._own.run(fn, *args)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -998,7 +999,7 @@ class OpenAIAgentRunner:
                 }
         run_state = data["run_state"]
         if any(p["call_id"] not in decided for p in pending):
-            await session._on_thread(
+            await session._on_connection(
                 session._write, lambda s: session._pause(s, run_state, pending, decided=decided)
             )
             return RunnerResult.waiting(

@@ -7,9 +7,11 @@ step and checkpoint of each write (store/writes.py), in the caller's transaction
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.db import connections
@@ -206,6 +208,23 @@ class CheckpointRows:
     blobs: Sequence[tuple[str, str, str, Any, str | None]]
 
 
+def _json_column(value: Any) -> str:
+    """A column's value in the JSON of a row: text PostgreSQL reads back exactly."""
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | Decimal):
+        return str(value)
+    raise TypeError(f"no JSON for a column value of type {type(value).__name__}")
+
+
+@dataclass(frozen=True)
+class NewThread:
+    """A new thread's session row as its first write inserts it, and its thread id."""
+
+    session: AgentSession
+    thread_id: str
+
+
 @dataclass(frozen=True)
 class WriteRows:
     """What a saver's `put_writes` writes beside its step (as `put_writes` takes it)."""
@@ -230,6 +249,7 @@ def fenced_write(
     now: datetime,
     checkpoint: CheckpointRows | None = None,
     writes: WriteRows | None = None,
+    create: NewThread | None = None,
 ) -> tuple[int, bool] | None:
     """One write of a LangGraph saver on PostgreSQL, in one statement (one round trip, one
     commit outside a transaction): `advance_held`'s fenced UPDATE of the session row, the
@@ -237,32 +257,57 @@ def fenced_write(
     graph rows) or the task's writes. When the lease no longer holds, the UPDATE returns no
     row, the INSERTs select nothing and None is returned: nothing was written. Else (the
     new seq, whether a cancel was requested). The lease's expiry moves to `expires` when
-    less than `renew_before` is left of it (every write, without `renew_before`)."""
+    less than `renew_before` is left of it (every write, without `renew_before`).
+
+    With `create`, a new thread's first write: its session row is inserted as `create`
+    has it (already holding `lease`, at seq 1) with its thread row, instead of advanced;
+    when the session is there already, nothing is written and None is returned."""
     from .postgresql import SESSION_FIELDS, _execute_prepared
 
     connection = connections[using]
-    if final_answer is not None:  # through the field: scrubbed as every other write of it
-        final_answer = SESSION_FIELDS["final_answer"].get_db_prep_save(final_answer, connection)
     session_id = str(lease.session_id)
-    # updated_at and lease_expires_at are in the session table's indexes: writing them on
-    # every step would make every UPDATE a non-HOT one that adds an entry to each index.
-    # updated_at moves at most once a second (as a worker's append moves it), the lease's
-    # expiry once less than `renew_before` is left of it.
-    params: list[Any] = [head, expires is not None, renew_before or expires, expires]
-    params += [final_answer, now - timedelta(seconds=1), now]
-    params += [session_id, lease.token, lease.owner]
-    sql = [
-        f"WITH fenced AS (UPDATE {AgentSession._meta.db_table}"
-        " SET last_seq = last_seq + 1, step_count = step_count + 1,"
-        " head = CASE WHEN %s::boolean THEN last_seq + 1 ELSE head END,"
-        " lease_expires_at = CASE WHEN %s::boolean AND (lease_expires_at IS NULL"
-        " OR lease_expires_at < %s::timestamptz) THEN %s::timestamptz"
-        " ELSE lease_expires_at END,"
-        " final_answer = COALESCE(%s::text, final_answer),"
-        " updated_at = CASE WHEN updated_at < %s::timestamptz THEN %s::timestamptz"
-        " ELSE updated_at END"
-        " WHERE id = %s::uuid AND fencing_token = %s AND lease_owner = %s"
-        " RETURNING last_seq, cancel_requested, agent, agent_version)",
+    if create is not None:
+        table = AgentSession._meta.db_table
+        # The row as one JSON object (one parameter, not one per column), each column
+        # through its field as Django's INSERT sends it (scrubbed text too).
+        row = {
+            f.column: f.get_db_prep_save(f.pre_save(create.session, True), connection)
+            for f in AgentSession._meta.concrete_fields
+        }
+        columns = ", ".join(connection.ops.quote_name(column) for column in row)
+        sql = [
+            f"WITH fenced AS (INSERT INTO {table} ({columns}) SELECT {columns}"
+            f" FROM jsonb_populate_record(NULL::{table}, %s::jsonb)"
+            " ON CONFLICT (id) DO NOTHING"
+            " RETURNING last_seq, cancel_requested, agent, agent_version)",
+            f", new_thread AS (INSERT INTO {GraphThread._meta.db_table} (session_id, thread_id)"
+            " SELECT %s::uuid, %s::text FROM fenced)",
+        ]
+        params: list[Any] = [json.dumps(row, default=_json_column), session_id, create.thread_id]
+    else:
+        if final_answer is not None:  # through the field: scrubbed as every other write
+            final_answer = SESSION_FIELDS["final_answer"].get_db_prep_save(final_answer, connection)
+        # updated_at and lease_expires_at are in the session table's indexes: writing them
+        # on every step would make every UPDATE a non-HOT one that adds an entry to each
+        # index. updated_at moves at most once a second (as a worker's append moves it),
+        # the lease's expiry once less than `renew_before` is left of it.
+        params = [head, expires is not None, renew_before or expires, expires]
+        params += [final_answer, now - timedelta(seconds=1), now]
+        params += [session_id, lease.token, lease.owner]
+        sql = [
+            f"WITH fenced AS (UPDATE {AgentSession._meta.db_table}"
+            " SET last_seq = last_seq + 1, step_count = step_count + 1,"
+            " head = CASE WHEN %s::boolean THEN last_seq + 1 ELSE head END,"
+            " lease_expires_at = CASE WHEN %s::boolean AND (lease_expires_at IS NULL"
+            " OR lease_expires_at < %s::timestamptz) THEN %s::timestamptz"
+            " ELSE lease_expires_at END,"
+            " final_answer = COALESCE(%s::text, final_answer),"
+            " updated_at = CASE WHEN updated_at < %s::timestamptz THEN %s::timestamptz"
+            " ELSE updated_at END"
+            " WHERE id = %s::uuid AND fencing_token = %s AND lease_owner = %s"
+            " RETURNING last_seq, cancel_requested, agent, agent_version)",
+        ]
+    sql += [
         f", new_step AS (INSERT INTO {Step._meta.db_table} (session_id, seq, kind, payload,"
         " schema_version, started_at, finished_at, tokens_in, tokens_out, created_at)"
         " SELECT %s::uuid, fenced.last_seq, %s::varchar, %s::jsonb, %s, %s::timestamptz,"
@@ -282,19 +327,17 @@ def fenced_write(
         params += [session_id, scrubbed_json(checkpoint.state), SCHEMA_VERSION, Reason.AUTO]
         params.append(now)
         if checkpoint.blobs:
-            values = ", ".join(
-                ["(%s::text, %s::text, %s::text, %s::bytea, %s::text)"] * len(checkpoint.blobs)
-            )
+            # Rows as arrays: one statement text (prepared once) whatever their number.
             sql.append(
                 f", new_values AS (INSERT INTO {GraphBlob._meta.db_table} (session_id, ns,"
                 " channel, version, type, blob, base_version)"
                 " SELECT %s::uuid, %s::text, v.channel, v.version, v.type, v.blob, v.base"
-                f" FROM fenced, (VALUES {values}) AS v (channel, version, type, blob, base)"
+                " FROM fenced, unnest(%s::text[], %s::text[], %s::text[], %s::bytea[],"
+                " %s::text[]) AS v (channel, version, type, blob, base)"
                 " ON CONFLICT (session_id, ns, channel, version) DO NOTHING)"
             )
             params += [session_id, checkpoint.ns]
-            for blob in checkpoint.blobs:
-                params += list(blob)
+            params += [list(column) for column in zip(*checkpoint.blobs, strict=True)]
         sql.append(
             f", graph_checkpoint AS (INSERT INTO {GraphCheckpoint._meta.db_table} (session_id,"
             " ns, checkpoint_id, parent_id, seq, body, metadata)"
@@ -307,7 +350,6 @@ def fenced_write(
         params += [session_id, checkpoint.ns, checkpoint.checkpoint_id, checkpoint.parent_id]
         params += [json.dumps(checkpoint.body), json.dumps(checkpoint.metadata)]
     if writes is not None and writes.rows:
-        values = ", ".join(["(%s::integer, %s::text, %s::text, %s::bytea)"] * len(writes.rows))
         conflict = (
             " DO UPDATE SET channel = EXCLUDED.channel, type = EXCLUDED.type,"
             " blob = EXCLUDED.blob, seq = EXCLUDED.seq, task_path = EXCLUDED.task_path"
@@ -318,14 +360,13 @@ def fenced_write(
             f", new_writes AS (INSERT INTO {GraphWrite._meta.db_table} (session_id, ns,"
             " checkpoint_id, task_id, task_path, idx, channel, type, blob, seq)"
             " SELECT %s::uuid, %s::text, %s::text, %s::text, %s::text, v.idx, v.channel,"
-            f" v.type, v.blob, fenced.last_seq FROM fenced, (VALUES {values})"
-            " AS v (idx, channel, type, blob)"
+            " v.type, v.blob, fenced.last_seq FROM fenced, unnest(%s::integer[], %s::text[],"
+            " %s::text[], %s::bytea[]) AS v (idx, channel, type, blob)"
             " ON CONFLICT (session_id, ns, checkpoint_id, task_id, idx)" + conflict + ")"
         )
         params += [session_id, writes.ns, writes.checkpoint_id, writes.task_id]
         params.append(writes.task_path)
-        for row in writes.rows:
-            params += list(row)
+        params += [list(column) for column in zip(*writes.rows, strict=True)]
     sql.append(" SELECT last_seq, cancel_requested FROM fenced")
     fenced = _execute_prepared("".join(sql), params, using=using)
     return None if fenced is None else (fenced[0], bool(fenced[1]))

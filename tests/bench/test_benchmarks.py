@@ -48,7 +48,7 @@ CASES = [
      rf"^  upgrade_state \(to v\d+\) +40 rows in +{NUMBER}s = +{NUMBER} rows/s"),
     ("steps", ["--steps", "60", "--rounds", "1", "--peers"],
      rf"^DBOS workflow \+ steps / Respawn, per step \(median of rounds\): {NUMBER}x$"),
-    ("langgraph", ["--steps", "12"],
+    ("langgraph", ["--steps", "12", "--threads", "3"],
      rf"^ +\d+ +RespawnSaver +{NUMBER} +{NUMBER} +{NUMBER}$"),
     ("throughput", ["--workers", "1", "--sessions", "2", "--turns", "2", "--latency", "2"],
      rf"^steps_per_second: {NUMBER}$"),
@@ -76,8 +76,17 @@ def latency_percentiles_in_order(out: str) -> None:
     assert p50 <= p90 <= most, found.group(0)
 
 
+def new_thread_costs_printed(out: str) -> None:
+    """bench.langgraph's last table: what starting a thread costs, with each saver."""
+    for saver in ("RespawnSaver", "PostgresSaver"):
+        assert re.search(rf"^{saver} +{NUMBER} +{NUMBER} +{NUMBER}$", out, re.MULTILINE), out
+
+
 # What some benches print is checked further than one figure line.
-FURTHER_CHECKS = {"throughput": latency_percentiles_in_order}
+FURTHER_CHECKS = {
+    "throughput": latency_percentiles_in_order,
+    "langgraph": new_thread_costs_printed,
+}
 
 
 def cited_benches() -> set[str]:

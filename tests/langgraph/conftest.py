@@ -5,7 +5,7 @@ import pytest
 
 @pytest.fixture
 def make_saver(transactional_db):
-    """RespawnSavers closed after the test (each holds a connection on its own thread)."""
+    """RespawnSavers closed after the test (each holds a database connection of its own)."""
     from sessions_app.langgraph.saver import RespawnSaver
 
     made = []

@@ -3,6 +3,7 @@ with the steps, interrupts and time travel work, and one writer at a time."""
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import threading
@@ -92,11 +93,23 @@ def test_storage_grows_with_the_steps_not_with_the_history(make_saver):
     blobs = list(
         GraphBlob.objects.filter(session_id=session_id, channel="messages").order_by("version")
     )
-    # The first version of the list is stored whole, every later one as what was added.
+    # The first version of the list is stored whole, every later one as what was added
+    # since the version it builds on: the k-th on the (k & (k - 1))-th, so a reader loads
+    # at most log2(k) + 1 versions and the list's items are stored about log2(k) / 2 times
+    # each (PostgresSaver stores the whole list every version).
     assert blobs[0].base_version is None
     assert all(b.base_version is not None for b in blobs[1:])
-    sizes = [len(bytes(b.blob)) for b in blobs[1:]]
-    assert max(sizes[-10:]) <= 2 * max(sizes[:10])  # flat, not growing with the list
+    position = {b.version: k for k, b in enumerate(blobs)}
+    assert all(position[b.base_version] == k & (k - 1) for k, b in enumerate(blobs) if k)
+    links, newest = 0, blobs[-1]
+    by_version = {b.version: b for b in blobs}
+    while newest.base_version is not None:
+        links, newest = links + 1, by_version[newest.base_version]
+    assert links <= math.log2(len(blobs)) + 1
+    messages = graph.get_state(_config("long")).values["messages"]
+    whole = len(saver.serde.dumps_typed(messages)[1])
+    stored = sum(len(bytes(b.blob)) for b in blobs)
+    assert stored <= (math.log2(len(blobs)) / 2 + 2) * whole
 
     # A fresh saver (no cache) reads back what the run had, message for message.
     fresh = builder().compile(checkpointer=make_saver())
@@ -109,6 +122,35 @@ def test_storage_grows_with_the_steps_not_with_the_history(make_saver):
     # And every checkpoint in the history, each with its own length.
     lengths = [len(s.values.get("messages", [])) for s in fresh.get_state_history(_config("long"))]
     assert lengths[0] == 82 and sorted(lengths, reverse=True) == lengths
+
+
+def test_a_list_stored_version_on_version_reads_back(make_saver):
+    """Threads written before lists were stored as a Fenwick tree have each version on the
+    one before: the same values read back from them."""
+    saver = make_saver()
+    graph = builder().compile(checkpointer=saver)
+    graph.invoke(_say("loop 12"), _config("old"))
+    before = [s.values for s in graph.get_state_history(_config("old"))]
+    session_id = session_id_for("old")
+    blobs = list(
+        GraphBlob.objects.filter(session_id=session_id, channel="messages").order_by("version")
+    )
+    items: dict[str, list] = {}
+    for blob in blobs:
+        value = saver.serde.loads_typed((blob.type, bytes(blob.blob)))
+        items[blob.version] = (
+            value if blob.base_version is None else items[blob.base_version] + value
+        )
+    for previous, blob in zip(blobs, blobs[1:], strict=False):
+        added = items[blob.version][len(items[previous.version]) :]
+        GraphBlob.objects.filter(pk=blob.pk).update(
+            base_version=previous.version, blob=saver.serde.dumps_typed(added)[1]
+        )
+    assert GraphBlob.objects.filter(base_version=blobs[-2].version).exists()
+
+    fresh = builder().compile(checkpointer=make_saver())
+    assert [s.values for s in fresh.get_state_history(_config("old"))] == before
+    assert fresh.get_state(_config("old")).values == before[0]
 
 
 def test_interrupt_then_resume_with_a_value(make_saver):
@@ -174,6 +216,32 @@ def test_a_superseded_writer_is_refused_and_writes_nothing(make_saver):
     assert session.fencing_token == 2 and session.lease_owner == second._owner
 
 
+def test_a_new_threads_first_write_is_the_session_the_claim_would_make(make_saver):
+    """A new thread's first write creates its session, thread row and lease at once; a
+    writer that starts the same thread afresh (no parent) finds it there and takes it over
+    as any writer does, writing nothing twice."""
+    first, second = make_saver(), make_saver()
+    mine = _put(first, "fresh")
+    session = AgentSession.objects.get(id=session_id_for("fresh"))
+    assert (session.agent, session.status) == ("langgraph", "waiting_input")
+    assert session.title == "LangGraph thread fresh"
+    assert (session.last_seq, session.step_count, session.head) == (1, 1, 1)
+    assert session.lease_owner == first._owner and session.fencing_token == 1
+    assert session.lease_expires_at > session.created_at
+    assert GraphThread.objects.get(session=session).thread_id == "fresh"
+    assert _rows("fresh") == (1, 1, 1)
+    state = Checkpoint.objects.get(session=session).state
+    assert state["agent"]["name"] == "langgraph" and state["counters"]["steps"] == 1
+
+    _put(second, "fresh")  # no parent: as a new thread, which it is not
+    session.refresh_from_db()
+    assert session.lease_owner == second._owner and session.fencing_token == 2
+    assert (session.last_seq, session.step_count) == (2, 2)
+    assert _rows("fresh") == (2, 2, 2) and GraphThread.objects.filter(session=session).count() == 1
+    with pytest.raises(ThreadLeaseLost, match="superseded"):  # its run goes on: refused
+        _put(first, "fresh", mine["configurable"]["checkpoint_id"])
+
+
 def test_two_writers_running_one_thread_cannot_both_commit(make_saver):
     """Two processes invoke the same thread at once (langgraph issue 8796): one wins, the
     other is refused, and the chain of checkpoints stays a chain."""
@@ -213,6 +281,37 @@ def test_two_writers_running_one_thread_cannot_both_commit(make_saver):
     if done:
         final = builder().compile(checkpointer=make_saver()).get_state(_config("race"))
         assert final.values["messages"][-1].content == "Worked 3 steps."
+
+
+def test_a_saver_writes_on_its_own_connection_whichever_thread_calls(make_saver):
+    """The calling thread lends the saver no transaction: a graph run inside the caller's
+    open transaction is committed on its own (another connection sees it) and the caller's
+    connection is its own again afterwards; a call from an event loop, where Django
+    refuses database calls, is made all the same."""
+    import asyncio
+
+    import psycopg
+    from django.db import connection, transaction
+
+    saver = make_saver()
+    graph = builder().compile(checkpointer=saver)
+    mine = connection
+    with transaction.atomic():
+        AgentSession.objects.exists()  # the caller's transaction has begun
+        graph.invoke(_say("loop 1"), _config("own"))
+        with psycopg.connect(database_url(), autocommit=True) as other:
+            seen = other.execute(
+                "SELECT count(*) FROM sessions_app_graphcheckpoint WHERE session_id = %s",
+                [session_id_for("own")],
+            ).fetchone()[0]
+        assert seen > 0, "the saver's writes waited for the caller's transaction"
+        assert connection.in_atomic_block and connection is mine
+
+    async def from_a_loop():
+        return saver.get_tuple({"configurable": {"thread_id": "own"}})
+
+    latest = asyncio.run(from_a_loop())
+    assert latest is not None and latest.checkpoint["channel_values"]["messages"]
 
 
 def test_a_worker_running_the_thread_keeps_other_writers_out(settings, make_saver):

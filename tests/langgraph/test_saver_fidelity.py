@@ -58,8 +58,8 @@ def test_a_string_with_nul_characters_round_trips_exactly(make_saver):
 
 def _statements(saver: RespawnSaver, read):
     """What `read(saver)` returns and how many SQL statements it sent, counted where every
-    statement goes through, Django's or not: psycopg's cursors, on the saver's thread
-    (whose connection the saver uses)."""
+    statement goes through, Django's or not: psycopg's cursors, on the thread that calls
+    (which the saver lends its connection)."""
     import threading
 
     import psycopg
@@ -84,8 +84,8 @@ def _statements(saver: RespawnSaver, read):
     try:
         for name in originals:
             setattr(psycopg.Cursor, name, counting(name))
-        # Calls from the saver's own thread run there directly (its methods hop to it).
-        result = saver._thread.call(run)
+        # Calls made inside a saver call share its connection (its methods run there).
+        result = saver._own.call(run)
     finally:
         for name, original in originals.items():
             setattr(psycopg.Cursor, name, original)

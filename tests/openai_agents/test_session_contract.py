@@ -53,6 +53,22 @@ def test_session_settings_default_and_a_dict_is_normalised(make_session, sdk_mod
     assert len(run(make_session("contract-dict").get_items(limit=100))) == 6
 
 
+def test_a_session_closes_from_its_event_loop_as_the_sdks_do(make_session):
+    """The SDK (and a program) may close a session inside a coroutine, as SQLiteSession
+    allows: its connection is closed off the loop, where Django allows database calls."""
+    session = make_session("contract-close-in-loop")
+
+    async def use_then_close():
+        await session.add_items([user("hello")])
+        session.close()
+
+    run(use_then_close())
+    with pytest.raises(RuntimeError, match="is closed"):
+        run(session.get_items())
+    again = make_session("contract-close-in-loop")
+    assert run(again.get_items()) == [user("hello")]
+
+
 def test_a_closed_session_refuses_every_call_as_the_sdks_do(make_session, tmp_path):
     sqlite = SQLiteSession("closed", str(tmp_path / "s.sqlite3"))
     sqlite.close()

@@ -143,7 +143,8 @@ def _empty_respawn_tables() -> None:
             cursor.execute(f"TRUNCATE {quote(audit)}")
 
 
-def reference_too() -> bool:
-    """RESPAWN_UPSTREAM_REFERENCE=1: also run the tests with the framework's own in-memory
-    store, the reference the adapter is compared with."""
-    return os.environ.get("RESPAWN_UPSTREAM_REFERENCE", "") not in ("", "0")
+def reference() -> str | None:
+    """RESPAWN_UPSTREAM_REFERENCE: also run the tests with one of the framework's own
+    stores, the reference the adapter is compared with ("1" names the in-memory one)."""
+    value = os.environ.get("RESPAWN_UPSTREAM_REFERENCE", "")
+    return None if value in ("", "0") else "memory" if value == "1" else value
