@@ -93,6 +93,18 @@ if [ -z "$pgbouncer_bin" ]; then
     fi
 fi
 echo "PgBouncer: $pgbouncer_bin ($("$pgbouncer_bin" --version | head -1))"
+# The clock-skew tests run programs whose clock is minutes off under Debian's faketime.
+if ! command -v faketime >/dev/null 2>&1; then
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing Debian's faketime for the clock-skew tests"
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
+    else
+        echo "faketime is not installed. Install it (Debian/Ubuntu: sudo apt-get install faketime)." >&2
+        exit 1
+    fi
+fi
+echo "faketime: $(command -v faketime)"
 if ! ls /usr/lib/postgresql/*/bin/pg_basebackup >/dev/null 2>&1 && ! command -v pg_basebackup >/dev/null 2>&1; then
     echo "PostgreSQL's server binaries (initdb, pg_ctl, pg_basebackup) are missing." >&2
     echo "Install them (Debian/Ubuntu: apt-get install postgresql) or set RESPAWN_PG_BIN." >&2

@@ -559,7 +559,7 @@ def database_unavailable(request: HttpRequest, exc: Exception):
     from ..web.replicas import failed_on_replica
 
     failed_on_replica(request, exc)
-    return unavailable_response(request)
+    return unavailable_response(request, exc)
 
 
 @api.exception_handler(services.ActionError)

@@ -972,8 +972,9 @@ def server_error(request: HtmxRequest) -> HttpResponse:
     # is a 503, as the middleware makes it in views.
     from ..web.middleware import database_unavailable, unavailable_response
 
-    if database_unavailable(sys.exc_info()[1]):
-        return unavailable_response(request)
+    met = sys.exc_info()[1]
+    if database_unavailable(met):
+        return unavailable_response(request, met)
     return render(request, "500.html", status=500, context={})
 
 

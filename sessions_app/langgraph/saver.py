@@ -344,6 +344,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
     def _claim(self, session_id: uuid.UUID, thread_id: str, ns: str, parent_id: str | None):
         from django.db import transaction
+        from django.db.models.functions import Now
         from django.utils import timezone
 
         from ..models import AgentSession, GraphThread
@@ -353,6 +354,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             session = (
                 AgentSession.objects.using(self._db)
                 .select_for_update()
+                .annotate(db_now=Now())
                 .filter(id=session_id)
                 .first()
             )
@@ -364,7 +366,8 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                     "LangGraph thread (its agent is not a graph)"
                 )
             owner = session.lease_owner or ""
-            if session.lease_is_live(now) and not owner.startswith(STANDALONE_OWNER):
+            # Whether a lease is live, on the database's clock (as leases are kept).
+            if session.lease_is_live(session.db_now) and not owner.startswith(STANDALONE_OWNER):
                 raise ThreadLeaseLost(
                     f"thread {thread_id!r} is being run by worker {owner} (lease until "
                     f"{session.lease_expires_at:%H:%M:%S}); a second writer cannot write it"
@@ -386,6 +389,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
     def _create_thread(self, session_id: uuid.UUID, thread_id: str, now: Any) -> Any:
         """The thread's session, created unless another writer just did; locked."""
         from django.db import IntegrityError, transaction
+        from django.db.models.functions import Now
 
         from ..models import AgentSession, Status
 
@@ -403,7 +407,12 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 _graph_rows().new_thread(session, thread_id, using=self._db)
         except IntegrityError:
             pass  # another process created it first
-        return AgentSession.objects.using(self._db).select_for_update().get(id=session_id)
+        return (
+            AgentSession.objects.using(self._db)
+            .select_for_update()
+            .annotate(db_now=Now())
+            .get(id=session_id)
+        )
 
     def _fenced(
         self,
@@ -421,16 +430,16 @@ class RespawnSaver(BaseCheckpointSaver[str]):
 
         # A worker's run keeps its lease by the heartbeat; a program's saver by its writes.
         now = _now()
-        expires = now + timedelta(seconds=self._ttl) if self._bound is None else None
         if self._vendor() == "postgresql":
             done = _graph_rows().fenced_write(
                 lease,
                 using=self._db,
                 head=head,
-                expires=expires,
+                # On the database's clock, as every lease (a program's clock may be off).
+                lease_ttl=self._ttl if self._bound is None else None,
                 # Renewed once half of it is gone: most writes leave the session row's
                 # indexed columns alone (a HOT update).
-                renew_before=now + timedelta(seconds=self._ttl / 2),
+                renew_within=self._ttl / 2,
                 final_answer=answer,
                 now=now,
                 **rows,
@@ -442,6 +451,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 self.cancel_requested = True
                 raise RunnerCancelled(f"session {lease.session_id}: cancel requested")
             return seq
+        expires = now + timedelta(seconds=self._ttl) if self._bound is None else None
         with transaction.atomic(using=self._db):
             row = _store().advance_held(
                 lease, using=self._db, head=head, expires=expires, final_answer=answer
@@ -480,8 +490,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             created_at=now,
             updated_at=now,
             lease_owner=self._owner,
-            fencing_token=token,
-            lease_expires_at=now + timedelta(seconds=self._ttl),
+            fencing_token=token,  # its expiry is set on the database's clock
             last_seq=1,
             step_count=1,
             head=1 if head else 0,
@@ -492,7 +501,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             lease,
             using=self._db,
             head=head,
-            expires=None,
+            lease_ttl=self._ttl,  # from the database's clock
             final_answer=None,
             now=now,
             create=_graph_rows().NewThread(session, thread_id),

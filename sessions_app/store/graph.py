@@ -242,10 +242,10 @@ def fenced_write(
     *,
     using: str,
     head: bool,
-    expires: datetime | None,
+    lease_ttl: float | None,
     final_answer: str | None,
     payload: dict[str, Any],
-    renew_before: datetime | None = None,
+    renew_within: float | None = None,
     now: datetime,
     checkpoint: CheckpointRows | None = None,
     writes: WriteRows | None = None,
@@ -256,8 +256,9 @@ def fenced_write(
     `system` step at the seq it returns, and the checkpoint (a Respawn checkpoint and the
     graph rows) or the task's writes. When the lease no longer holds, the UPDATE returns no
     row, the INSERTs select nothing and None is returned: nothing was written. Else (the
-    new seq, whether a cancel was requested). The lease's expiry moves to `expires` when
-    less than `renew_before` is left of it (every write, without `renew_before`).
+    new seq, whether a cancel was requested). With `lease_ttl`, the lease's expiry moves to
+    `lease_ttl` seconds from now when less than `renew_within` seconds are left of it
+    (every write, without `renew_within`): now on the database's clock, as every lease's.
 
     With `create`, a new thread's first write: its session row is inserted as `create`
     has it (already holding `lease`, at seq 1) with its thread row, instead of advanced;
@@ -274,24 +275,34 @@ def fenced_write(
             f.column: f.get_db_prep_save(f.pre_save(create.session, True), connection)
             for f in AgentSession._meta.concrete_fields
         }
-        columns = ", ".join(connection.ops.quote_name(column) for column in row)
+        columns = [connection.ops.quote_name(column) for column in row]
+        # The lease's expiry on the database's clock, as every lease's.
+        values = [
+            "statement_timestamp() + make_interval(secs => %s::float8)"
+            if column == "lease_expires_at"
+            else f"r.{quoted}"
+            for column, quoted in zip(row, columns, strict=True)
+        ]
         sql = [
-            f"WITH fenced AS (INSERT INTO {table} ({columns}) SELECT {columns}"
-            f" FROM jsonb_populate_record(NULL::{table}, %s::jsonb)"
+            f"WITH fenced AS (INSERT INTO {table} ({', '.join(columns)}) SELECT"
+            f" {', '.join(values)} FROM jsonb_populate_record(NULL::{table}, %s::jsonb) AS r"
             " ON CONFLICT (id) DO NOTHING"
             " RETURNING last_seq, cancel_requested, agent, agent_version)",
             f", new_thread AS (INSERT INTO {GraphThread._meta.db_table} (session_id, thread_id)"
             " SELECT %s::uuid, %s::text FROM fenced)",
         ]
-        params: list[Any] = [json.dumps(row, default=_json_column), session_id, create.thread_id]
+        params: list[Any] = [lease_ttl or 0.0, json.dumps(row, default=_json_column)]
+        params += [session_id, create.thread_id]
     else:
         if final_answer is not None:  # through the field: scrubbed as every other write
             final_answer = SESSION_FIELDS["final_answer"].get_db_prep_save(final_answer, connection)
         # updated_at and lease_expires_at are in the session table's indexes: writing them
         # on every step would make every UPDATE a non-HOT one that adds an entry to each
         # index. updated_at moves at most once a second (as a worker's append moves it),
-        # the lease's expiry once less than `renew_before` is left of it.
-        params = [head, expires is not None, renew_before or expires, expires]
+        # the lease's expiry once less than `renew_within` is left of it.
+        ttl = lease_ttl or 0.0
+        renew = ttl if renew_within is None else renew_within
+        params = [head, lease_ttl is not None, renew, ttl]
         params += [final_answer, now - timedelta(seconds=1), now]
         params += [session_id, lease.token, lease.owner]
         sql = [
@@ -299,7 +310,8 @@ def fenced_write(
             " SET last_seq = last_seq + 1, step_count = step_count + 1,"
             " head = CASE WHEN %s::boolean THEN last_seq + 1 ELSE head END,"
             " lease_expires_at = CASE WHEN %s::boolean AND (lease_expires_at IS NULL"
-            " OR lease_expires_at < %s::timestamptz) THEN %s::timestamptz"
+            " OR lease_expires_at < statement_timestamp() + make_interval(secs => %s::float8))"
+            " THEN statement_timestamp() + make_interval(secs => %s::float8)"
             " ELSE lease_expires_at END,"
             " final_answer = COALESCE(%s::text, final_answer),"
             " updated_at = CASE WHEN updated_at < %s::timestamptz THEN %s::timestamptz"

@@ -22,6 +22,7 @@ from typing import Any
 
 from django.db import connections, transaction
 from django.db.models import QuerySet
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from agent_runtime.state import SCHEMA_VERSION
@@ -58,9 +59,15 @@ def fence_now(session: AgentSession, *, using: str = "default") -> tuple[int, in
 
 
 def take_lease(session: AgentSession, owner: str, ttl: float, *, using: str = "default") -> Lease:
-    """A program's writer (a LangGraph saver) takes the session's lease: fenced, saved."""
-    fence(session, owner=owner, expires=timezone.now() + timedelta(seconds=ttl))
-    session.save(using=using, update_fields=FENCE_FIELDS)
+    """A program's writer (a LangGraph saver) takes the session's lease: fenced, saved;
+    it expires `ttl` seconds from now on the database's clock, as every lease (a program's
+    own clock may be off). The instance's `lease_expires_at` is not read back."""
+    fence(session, owner=owner)
+    AgentSession.objects.using(using).filter(pk=session.pk).update(
+        fencing_token=session.fencing_token,
+        lease_owner=owner,
+        lease_expires_at=Now() + timedelta(seconds=ttl),
+    )
     return Lease(str(session.id), owner, session.fencing_token)
 
 

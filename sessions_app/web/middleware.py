@@ -30,19 +30,47 @@ def database_unavailable(exc: BaseException | None) -> bool:
     return isinstance(exc, OperationalError | InterfaceError)
 
 
-def unavailable_response(request: HttpRequest) -> HttpResponse:
-    """503 with Retry-After: JSON under /api/, the styled page elsewhere. Renders nothing
-    that needs the database (no user, no session)."""
+# Why the database did not answer, by the SQLSTATE PostgreSQL gave (else: unreachable, or
+# no connection to spare): (title, what happened), told to the client as it is.
+_REASONS = {
+    "57014": (
+        "The database took too long",
+        "the database is up but a statement of this request ran past its time limit",
+    ),
+    "55P03": (
+        "The data is busy",
+        "the database is up but what this request needs is locked by another transaction",
+    ),
+    "57P01": ("The database is restarting", "the database is restarting"),
+}
+_UNREACHABLE = (
+    "The database is unavailable",
+    "the database is unavailable (it may be restarting, or out of connections)",
+)
+
+
+def _reason(exc: BaseException | None) -> tuple[str, str]:
+    while exc is not None:
+        state = getattr(exc, "sqlstate", None)
+        if state in _REASONS:
+            return _REASONS[state]
+        exc = exc.__cause__
+    return _UNREACHABLE
+
+
+def unavailable_response(request: HttpRequest, exc: BaseException | None = None) -> HttpResponse:
+    """503 with Retry-After: JSON under /api/, the styled page elsewhere, saying what
+    happened (`exc`: the database error met). Renders nothing that needs the database (no
+    user, no session)."""
+    title, what = _reason(exc)
     if request.path.startswith("/api/"):
         response: HttpResponse = JsonResponse(
-            {
-                "error": "unavailable",
-                "detail": "the database is unavailable; nothing was changed, try again shortly",
-            },
+            {"error": "unavailable", "detail": f"{what}; nothing was changed, try again shortly"},
             status=503,
         )
     else:
-        response = render(request, "503.html", status=503, context={"retry": RETRY_AFTER})
+        context = {"retry": RETRY_AFTER, "title": title, "what": what}
+        response = render(request, "503.html", status=503, context=context)
     response["Retry-After"] = str(RETRY_AFTER)
     return response
 
@@ -60,5 +88,5 @@ class DatabaseUnavailableMiddleware:
 
     def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
         if database_unavailable(exception):
-            return unavailable_response(request)
+            return unavailable_response(request, exception)
         return None

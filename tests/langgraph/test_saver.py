@@ -7,6 +7,7 @@ import math
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 from acme_graphs import builder
@@ -401,3 +402,68 @@ def test_a_programs_own_thread_is_not_queued_for_workers_nor_marked_incompatible
     page = client.get(reverse("sessions:detail", args=[session.id])).content.decode()
     assert "Waiting for its program" in page and "Waiting for a person" not in page
     assert reverse("sessions:action", args=[session.id, "resume"]) not in page
+
+
+CLOCK_PROGRAM = """
+import sys
+from typing import TypedDict
+
+from langgraph.graph import END, START, StateGraph
+
+from sessions_app.langgraph import RespawnSaver
+
+
+class State(TypedDict):
+    n: int
+
+
+graph = StateGraph(State)
+graph.add_node("step", lambda state: {"n": state["n"] + 1})
+graph.add_edge(START, "step")
+graph.add_edge("step", END)
+saver = RespawnSaver(lease_ttl=30)
+graph.compile(checkpointer=saver).invoke({"n": 0}, {"configurable": {"thread_id": sys.argv[1]}})
+"""
+
+
+@pytest.mark.parametrize("offset", ["+10m", "-10m"])
+def test_a_programs_lease_is_kept_on_the_databases_clock(transactional_db, offset):
+    """A program whose clock is ten minutes off (Debian's faketime) leaves its thread's
+    lease expiring in at most its lease_ttl on the database's clock: a clock ahead does
+    not hold the thread for ten more minutes, one behind does not leave it unheld."""
+    from django.db import connection
+
+    thread = f"clock{offset}"
+    # The program's clock is off indeed.
+    shown = float(_faked(offset, "-c", "import time; print(time.time())"))
+    assert abs(shown - time.time() - (600 if offset[0] == "+" else -600)) < 60
+    _faked(offset, "-c", CLOCK_PROGRAM, thread)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT extract(epoch FROM lease_expires_at - statement_timestamp()), lease_owner"
+            " FROM sessions_app_agentsession WHERE id = %s",
+            [session_id_for(thread)],
+        )
+        left, owner = cursor.fetchone()
+    assert owner and owner.startswith("langgraph:")
+    assert 0 < float(left) <= 30, f"the lease expires in {float(left):.0f} s by the database"
+
+
+def _faked(offset: str, *args: str) -> str:
+    """`python *args` with its clock `offset` off (Debian's faketime); its output."""
+    import shutil
+
+    from ..conftest import program_env
+
+    faketime = shutil.which("faketime")
+    assert faketime, "faketime is not installed (Debian/Ubuntu: apt-get install faketime)"
+    done = subprocess.run(
+        [faketime, "-f", offset, sys.executable, *args],
+        cwd=ROOT,
+        env=program_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout

@@ -109,6 +109,44 @@ def test_a_database_outage_is_a_503_page_in_the_dashboard(client, users, monkeyp
     assert "Retry-After" in response
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_lock_or_a_timeout_on_a_database_that_is_up_is_said_as_such(client, users, settings):
+    """The 503 says what happened: a statement that ran out of time or waited out its lock
+    on a database that is up is not "the database is unavailable"."""
+    import psycopg
+    from django.db import connection
+
+    from ..conftest import database_url
+
+    session = session_start(agent="echo", input="hi")
+    _, token = ApiToken.issue(users["viewer"])
+    client.force_login(users["viewer"])
+    api = f"/api/sessions/{session.id}"
+    page = reverse("sessions:detail", args=[session.id])
+    table = AgentSession._meta.db_table
+    for limit, said in [
+        ("lock_timeout", "what this request needs is locked by another transaction"),
+        ("statement_timeout", "a statement of this request ran past its time limit"),
+    ]:
+        with psycopg.connect(database_url()) as other:
+            other.execute(f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")  # until the end
+            with connection.cursor() as cursor:
+                cursor.execute(f"SET {limit} = '200ms'")
+            try:
+                response = client.get(api, HTTP_AUTHORIZATION=f"Bearer {token}")
+                html = client.get(page).content.decode()
+            finally:
+                with connection.cursor() as cursor:
+                    cursor.execute(f"RESET {limit}")
+            other.rollback()
+        assert response.status_code == 503 and int(response["Retry-After"]) > 0
+        assert response.json() == {
+            "error": "unavailable",
+            "detail": f"the database is up but {said}; nothing was changed, try again shortly",
+        }
+        assert said in html and "The database is unavailable" not in html
+
+
 def test_any_other_error_is_still_a_500(client, users, monkeypatch):
     session = session_start(agent="echo", input="hi")
     client.raise_request_exception = False
