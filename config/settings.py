@@ -119,6 +119,8 @@ MIDDLEWARE = [
     "sessions_app.web.middleware.ContentSecurityPolicyMiddleware",
     # Read-only pages from the read replica, when DATABASE_REPLICA_URL configures one.
     "sessions_app.web.replicas.ReplicaReadsMiddleware",
+    # A lock held by another transaction delays a request at most RESPAWN_LOCK_WAIT (503).
+    "sessions_app.web.middleware.LockWaitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -412,7 +414,8 @@ RESPAWN_REDACT_SECRETS = [
     *(env_secret(name) for name in RESPAWN_REDACT_ENV),
 ]
 # Seconds an operator's action or an admin edit waits for a session row a worker holds
-# (inside a tool's fenced write) before it answers "busy, try again" (PostgreSQL).
+# (inside a tool's fenced write) before it answers "busy, try again", and any request for
+# a lock another transaction holds before it answers 503 (PostgreSQL).
 RESPAWN_LOCK_WAIT = env_float("RESPAWN_LOCK_WAIT", 2.0)
 # Seconds one model call may take before it is abandoned and retried.
 RESPAWN_MODEL_TIMEOUT = env_float("RESPAWN_MODEL_TIMEOUT", 60.0)

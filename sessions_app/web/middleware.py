@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
@@ -90,3 +91,42 @@ class DatabaseUnavailableMiddleware:
         if database_unavailable(exception):
             return unavailable_response(request, exception)
         return None
+
+
+class LockWaitMiddleware:
+    """A request waits at most RESPAWN_LOCK_WAIT seconds for a lock (a table a migration or
+    a maintenance command holds, a row a worker holds), then answers 503 saying so (and
+    frees its web thread), instead of hanging for as long as the lock is held.
+
+    PostgreSQL's lock_timeout, set on the request's connection before its first query and
+    reset after it (a pooled connection goes back as it came). Not behind a transaction-mode
+    pooler (RESPAWN_POOLER_SAFE), where nothing may be set on a server connection: set
+    lock_timeout on the database role there."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+        self.wait = f"{max(1, round(settings.RESPAWN_LOCK_WAIT * 1000))}ms"
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if connection.vendor != "postgresql" or settings.RESPAWN_POOLER_SAFE:
+            return self.get_response(request)
+        bounded = False
+
+        def bound(execute: Callable, sql: str, params: Any, many: bool, context: dict) -> Any:
+            nonlocal bounded
+            if not bounded:
+                bounded = True
+                # On the connection itself (psycopg's), under the query the request makes.
+                raw = context["connection"].connection
+                raw.execute("SELECT set_config('lock_timeout', %s, false)", [self.wait])
+            return execute(sql, params, many, context)
+
+        try:
+            with connection.execute_wrapper(bound):
+                return self.get_response(request)
+        finally:
+            if bounded and connection.connection is not None:
+                try:
+                    connection.connection.execute("RESET lock_timeout")
+                except Exception:  # noqa: BLE001 - a broken connection is not reused
+                    pass

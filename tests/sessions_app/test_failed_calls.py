@@ -147,6 +147,51 @@ def test_a_lock_or_a_timeout_on_a_database_that_is_up_is_said_as_such(client, us
         assert said in html and "The database is unavailable" not in html
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_request_waits_for_a_held_lock_at_most_the_lock_wait(client, users, settings):
+    """A table lock another transaction holds (a migration, a maintenance command) delays a
+    page or an API request RESPAWN_LOCK_WAIT, then it answers 503 saying so: the web thread
+    is not held for as long as the lock is. The connection goes back without the bound."""
+    import threading
+    import time
+
+    import psycopg
+    from django.db import connection
+
+    from ..conftest import database_url
+
+    settings.RESPAWN_LOCK_WAIT = 0.5
+    session = session_start(agent="echo", input="hi")
+    _, token = ApiToken.issue(users["viewer"])
+    client.force_login(users["viewer"])
+    with psycopg.connect(database_url()) as other:
+        other.execute(f"LOCK TABLE {AgentSession._meta.db_table} IN ACCESS EXCLUSIVE MODE")
+        # Let go after 8 s whatever happens: a request that waits for it answers 200 then.
+        release = threading.Timer(8, other.rollback)
+        release.start()
+        try:
+            times, answers = [], []
+            for path, headers in [
+                (f"/api/sessions/{session.id}", {"HTTP_AUTHORIZATION": f"Bearer {token}"}),
+                (reverse("sessions:detail", args=[session.id]), {}),
+            ]:
+                started = time.monotonic()
+                answers.append(client.get(path, **headers))
+                times.append(time.monotonic() - started)
+        finally:
+            release.cancel()
+            other.rollback()
+    assert [a.status_code for a in answers] == [503, 503], times
+    assert max(times) < 4, times
+    assert "locked by another transaction" in answers[0].json()["detail"]
+    assert "locked by another transaction" in answers[1].content.decode()
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW lock_timeout")
+        assert cursor.fetchone()[0] == "0"
+    again = client.get(f"/api/sessions/{session.id}", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert again.status_code == 200
+
+
 def test_any_other_error_is_still_a_500(client, users, monkeypatch):
     session = session_start(agent="echo", input="hi")
     client.raise_request_exception = False
