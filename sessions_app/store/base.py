@@ -28,7 +28,7 @@ from decimal import Decimal
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connection, connections, transaction
-from django.db.models import F, QuerySet
+from django.db.models import F, Field, QuerySet
 from django.db.models.functions import Now
 from django.db.models.signals import post_migrate, pre_migrate
 from django.dispatch import receiver
@@ -573,8 +573,13 @@ def _migrate_records(rows: Sequence[tuple[int, Any]], *, key: str, now: datetime
     branch per row took minutes for 10,000); each value through its field, as an ORM
     save sends it (the output scrubbed)."""
     db = connections[DemoRecord.objects.db]
-    field = DemoRecord._meta.get_field
     column = db.ops.quote_name
+
+    def field(name: str) -> Field:
+        found = DemoRecord._meta.get_field(name)
+        assert isinstance(found, Field)  # a concrete column of the table
+        return found
+
     output, when, by = field("output"), field("migrated_at"), field("migrated_by_key")
     count = column(field("migrations").column)
     sql = (
