@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure the PostgreSQL and Redis servers the tests use answer. Starts local servers
 # that are installed but stopped; says what to install when they are missing. Installs
-# Debian's Chromium (browser tests) and PgBouncer (pooler tests) when they are missing.
+# Debian's Chromium (browser tests), PgBouncer (pooler tests) and faketime (clock-skew
+# tests) when they are missing.
 set -euo pipefail
 
 db_url="${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/respawn}"
@@ -17,6 +18,22 @@ hostport() {  # scheme://[user@]host:port/... -> "host port"
 is_local() { [ "$1" = "127.0.0.1" ] || [ "$1" = "localhost" ] || [ "$1" = "::1" ]; }
 
 port_open() { (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null; }
+
+# Install Debian's package $1 (what for: $2) as root with apt-get; else say how (and, with
+# $3, what else will do) and stop.
+debian_install() {
+    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+        echo "installing Debian's $1 for $2"
+        apt-get update -qq >/dev/null
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
+    else
+        local end="."
+        [ -z "${3:-}" ] || end=","
+        echo "$1 is not installed. Install it (Debian/Ubuntu: sudo apt-get install $1)$end" >&2
+        [ -z "${3:-}" ] || echo "$3" >&2
+        exit 1
+    fi
+}
 
 wait_port() {
     for _ in $(seq 1 60); do port_open "$1" "$2" && return 0; sleep 0.5; done
@@ -65,15 +82,7 @@ echo "PostgreSQL $pg_host:$pg_port and Redis $redis_host:$redis_port answer"
 # The browser tests drive Debian's Chromium (no browser download step exists).
 chromium_bin="${RESPAWN_CHROMIUM:-$(command -v chromium || true)}"
 if [ -z "$chromium_bin" ] || [ ! -x "$chromium_bin" ]; then
-    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-        echo "installing Debian's chromium for the browser tests"
-        apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-    else
-        echo "Chromium is not installed. Install it (Debian/Ubuntu: sudo apt-get install chromium)," >&2
-        echo "or set RESPAWN_CHROMIUM to a Chromium binary." >&2
-        exit 1
-    fi
+    debian_install chromium "the browser tests" "or set RESPAWN_CHROMIUM to a Chromium binary."
 fi
 echo "Chromium: $(command -v chromium || echo "$RESPAWN_CHROMIUM")"
 
@@ -81,28 +90,14 @@ echo "Chromium: $(command -v chromium || echo "$RESPAWN_CHROMIUM")"
 # need PostgreSQL's server binaries too (initdb, pg_basebackup) for the replica tests.
 pgbouncer_bin="$(command -v pgbouncer || { [ -x /usr/sbin/pgbouncer ] && echo /usr/sbin/pgbouncer; } || true)"
 if [ -z "$pgbouncer_bin" ]; then
-    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-        echo "installing Debian's pgbouncer for the pooler tests"
-        apt-get update -qq >/dev/null
-        # The package's own service is not wanted: the tests start their own instances.
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >/dev/null
-        pgbouncer_bin="$(command -v pgbouncer || echo /usr/sbin/pgbouncer)"
-    else
-        echo "PgBouncer is not installed. Install it (Debian/Ubuntu: sudo apt-get install pgbouncer)." >&2
-        exit 1
-    fi
+    # The package's own service is not wanted: the tests start their own instances.
+    debian_install pgbouncer "the pooler tests"
+    pgbouncer_bin="$(command -v pgbouncer || echo /usr/sbin/pgbouncer)"
 fi
 echo "PgBouncer: $pgbouncer_bin ($("$pgbouncer_bin" --version | head -1))"
 # The clock-skew tests run programs whose clock is minutes off under Debian's faketime.
 if ! command -v faketime >/dev/null 2>&1; then
-    if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
-        echo "installing Debian's faketime for the clock-skew tests"
-        apt-get update -qq >/dev/null
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq faketime >/dev/null
-    else
-        echo "faketime is not installed. Install it (Debian/Ubuntu: sudo apt-get install faketime)." >&2
-        exit 1
-    fi
+    debian_install faketime "the clock-skew tests"
 fi
 echo "faketime: $(command -v faketime)"
 if ! ls /usr/lib/postgresql/*/bin/pg_basebackup >/dev/null 2>&1 && ! command -v pg_basebackup >/dev/null 2>&1; then

@@ -386,24 +386,31 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             self._leases[session_id] = lease
         return lease
 
+    def _new_session(self, session_id: uuid.UUID, thread_id: str, now: Any) -> Any:
+        """A new thread's session (not saved)."""
+        from ..models import AgentSession, Status
+
+        return AgentSession(
+            id=session_id,
+            agent=self._agent,
+            title=_short(f"LangGraph thread {thread_id}"),
+            # Between the application's calls the thread waits for its next input.
+            status=Status.WAITING_INPUT,
+            created_at=now,
+            updated_at=now,
+        )
+
     def _create_thread(self, session_id: uuid.UUID, thread_id: str, now: Any) -> Any:
         """The thread's session, created unless another writer just did; locked."""
         from django.db import IntegrityError, transaction
         from django.db.models.functions import Now
 
-        from ..models import AgentSession, Status
+        from ..models import AgentSession
 
         try:
             with transaction.atomic(using=self._db):
-                session = AgentSession.objects.using(self._db).create(
-                    id=session_id,
-                    agent=self._agent,
-                    title=_short(f"LangGraph thread {thread_id}"),
-                    # Between the application's calls the thread waits for its next input.
-                    status=Status.WAITING_INPUT,
-                    created_at=now,
-                    updated_at=now,
-                )
+                session = self._new_session(session_id, thread_id, now)
+                session.save(using=self._db, force_insert=True)
                 _graph_rows().new_thread(session, thread_id, using=self._db)
         except IntegrityError:
             pass  # another process created it first
@@ -478,24 +485,16 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         holding this writer's lease (as `_claim` leaves it after `_create_thread`), its
         thread row, and the write at seq 1. None, having written nothing, when the session
         is there already (then `_claim` finds out whether this writer may write it)."""
-        from ..models import AgentSession, Status
+        from ..models import AgentSession
 
         now = _now()
         token = AgentSession._meta.get_field("fencing_token").get_default() + 1
-        session = AgentSession(
-            id=session_id,
-            agent=self._agent,
-            title=_short(f"LangGraph thread {thread_id}"),
-            status=Status.WAITING_INPUT,
-            created_at=now,
-            updated_at=now,
-            lease_owner=self._owner,
-            fencing_token=token,  # its expiry is set on the database's clock
-            last_seq=1,
-            step_count=1,
-            head=1 if head else 0,
-            final_answer=answer or "",
-        )
+        session = self._new_session(session_id, thread_id, now)
+        session.lease_owner = self._owner
+        session.fencing_token = token  # its expiry is set on the database's clock
+        session.last_seq = session.step_count = 1
+        session.head = 1 if head else 0
+        session.final_answer = answer or ""
         lease = Lease(str(session_id), self._owner, token)
         done = _graph_rows().fenced_write(
             lease,
