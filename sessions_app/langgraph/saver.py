@@ -490,8 +490,6 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         now = _now()
         token = AgentSession._meta.get_field("fencing_token").get_default() + 1
         session = self._new_session(session_id, thread_id, now)
-        session.lease_owner = self._owner
-        session.fencing_token = token  # its expiry is set on the database's clock
         session.last_seq = session.step_count = 1
         session.head = 1 if head else 0
         session.final_answer = answer or ""

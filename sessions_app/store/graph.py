@@ -271,6 +271,9 @@ def fenced_write(
         table = AgentSession._meta.db_table
         # The row as one JSON object (one parameter, not one per column), each column
         # through its field as Django's INSERT sends it (scrubbed text too).
+        # The row holds `lease` from its first write: its holder and token are the lease's.
+        create.session.lease_owner = lease.owner
+        create.session.fencing_token = lease.token
         row = {
             f.column: f.get_db_prep_save(f.pre_save(create.session, True), connection)
             for f in AgentSession._meta.concrete_fields
