@@ -30,6 +30,7 @@ from django_htmx.http import (
 )
 
 from ..models import AgentSession, AuditAction, Checkpoint, Status
+from ..models.clock import database_clock
 from ..permissions import can_operate, can_view
 from ..selectors import core as selectors
 from ..services import core as services
@@ -895,7 +896,7 @@ def attention(request: HtmxRequest) -> HttpResponse:
     """Sessions a person should look at, in sections, each paged on its own (`?<key>=cursor`);
     an htmx request for one section (`?section=key`) gets just that section."""
     _require_view(request)
-    now = timezone.now()
+    now = database_clock()  # leases and updates are stamped on the database's clock
     errors = []
     sections = {}
     only = request.GET.get("section")

@@ -26,6 +26,7 @@ from agent_runtime.state import (
 
 from ..redaction import ScrubbedCharField, ScrubbedJSONField, ScrubbedTextField
 from ..sdk_glue import PROGRAM_AGENTS
+from .clock import database_clock
 
 
 class Status(models.TextChoices):
@@ -192,7 +193,7 @@ class AgentSession(models.Model):
         return self.title or f"{self.agent} {self.id}"
 
     def lease_is_live(self, now=None) -> bool:
-        now = now or timezone.now()
+        now = now or database_clock()
         return bool(self.lease_owner and self.lease_expires_at and self.lease_expires_at > now)
 
     @property
@@ -212,7 +213,7 @@ class AgentSession(models.Model):
     @staticmethod
     def leased(now=None) -> models.QuerySet[AgentSession]:
         """Runnable sessions a worker holds a live lease on (the reconciler's partial index)."""
-        now = now or timezone.now()
+        now = now or database_clock()
         return (
             AgentSession.objects.filter(status__in=RUNNABLE, lease_expires_at__gt=now)
             .exclude(lease_owner__isnull=True)
@@ -229,7 +230,7 @@ class AgentSession(models.Model):
     def stuck_q(now=None) -> Q:
         """is_stuck as a query (the admin's filter, "needs attention", the metrics; a test
         keeps the two in step)."""
-        now = now or timezone.now()
+        now = now or database_clock()
         grace = now - timedelta(seconds=settings.RESPAWN_DISPATCH_GRACE)
         no_live_lease = (
             Q(lease_owner__isnull=True)
@@ -249,7 +250,7 @@ class AgentSession(models.Model):
         the grace period while no worker is busy (see above). A list that reads many
         sessions annotates `busy_workers` (selectors) so this asks nothing more.
         (An incompatible session is not stuck: it waits for code that can load it.)"""
-        now = now or timezone.now()
+        now = now or database_clock()
         if self.status not in RUNNABLE or self.lease_is_live(now) or self.is_incompatible:
             return False
         if self.status == Status.RUNNING:

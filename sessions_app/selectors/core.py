@@ -54,6 +54,7 @@ from ..models import (
     payload_key,
     payload_q,
 )
+from ..models.clock import database_clock
 from ..runtime import agent_registry
 from ..sdk_glue import PROGRAM_AGENTS
 from ..store import LATE_CALL_ACTION, session_store
@@ -816,7 +817,7 @@ def attention_section(
     key: str, *, cursor: str | None = None, now: datetime | None = None
 ) -> AttentionSection:
     """One section of "needs attention", a page after `cursor` (BadFilter if it is bad)."""
-    now = now or timezone.now()
+    now = now or database_clock()
     title, remedy, group_by = ATTENTION_SECTIONS[key]
     sessions = _attention_querysets(now)[key]
     if key == "approvals":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import django_rq
@@ -26,6 +26,7 @@ from rq.job import Job, JobStatus
 from agent_runtime.state import SCHEMA_VERSION
 
 from ..models import RUNNABLE, AgentSession, Status
+from ..models.clock import database_now
 from ..runtime import agent_registry
 
 log = logging.getLogger("respawn.dispatch")
@@ -136,22 +137,6 @@ def _job_state(job_id: str, connection) -> str:
 # A dispatch younger than this is left alone even if its job cannot be seen: the job is
 # enqueued just after the dispatch commits.
 ENQUEUE_SETTLE = 1.0
-
-
-def database_now() -> datetime:
-    """The database's clock: leases and dispatches are stamped with it, so a process
-    whose own clock runs fast or slow compares them right."""
-    from django.db import connection
-
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SELECT clock_timestamp()")  # now(): the transaction's start
-        else:
-            cursor.execute("SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'NOW')")
-        now = cursor.fetchone()[0]
-    if isinstance(now, str):  # SQLite: text, in UTC
-        now = datetime.fromisoformat(now).replace(tzinfo=UTC)
-    return now
 
 
 def next_lease_expiry() -> float | None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
+from django.urls import reverse
 from django.utils import timezone
 
 from sessions_app.models import AgentSession
@@ -60,3 +62,44 @@ def test_a_worker_whose_clock_runs_slow_takes_over_an_expired_lease(monkeypatch)
         cursor.execute("SELECT clock_timestamp()")
         db_now = cursor.fetchone()[0]
     assert timedelta(seconds=25) < row.lease_expires_at - db_now <= timedelta(seconds=30)
+
+
+def _what_people_see(client, call, users, session) -> dict[str, bool]:
+    """Whether each face a person reads shows `session` as stuck."""
+    client.force_login(users["operator"])
+    page = client.get(reverse("sessions:detail", args=[session.id]))
+    attention = client.get(reverse("sessions:attention"))
+    api = call("get", f"/api/sessions/{session.id}", role="viewer").json()
+    client.force_login(User.objects.create_superuser("sue", password="pw"))
+    admin = client.get(
+        reverse("admin:sessions_app_agentsession_changelist"), {"stuck": "yes"}
+    ).context["cl"]
+    return {
+        "page": ">Stuck<" in page.content.decode(),
+        "attention": session.id in {s.id for s in attention.context["stuck"]},
+        "api": api["stuck"],
+        "admin": session.id in {s.id for s in admin.result_list},
+    }
+
+
+def test_a_web_process_whose_clock_runs_fast_shows_a_live_lease_live(
+    monkeypatch, client, call, users
+):
+    session = session_start(agent="echo", input="hi")
+    assert session_store().claim(str(session.id), "worker-a", ttl=30) is not None
+    _clock_off_by(monkeypatch, timedelta(minutes=10))
+    assert _what_people_see(client, call, users, session) == dict.fromkeys(
+        ("page", "attention", "api", "admin"), False
+    )
+
+
+def test_a_web_process_whose_clock_runs_slow_shows_an_expired_lease_stuck(
+    monkeypatch, client, call, users
+):
+    session = session_start(agent="echo", input="hi")
+    assert session_store().claim(str(session.id), "worker-a", ttl=30) is not None
+    _expire_on_the_database_clock(session.id)  # worker-a died; its lease ran out
+    _clock_off_by(monkeypatch, timedelta(minutes=-10))
+    assert _what_people_see(client, call, users, session) == dict.fromkeys(
+        ("page", "attention", "api", "admin"), True
+    )
