@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import sys
@@ -443,6 +444,26 @@ AUTHENTICATION_BACKENDS = [
 RESPAWN_LOGIN_MAX_PER_ACCOUNT = int(env_float("RESPAWN_LOGIN_MAX_PER_ACCOUNT", 5))
 RESPAWN_LOGIN_MAX_PER_IP = int(env_float("RESPAWN_LOGIN_MAX_PER_IP", 20))
 RESPAWN_LOGIN_WINDOW = env_float("RESPAWN_LOGIN_WINDOW", 900)
+
+
+def env_networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """Addresses and networks (`10.0.0.5`, `10.0.0.0/24`, `::1`), comma-separated."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise SystemExit(
+                f"{name}: {item!r} is not an IP address or network (e.g. 10.0.0.5, 10.0.0.0/24)"
+            ) from None
+    return tuple(networks)
+
+
+# The reverse proxies in front of the web processes (their addresses or networks). A request
+# from one of them is from the address its X-Forwarded-For names, read from the right past
+# every trusted proxy; from anywhere else X-Forwarded-For is ignored (a client writes what
+# it likes there). The log-in limits per address and the audit's address use it.
+RESPAWN_TRUSTED_PROXIES = env_networks("RESPAWN_TRUSTED_PROXIES")
 LOGIN_REDIRECT_URL = "sessions:list"
 LOGOUT_REDIRECT_URL = "login"
 

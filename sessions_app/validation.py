@@ -15,6 +15,7 @@ parser or a column it would break: a clear 400 or 422 naming the field instead o
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import math
 import re
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from datetime import date, datetime
 from typing import TYPE_CHECKING, Annotated, Any, TypeAlias, Union
 
+from django.conf import settings
 from django.core.exceptions import BadRequest, ValidationError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.http.multipartparser import MultiPartParserError
@@ -352,12 +354,43 @@ def command_meta(command: str) -> dict[str, Any]:
     return meta
 
 
+def _trusted(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False
+    return any(ip in network for network in settings.RESPAWN_TRUSTED_PROXIES)
+
+
+def client_address(request: HttpRequest | None) -> str | None:
+    """The address of the client a request came from. REMOTE_ADDR, unless that is one of
+    RESPAWN_TRUSTED_PROXIES: then X-Forwarded-For, read from the right (each proxy appends
+    the address it saw connect), past every trusted proxy, names it. Entries left of the
+    first untrusted one are the client's own to write and are never read. From anywhere
+    else X-Forwarded-For is ignored."""
+    if request is None:
+        return None
+    address = request.META.get("REMOTE_ADDR") or None
+    if address is None or not _trusted(address):
+        return address
+    hops = [h.strip() for h in request.META.get("HTTP_X_FORWARDED_FOR", "").split(",")]
+    for hop in reversed(hops):
+        try:
+            ipaddress.ip_address(hop)
+        except ValueError:  # not an address (or no header): the last proxy's word stops here
+            return address
+        address = hop
+        if not _trusted(hop):
+            return hop
+    return address
+
+
 def request_meta(request: HttpRequest, via: str) -> dict[str, Any]:
-    """What an audit record keeps about a request: the channel, the address and the
-    User-Agent (cut short; scrubbed on its way to storage like everything else)."""
+    """What an audit record keeps about a request: the channel, the client's address and
+    the User-Agent (cut short; scrubbed on its way to storage like everything else)."""
     return {
         "via": via,
-        "ip": request.META.get("REMOTE_ADDR"),
+        "ip": client_address(request),
         "user_agent": request.headers.get("User-Agent", "")[:MAX_USER_AGENT],
     }
 

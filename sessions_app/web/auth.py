@@ -31,19 +31,13 @@ from django.utils import timezone
 from django.utils.crypto import salted_hmac
 
 from ..models import LoginFailure
+from ..validation import client_address
 
 THROTTLED = "_respawn_login_throttled"  # set on the request a locked log-in was refused on
 THROTTLED_MESSAGE = (
     "Too many failed log-ins for this account or from this address. "
     "Try again in %(minutes)d minute(s)."
 )
-
-
-def client_ip(request: Any) -> str | None:
-    # REMOTE_ADDR only: X-Forwarded-For is the client's to forge unless a proxy rewrites it.
-    if request is None:
-        return None
-    return request.META.get("REMOTE_ADDR") or None
 
 
 def normalize_username(raw: Any) -> str:
@@ -83,7 +77,7 @@ class LoginThrottleBackend:
     def authenticate(self, request, username=None, password=None, **credentials):
         if username is None:
             username = credentials.get(get_user_model().USERNAME_FIELD)
-        if is_locked(username, client_ip(request)):
+        if is_locked(username, client_address(request)):
             if request is not None:
                 setattr(request, THROTTLED, True)
             raise PermissionDenied("log-in throttled")
@@ -99,7 +93,7 @@ def record_failure(sender, credentials, request=None, **kwargs) -> None:
     # Failures older than the window count for nothing: drop them as new ones come in.
     LoginFailure.objects.filter(created_at__lt=now - _window()).delete()
     LoginFailure.objects.create(
-        account=account_key(_username(credentials)), ip=client_ip(request), created_at=now
+        account=account_key(_username(credentials)), ip=client_address(request), created_at=now
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import secrets
 import subprocess
@@ -110,6 +111,66 @@ def test_login_is_throttled_per_address(client, users, settings):
         reverse("login"), {"username": "victor", "password": "pw-viewer"}, REMOTE_ADDR="10.9.8.8"
     )
     assert response.status_code == 302
+
+
+PROXY = {"REMOTE_ADDR": "10.0.0.5"}  # the reverse proxy every request comes through
+
+
+def _log_in(client, password: str, forwarded_for: str, **meta):
+    return client.post(
+        reverse("login"),
+        {"username": "victor", "password": password},
+        HTTP_X_FORWARDED_FOR=forwarded_for,
+        **{**PROXY, **meta},
+    )
+
+
+@pytest.mark.django_db
+def test_behind_a_trusted_proxy_one_clients_guesses_lock_only_that_client(client, users, settings):
+    settings.RESPAWN_LOGIN_MAX_PER_IP = 4
+    settings.RESPAWN_LOGIN_MAX_PER_ACCOUNT = 100
+    settings.RESPAWN_TRUSTED_PROXIES = (
+        ipaddress.ip_network("10.0.0.0/24"),
+        ipaddress.ip_network("::1"),
+    )
+    for i in range(4):  # the guesser writes what it likes left of what the proxy appends
+        _log_in(client, "wrong", f"198.51.100.{i}, 203.0.113.9")
+    assert set(LoginFailure.objects.values_list("ip", flat=True)) == {"203.0.113.9"}
+    locked = _log_in(client, "pw-viewer", "203.0.113.9")
+    assert "Too many failed log-ins" in locked.content.decode()
+    # Another client through the same proxy (two proxies deep) is not locked out.
+    assert _log_in(client, "pw-viewer", "192.0.2.44, 10.0.0.7").status_code == 302
+
+
+@pytest.mark.django_db
+def test_x_forwarded_for_is_ignored_unless_a_trusted_proxy_sent_it(client, users, settings):
+    settings.RESPAWN_LOGIN_MAX_PER_IP = 100
+    settings.RESPAWN_TRUSTED_PROXIES = (ipaddress.ip_network("10.0.0.5"),)
+    _log_in(client, "wrong", "203.0.113.9", REMOTE_ADDR="192.0.2.1")  # not a proxy: forged
+    _log_in(client, "wrong", "not an address")  # a proxy that names nobody: the proxy
+    settings.RESPAWN_TRUSTED_PROXIES = ()
+    _log_in(client, "wrong", "203.0.113.10")  # no proxy trusted: REMOTE_ADDR
+    assert list(LoginFailure.objects.order_by("id").values_list("ip", flat=True)) == [
+        "192.0.2.1",
+        "10.0.0.5",
+        "10.0.0.5",
+    ]
+
+
+@pytest.mark.django_db
+def test_the_audit_names_the_client_behind_a_trusted_proxy(client, users, settings):
+    settings.RESPAWN_TRUSTED_PROXIES = (ipaddress.ip_network("10.0.0.0/24"),)
+    session = session_start(agent="echo", input="hi")
+    client.force_login(users["operator"])
+    response = client.post(
+        reverse("sessions:action", args=[session.id, "cancel"]),
+        {"reason": "wrong input"},
+        HTTP_X_FORWARDED_FOR="203.0.113.9",
+        **PROXY,
+    )
+    assert response.status_code in (200, 302)
+    event = AuditEvent.objects.filter(session=session).latest("id")
+    assert (event.action, event.request_meta["ip"]) == ("cancel", "203.0.113.9")
 
 
 @pytest.mark.django_db
