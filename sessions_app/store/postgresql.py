@@ -6,6 +6,7 @@ loads without ORM instances. The rules it writes by are DjangoSessionStore's
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -62,12 +63,21 @@ def _raw_connection(using: str = "default") -> psycopg.Connection[Any]:
     return raw
 
 
+# 19 digits in a row: maybe an integer beyond 64 bits, which orjson turns into a float
+# without a word (-2**63 - 1 comes back as -9.223372036854776e+18, 10**30 as 1e+30).
+_WIDE_NUMBER = re.compile(rb"[0-9]{19}")
+
+
 def _loads(data: bytes | str) -> Any:
     """JSON decoding for long histories: orjson, several times faster than the standard
-    library; the standard library where orjson refuses what PostgreSQL accepts (integers
-    wider than 64 bits)."""
+    library; the standard library for a document that may hold an integer wider than 64
+    bits (PostgreSQL keeps it exactly, and so must what reads it back) or that orjson
+    refuses."""
+    raw = data.encode() if isinstance(data, str) else data
+    if _WIDE_NUMBER.search(raw):
+        return json.loads(data)
     try:
-        return orjson.loads(data)
+        return orjson.loads(raw)
     except orjson.JSONDecodeError:
         return json.loads(data)
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from django.db import connection
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent_runtime.state import (
@@ -70,6 +70,16 @@ def _json(integers: st.SearchStrategy[int]) -> st.SearchStrategy[Any]:
 
 
 json_values = _json(st.integers(min_value=-(2**70), max_value=2**70))
+# Integers just outside 64 bits and far beyond: a fast JSON decoder turns them into floats.
+WIDE = [-(2**63) - 1, 2**64, 10**30, {"n": [-(10**40)]}]
+
+
+def wide_integers(test):
+    for value in WIDE:
+        test = example(value=value)(test)
+    return test
+
+
 # LangGraph's serializer (msgpack) refuses integers beyond 64 bits, whatever the saver.
 graph_values = _json(st.integers(min_value=-(2**63), max_value=2**64 - 1))
 examples = settings(
@@ -106,6 +116,7 @@ def _new_session() -> AgentSession:
 
 
 @examples
+@wide_integers
 @given(value=json_values)
 def test_the_built_in_loops_store_gives_back_tool_arguments_results_and_state_exactly(value):
     session = _new_session()
@@ -131,6 +142,7 @@ def test_the_built_in_loops_store_gives_back_tool_arguments_results_and_state_ex
 
 
 @examples
+@wide_integers
 @given(value=json_values)
 def test_an_orm_write_gives_back_the_value_and_people_see_it_masked(value):
     session = _new_session()
@@ -146,6 +158,7 @@ def test_an_orm_write_gives_back_the_value_and_people_see_it_masked(value):
 
 
 @examples
+@wide_integers
 @given(value=json_values)
 def test_respawn_session_items_come_back_exactly(value):
     from sessions_app.openai_agents.session import RespawnSession
