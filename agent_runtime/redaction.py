@@ -61,7 +61,7 @@ def _shape(kind: str, pattern: str, *literals: str) -> Rule:
 # Words that make a key name a secret's: `db_password`, `X-Api-Key`, `authToken`.
 _SECRET_WORDS = (
     r"password|passwd|pwd|passphrase|secret|token|api[_-]?key|apikey|private[_-]?key"
-    r"|access[_-]?key|secret[_-]?key|signing[_-]?key|credentials?|cookie"
+    r"|access[_-]?key|secret[_-]?key|signing[_-]?key|account[_-]?key|credentials?|cookie"
 )
 
 
@@ -127,7 +127,9 @@ def _has_a_long_word(value: str) -> bool:
 RULES: list[Rule] = [
     _shape(
         "private-key",
-        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----[\s\S]*?(?:-----END [A-Z0-9 ]*PRIVATE KEY-----|$)",
+        # PEM (RSA, EC, OpenSSH, PKCS#8) and PGP's armour ("PRIVATE KEY BLOCK").
+        r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----[\s\S]*?"
+        r"(?:-----END [A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|$)",
         "-----begin ",
     ),
     # The whole value of an Authorization header, whatever its scheme (Basic, Bearer,
@@ -173,6 +175,45 @@ RULES: list[Rule] = [
     _shape("respawn-token", r"\brsp_[A-Za-z0-9_\-]{30,}", "rsp_"),
     _shape("jwt", r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}", "eyj"),
     _shape("bearer-token", r"(?i)(?<=bearer )[A-Za-z0-9._~+/=\-]{16,}", "bearer "),
+    # Tokens of other services, each by its documented prefix and length.
+    _shape(
+        "gitlab-token",
+        r"\bgl(?:pat|ptt|dt|rt|oas|cbt|imt|ft|agent)-[A-Za-z0-9_\-]{20,}",
+        *(f"gl{kind}-" for kind in ("pat", "ptt", "dt", "rt", "oas", "cbt", "imt", "ft", "agent")),
+    ),
+    _shape("npm-token", r"\bnpm_[A-Za-z0-9]{36}\b", "npm_"),
+    _shape("pypi-token", r"\bpypi-AgE[A-Za-z0-9_\-]{50,}", "pypi-age"),
+    _shape("huggingface-token", r"\bhf_[A-Za-z0-9]{30,}", "hf_"),
+    _shape("sendgrid-key", r"\bSG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}", "sg."),
+    _shape(
+        "shopify-token",
+        r"\bshp(?:at|ca|pa|ss)_[A-Fa-f0-9]{32}",
+        "shpat_",
+        "shpca_",
+        "shppa_",
+        "shpss_",
+    ),
+    _shape("digitalocean-token", r"\bdo[opr]_v1_[a-f0-9]{64}", "_v1_"),
+    _shape("mailgun-key", r"\bkey-[0-9a-zA-Z]{32}\b", "key-"),
+    _shape("square-token", r"\bsq0(?:atp|csp)-[0-9A-Za-z_\-]{22,}", "sq0"),
+    _shape("databricks-token", r"\bdapi[a-f0-9]{32}(?:-\d)?\b", "dapi"),
+    _shape("google-oauth-token", r"\bya29\.[0-9A-Za-z_\-]{20,}", "ya29."),
+    _shape(
+        "slack-webhook",
+        r"hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_\-]{20,}",
+        "hooks.slack.com/",
+    ),
+    _shape("age-secret-key", r"\bAGE-SECRET-KEY-1[0-9A-Z]{58}\b", "age-secret-key-1"),
+    _shape("vault-token", r"\bhv[sb]\.[A-Za-z0-9_\-]{24,}", "hvs.", "hvb."),
+    _shape("linear-key", r"\blin_(?:api|oauth)_[A-Za-z0-9]{40}", "lin_api_", "lin_oauth_"),
+    _shape(
+        "doppler-token",
+        r"\bdp\.(?:pt|st|sa|ct|scim|audit)\.[A-Za-z0-9]{40,}",
+        *(f"dp.{kind}." for kind in ("pt", "st", "sa", "ct", "scim", "audit")),
+    ),
+    _shape("grafana-token", r"\bglsa_[A-Za-z0-9]{32}_[A-Fa-f0-9]{8}", "glsa_"),
+    _shape("telegram-bot-token", r"\b[0-9]{8,10}:AA[A-Za-z0-9_\-]{33}\b", ":aa"),
+    _shape("sentry-token", r"\bsntry[su]_[A-Za-z0-9_=+/\-]{30,}", "sntrys_", "sntryu_"),
     Rule(
         "basic-credentials",
         re.compile(r"(?i)(?P<head>\bbasic\s+)(?P<token>[A-Za-z0-9+/]{6,}={0,2})(?![A-Za-z0-9+/=])"),

@@ -502,9 +502,16 @@ LOGGING: dict[str, Any] = {
         # runserver's request lines (URLs with their query strings)
         "requests": {"class": "logging.StreamHandler", "formatter": "request"},
     },
+    # Every logger reaches the root's handler, and through it the redacting filter: an
+    # agent's own logger, a library's, Python's warnings (without a handler of the root's,
+    # Python wrote their WARNING lines to stderr as they were).
+    "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
-        "respawn": {"handlers": ["console"], "level": os.environ.get("RESPAWN_LOG_LEVEL", "INFO")},
-        "django": {"handlers": ["console"], "level": "WARNING"},
+        "respawn": {"level": os.environ.get("RESPAWN_LOG_LEVEL", "INFO")},
+        "django": {"level": "WARNING"},
+        # Python's warnings: to the root's handler only (Django's default config gives
+        # them a handler of its own, which knows no redaction).
+        "py.warnings": {"level": "WARNING"},
         "django.server": {"handlers": ["requests"], "level": "INFO", "propagate": False},
         # RQ's worker log (job descriptions, failures): through the same filter, and RQ
         # adds no handler of its own when one is configured.

@@ -2,6 +2,7 @@
 with Respawn's admin site (sessions_app/admin/site.py) as the default `admin.site`. Both import
 nothing of the app at module level: INSTALLED_APPS imports this before any model can be."""
 
+import logging
 from importlib import import_module
 
 from django.apps import AppConfig
@@ -25,6 +26,9 @@ class SessionsAppConfig(AppConfig):
         user_login_failed.connect(auth.record_failure, dispatch_uid="respawn-login-failed")
         user_logged_in.connect(auth.clear_failures, dispatch_uid="respawn-logged-in")
         scrub_admin_history()
+        # Python's warnings become log records (logger "py.warnings"), so they go through
+        # the root's redacting handler as every other line (config/settings.py LOGGING).
+        logging.captureWarnings(True)
 
 
 class RespawnAdminConfig(admin_apps.AdminConfig):

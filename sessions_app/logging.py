@@ -21,6 +21,18 @@ def _redactor() -> Redactor:
         return BUILT_IN_REDACTION
 
 
+def _decoded(line: str, rounds: int = 4) -> str:
+    """A request line percent-decoded until nothing changes (a few rounds at most): a URL
+    inside a parameter is encoded twice (the log-in page's `next=/sessions/%3Fq%3D...`),
+    and a secret in it once more than that."""
+    for _ in range(rounds):
+        decoded = unquote_plus(line)
+        if decoded == line:
+            break
+        line = decoded
+    return line
+
+
 class OneLineRefusals(logging.Filter):
     """A refused request (a 4xx: a role the user lacks, a bad request, a state that does
     not allow the action) is logged as one line saying what was refused and why, not with
@@ -65,7 +77,7 @@ class RedactingFilter(logging.Filter):
             return True
         if self.decode_urls:
             # Decoded, a %0A would start a forged log line: control characters stay escaped.
-            clean = _CONTROL.sub(_escaped, redact(unquote_plus(message)))
+            clean = _CONTROL.sub(_escaped, redact(_decoded(message)))
         else:
             clean = redact(message)
         if clean != message:

@@ -42,6 +42,14 @@ PROVIDER_KEY = "lab7Qx2Kw9Zr4Tn8Vb3Lm"  # OPENAI_API_KEY, of no known shape
 ENV_SECRET = "payments5Hq8Wc2Rz7Jx4"  # named in RESPAWN_REDACT_ENV
 CUSTOM = "ACME-731904"  # matched by RESPAWN_REDACT_PATTERNS
 
+# How a deployment configures them.
+SECRET_SETTINGS = {
+    "OPENAI_API_KEY": PROVIDER_KEY,
+    "RESPAWN_REDACT_ENV": "PAYMENTS_TOKEN",
+    "PAYMENTS_TOKEN": ENV_SECRET,
+    "RESPAWN_REDACT_PATTERNS": r"ACME-[0-9]{6}",
+}
+
 # kind -> (what must never be found, the text that carries it). One line each.
 SECRETS: dict[str, tuple[str, str]] = {
     "openai": (
@@ -80,14 +88,98 @@ SECRETS: dict[str, tuple[str, str]] = {
     "token": ("Tk3Zq9Lm2Wx", '{"token": "Tk3Zq9Lm2Wx"}'),
     "passphrase": ("Pp5Zx8Wq2Lm", "passphrase=Pp5Zx8Wq2Lm"),
     "aws_secret_access_key": ("Aw2Kq9Zm7Lx", '{"aws_secret_access_key": "Aw2Kq9Zm7Lx"}'),
+    "gitlab": ("glpat-u8jzPde0IgxLd6GncfBA", "clone with glpat-u8jzPde0IgxLd6GncfBA"),
+    "npm": (
+        "npm_epfJBd0Kh8oOOL8dKLzdocJ2isAjIhKtJ0Rl",
+        "//registry/:_authToken npm_epfJBd0Kh8oOOL8dKLzdocJ2isAjIhKtJ0Rl",
+    ),
+    "pypi": (
+        "pypi-AgEIcHlwaS5vcmcgLKOmxgJTeKdNnFRIBXuDL7DxtpYlSXpfKtHF4vUCsMehGAkWv",
+        "upload with pypi-AgEIcHlwaS5vcmcgLKOmxgJTeKdNnFRIBXuDL7DxtpYlSXpfKtHF4vUCsMehGAkWv",
+    ),
+    "huggingface": (
+        "hf_j7FAc9QeWJKY40uvSwMFLZDe1f8rESQedU",
+        "model pull hf_j7FAc9QeWJKY40uvSwMFLZDe1f8rESQedU",
+    ),
+    "sendgrid": (
+        "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",
+        "mail via 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",
+    ),
+    "shopify": (
+        "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",
+        "store admin 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",
+    ),
+    "digitalocean": (
+        "dop_v1_026c48bbf33feff9243a8f506b40928b5b7a767c76fb008f86bebb2737f6a6f0",
+        "doctl dop_v1_026c48bbf33feff9243a8f506b40928b5b7a767c76fb008f86bebb2737f6a6f0",
+    ),
+    "mailgun": (
+        "key-E6PwZPf1Qh6yYTWmE4lBYOvfZ8UzDzV8",
+        "mailgun key-E6PwZPf1Qh6yYTWmE4lBYOvfZ8UzDzV8",
+    ),
+    "square": ("sq0atp-fUkkibjL5DZPjN0MEQ7wjJ", "square sq0atp-fUkkibjL5DZPjN0MEQ7wjJ"),
+    "databricks": (
+        "dapi40034d6608697a8d41bed440e50454f3",
+        "warehouse dapi40034d6608697a8d41bed440e50454f3",
+    ),
+    "google-oauth": (
+        "ya29.a0JduRHHJEYXg4JdpmrcXgGCJbW56eCu",
+        "gcloud ya29.a0JduRHHJEYXg4JdpmrcXgGCJbW56eCu",
+    ),
+    "slack-webhook": (
+        "AhzCueQpBenQtYh5Xj8TPQxj",
+        "post to https://hooks.slack.com/services/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",
+    ),
+    "age": (
+        "AGE-SECRET-KEY-1QI3OGZ5KOK16ZV0MWUFXBV932BYV7S6EHOGFQRCLRI1QZJ865UFRDL1ERB",
+        "AGE-SECRET-KEY-1QI3OGZ5KOK16ZV0MWUFXBV932BYV7S6EHOGFQRCLRI1QZJ865UFRDL1ERB",
+    ),
+    "vault": ("hvs.OfZqfM2oeq3hDavJA76rNicH", "vault login hvs.OfZqfM2oeq3hDavJA76rNicH"),
+    "linear": (
+        "lin_api_Tp8hkqdlm7tOtHWnsCGRlrwZbqcabUGJmGEp7CgQ",
+        "issues lin_api_Tp8hkqdlm7tOtHWnsCGRlrwZbqcabUGJmGEp7CgQ",
+    ),
+    "doppler": (
+        "dp.pt.0PBQFI14zGtSnovm14TUOizwd1iaeOV4qBkdfQ1y3GQ",
+        "doppler dp.pt.0PBQFI14zGtSnovm14TUOizwd1iaeOV4qBkdfQ1y3GQ",
+    ),
+    "grafana": (
+        "glsa_sMpSscDlkrCaqx9vJupc94tnwlavyfEr_6702824c",
+        "dashboards glsa_sMpSscDlkrCaqx9vJupc94tnwlavyfEr_6702824c",
+    ),
+    "telegram": (
+        "7123456789:AALczbttOofL9H2WjQ5TY4MyWuUFjsUNPjc",
+        "bot 7123456789:AALczbttOofL9H2WjQ5TY4MyWuUFjsUNPjc",
+    ),
+    "sentry": (
+        "sntrys_01T5GOBUSZGi6HWGK10Zb0RLZ5TR9SPofbciOx9g",
+        "releases sntrys_01T5GOBUSZGi6HWGK10Zb0RLZ5TR9SPofbciOx9g",
+    ),
+    "azure-account-key": (
+        "2yeE6RsXcNOPmeMjvqPVStNKiaEdFrRgSnRFsTHsDDDXh5Jmtf7EbsDe0G9Cryn687neLfjVHq8xiM0OGr4hTx",
+        "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=2yeE6RsXcNOPmeMjvqPVStNKiaEdFr"
+        "RgSnRFsTHsDDDXh5Jmtf7EbsDe0G9Cryn687neLfjVHq8xiM0OGr4hTx==;EndpointSuffix=core.windows.net",
+    ),
     "provider-key": (PROVIDER_KEY, f"the lab key is {PROVIDER_KEY} ok"),
     "env-secret": (ENV_SECRET, f"payments {ENV_SECRET}"),
     "custom-pattern": (CUSTOM, f"order {CUSTOM}"),
 }
 PEM_BODY = "MIIEowIBAAKCAQEAq7ZLm3XW9KT2PV4NQz8Rb6Hc1Jd5Fs0Gy7"
 PEM = f"-----BEGIN RSA PRIVATE KEY-----\n{PEM_BODY}\n-----END RSA PRIVATE KEY-----"
-NEVER = [secret for secret, _ in SECRETS.values()] + [PEM_BODY]
-ALL_IN_ONE = "\n".join(text for _, text in SECRETS.values()) + "\n" + PEM
+PGP_BODY = "lQOYBGXk7ZsBCADoF54Fzbka8FRCztUjAwyuh1vauWv1zh87mTa5Vsq"
+PGP = (
+    "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\n"
+    f"{PGP_BODY}\n=Xq7Z\n-----END PGP PRIVATE KEY BLOCK-----"
+)
+NEVER = [secret for secret, _ in SECRETS.values()] + [PEM_BODY, PGP_BODY]
+ALL_IN_ONE = "\n".join(text for _, text in SECRETS.values()) + "\n" + PEM + "\n" + PGP
+# A reason or a note holds at most 2,000 characters: the corpus goes in two halves, each
+# through an API field and a dashboard field of that kind.
+_HALF = len(SECRETS) // 2
+REASONS = (
+    "\n".join(text for _, text in list(SECRETS.values())[:_HALF]) + "\n" + PEM,
+    "\n".join(text for _, text in list(SECRETS.values())[_HALF:]) + "\n" + PGP,
+)
 AS_JSON = {
     "db_password": "Vq8pw77Lk",
     "token": "Tk3Zq9Lm2Wx",
@@ -103,10 +195,7 @@ def deployment(worker_env, tmp_path):
     """The environment web and workers share: the same secrets, configured once."""
     env = {
         **worker_env,
-        "OPENAI_API_KEY": PROVIDER_KEY,
-        "RESPAWN_REDACT_ENV": "PAYMENTS_TOKEN",
-        "PAYMENTS_TOKEN": ENV_SECRET,
-        "RESPAWN_REDACT_PATTERNS": r"ACME-[0-9]{6}",
+        **SECRET_SETTINGS,
         "RESPAWN_LOGIN_MAX_PER_IP": "1000",
         "RESPAWN_LOGIN_MAX_PER_ACCOUNT": "1000",
         "RESPAWN_DB_POOL": "1",
@@ -246,7 +335,7 @@ def test_no_secret_reaches_the_database_a_page_or_a_log(deployment, start_worker
     )
     assert status == 202, body
     status, body = api(
-        client, operator_token, "POST", f"/api/sessions/{pay['id']}/approve", {"reason": ALL_IN_ONE}
+        client, operator_token, "POST", f"/api/sessions/{pay['id']}/approve", {"reason": REASONS[0]}
     )
     assert status == 202, body
     status, body = api(
@@ -254,7 +343,7 @@ def test_no_secret_reaches_the_database_a_page_or_a_log(deployment, start_worker
         operator_token,
         "POST",
         f"/api/sessions/{uncertain.id}/uncertain",
-        {"resolution": "record_result", "output": AS_JSON, "note": ALL_IN_ONE},
+        {"resolution": "record_result", "output": AS_JSON, "note": REASONS[1]},
     )
     assert status == 202, body
 
@@ -268,7 +357,7 @@ def test_no_secret_reaches_the_database_a_page_or_a_log(deployment, start_worker
     )
     detail = f"/sessions/{pay2['id']}/"
     reply = operator.post_form(
-        f"/sessions/{pay2['id']}/actions/reject/", {"reason": ALL_IN_ONE}, form_page=detail
+        f"/sessions/{pay2['id']}/actions/reject/", {"reason": REASONS[1]}, form_page=detail
     )
     assert reply.status == 302, reply.status
     demo_page = f"/sessions/{demo['id']}/"
@@ -277,7 +366,7 @@ def test_no_secret_reaches_the_database_a_page_or_a_log(deployment, start_worker
     )
     reply = operator.post_form(
         f"/sessions/{demo['id']}/actions/correct/",
-        {"result_seq": str(result_seq), "output": json.dumps(AS_JSON), "note": ALL_IN_ONE},
+        {"result_seq": str(result_seq), "output": json.dumps(AS_JSON), "note": REASONS[0]},
         form_page=demo_page,
     )
     assert reply.status == 302

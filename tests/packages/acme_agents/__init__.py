@@ -17,6 +17,7 @@ ACME_WORK_DELAY (seconds, default 0) is how long each `work` call takes.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import time
@@ -39,6 +40,8 @@ from agent_runtime.providers.scripted import (
     tool_call,
     tool_results,
 )
+
+log = logging.getLogger("acme_agents")
 
 # --- the scripted model (a real deployment names an OpenAI or Anthropic model) ---------
 
@@ -90,6 +93,8 @@ def acme_model(messages: list[Message]) -> ModelTurn:
 @tool(name="open_ticket")
 def open_ticket_v1(ctx: ToolContext, title: str) -> dict[str, Any]:
     """Open a support ticket."""
+    # The team's own logger, as agents log: what it writes is the deployment's log too.
+    log.warning("opening ticket %r", title)
     ctx.state["tickets"].append(title)
     return {"open": len(ctx.state["tickets"])}
 
