@@ -14,6 +14,27 @@ FAKES = {
     "stripe-key": "sk_live_" + "4eC39HqLyjWDarjtT1zdp7dc",
     "respawn-token": "rsp_" + "x" * 40,
     "jwt": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+    "gitlab-token": "glpat-u8jzPde0IgxLd6GncfBA",
+    "npm-token": "npm_epfJBd0Kh8oOOL8dKLzdocJ2isAjIhKtJ0Rl",
+    "pypi-token": "pypi-AgEIcHlwaS5vcmcgLKOmxgJTeKdNnFRIBXuDL7DxtpYlSXpfKtHF4vUCsMehGAkWv",
+    "huggingface-token": "hf_j7FAc9QeWJKY40uvSwMFLZDe1f8rESQedU",
+    "sendgrid-key": "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",
+    "shopify-token": "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",
+    "digitalocean-token": "dop_v1_" + "026c48bbf33feff9" * 4,
+    "mailgun-key": "key-E6PwZPf1Qh6yYTWmE4lBYOvfZ8UzDzV8",
+    "square-token": "sq0atp-fUkkibjL5DZPjN0MEQ7wjJ",
+    "databricks-token": "dapi40034d6608697a8d41bed440e50454f3",
+    "google-oauth-token": "ya29.a0JduRHHJEYXg4JdpmrcXgGCJbW56eCu",
+    "slack-webhook": "https://hooks.slack.com/services/T066MR2684/B06P7Q9M2I/AhzCueQpBenQtYh5Xj8T",
+    "age-secret-key": "AGE-SECRET-KEY-1"
+    + "QI3OGZ5KOK16ZV0MWUFXBV932BYV7S6EHOGFQRCLRI1QZJ865UFRDL1ERB",
+    "vault-token": "hvs.OfZqfM2oeq3hDavJA76rNicH",
+    "linear-key": "lin_api_Tp8hkqdlm7tOtHWnsCGRlrwZbqcabUGJmGEp7CgQ",
+    "doppler-token": "dp.pt.0PBQFI14zGtSnovm14TUOizwd1iaeOV4qBkdfQ1y3GQ",
+    "grafana-token": "glsa_sMpSscDlkrCaqx9vJupc94tnwlavyfEr_6702824c",
+    "telegram-bot-token": "7123456789:AALczbttOofL9H2WjQ5TY4MyWuUFjsUNPjc",
+    "sentry-token": "sntrys_01T5GOBUSZGi6HWGK10Zb0RLZ5TR9SPofbciOx9g",
+    "private-key": "-----BEGIN PGP PRIVATE KEY BLOCK-----\n\nlQOYBGXk\n-----END PGP PRIVATE KEY BLOCK-----",
 }
 
 
@@ -22,7 +43,8 @@ def test_known_key_shapes_are_replaced(kind):
     text = f"here it is: {FAKES[kind]} (keep it safe)"
     out = Redactor().text(text)
     assert FAKES[kind] not in out
-    assert "[REDACTED:" in out and out.startswith("here it is: ") and out.endswith("(keep it safe)")
+    assert f"[REDACTED:{kind}]" in out
+    assert out.startswith("here it is: ") and out.endswith("(keep it safe)")
 
 
 def test_passwords_in_urls_bearer_tokens_and_private_keys():
