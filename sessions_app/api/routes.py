@@ -87,6 +87,36 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
     return {**values[0], **rest}
 
 
+def _for_people_and_programs(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """The API's docs and its OpenAPI schema are for someone who may use it: a logged-in
+    person who may view sessions, or a program with an API token. Anyone else is sent to
+    log in (a browser asking for the docs) or told to send a token."""
+
+    @functools.wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        user = request.user if request.user.is_authenticated else BearerToken()(request)
+        if user is None:
+            if request.path.endswith(api.docs_url or "/docs"):
+                from django.contrib.auth.views import redirect_to_login
+
+                return redirect_to_login(request.get_full_path())
+            return JsonResponse(
+                {
+                    "error": "unauthorized",
+                    "detail": "send a valid API token: Authorization: Bearer <token>",
+                },
+                status=401,
+            )
+        if not can_view(user):
+            return JsonResponse(
+                {"error": "forbidden", "detail": "this account may not view sessions"},
+                status=403,
+            )
+        return view(request, *args, **kwargs)
+
+    return guarded
+
+
 api = RespawnAPI(
     title="Respawn API",
     version="1",
@@ -94,6 +124,7 @@ api = RespawnAPI(
     urls_namespace="api",
     auth=BearerToken(),
     docs_url="/docs",
+    docs_decorator=_for_people_and_programs,
     # Bodies are checked for depth before they are parsed, and must be JSON objects.
     parser=StrictJSONParser(),
 )

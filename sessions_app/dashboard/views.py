@@ -16,8 +16,13 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.exceptions import BadRequest, PermissionDenied
-from django.http import Http404, HttpResponse
+from django.core.exceptions import (
+    BadRequest,
+    PermissionDenied,
+    RequestDataTooBig,
+    TooManyFieldsSent,
+)
+from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import Resolver404
 from django.utils import timezone
@@ -960,11 +965,20 @@ def page_not_found(request: HtmxRequest, exception: Exception) -> HttpResponse:
 
 
 def bad_request(request: HtmxRequest, exception: Exception) -> HttpResponse:
-    # What the input guard refused is named (BadRequest); anything else Django refuses
-    # (a suspicious host or header) is not repeated back.
+    # What the input guard refused is named (BadRequest), and so is a body or form over
+    # the limits; anything else Django refuses (a suspicious host or header) is not
+    # repeated back. The API's clients get JSON, as from every other refusal of the API.
     if isinstance(exception, BadRequest) and exception.args:
-        return _error(request, f"Bad request: {exception}", 400)
-    return _error(request, "Bad request: the server could not read what was sent", 400)
+        text = str(exception)
+    elif isinstance(exception, RequestDataTooBig):
+        text = f"the request body is over {settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes"
+    elif isinstance(exception, TooManyFieldsSent):
+        text = f"the form has over {settings.DATA_UPLOAD_MAX_NUMBER_FIELDS:,} fields"
+    else:
+        text = "the server could not read what was sent"
+    if request.path_info.startswith("/api/"):
+        return JsonResponse({"error": "bad_request", "detail": text}, status=400)
+    return _error(request, f"Bad request: {text}", 400)
 
 
 def server_error(request: HtmxRequest) -> HttpResponse:

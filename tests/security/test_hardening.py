@@ -189,3 +189,43 @@ def test_audit_log_is_append_only_in_the_database(users):
     session_id = session.id
     session.delete()
     assert AuditEvent.objects.get(pk=event.pk).session_id == session_id
+
+
+@pytest.mark.django_db
+def test_the_api_docs_and_schema_are_for_people_and_programs_it_knows(client, users):
+    from sessions_app.models import ApiToken
+
+    docs = client.get("/api/docs")
+    assert docs.status_code == 302 and docs["Location"].startswith("/login/?next=/api/docs")
+    schema = client.get("/api/openapi.json")
+    assert (schema.status_code, schema.json()["error"]) == (401, "unauthorized")
+    token = ApiToken.issue(users["viewer"])[1]
+    by_program = client.get("/api/openapi.json", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert by_program.status_code == 200 and "/api/sessions" in by_program.json()["paths"]
+    client.force_login(users["outsider"])  # no role
+    assert client.get("/api/openapi.json").status_code == 403
+    client.force_login(users["viewer"])
+    assert client.get("/api/docs").status_code == 200
+    assert client.get("/api/openapi.json").status_code == 200
+
+
+@pytest.mark.django_db
+def test_a_body_or_form_over_the_limits_is_a_400_naming_the_limit(users, settings):
+    from django.test import Client
+
+    from sessions_app.models import ApiToken
+
+    browser = Client(enforce_csrf_checks=True)  # CSRF reads the form before any view
+    fields = "&".join(f"f{i}=x" for i in range(settings.DATA_UPLOAD_MAX_NUMBER_FIELDS + 1))
+    many = browser.post("/login/", fields, content_type="application/x-www-form-urlencoded")
+    assert many.status_code == 400 and "fields" in many.content.decode()
+    big = "a=" + "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1)
+    large = browser.post("/sessions/", big, content_type="application/x-www-form-urlencoded")
+    assert large.status_code == 400 and "request body is over" in large.content.decode()
+    token = ApiToken.issue(users["operator"])[1]
+    body = '{"input": "' + "x" * (settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1) + '"}'
+    api = browser.post(
+        "/api/sessions", body, content_type="application/json", HTTP_AUTHORIZATION=f"Bearer {token}"
+    )
+    assert api.status_code == 400 and api["Content-Type"].startswith("application/json")
+    assert "request body is over" in api.json()["detail"]

@@ -265,7 +265,7 @@ RAW_BODIES = st.sampled_from(
 def test_no_api_field_is_a_500(client, world, users):
     token = ApiToken.issue(users["operator"])[1]
     auth = {"HTTP_AUTHORIZATION": f"Bearer {token}"}
-    spec = client.get("/api/openapi.json").json()
+    spec = client.get("/api/openapi.json", **auth).json()
     session_ids = [str(s.id) for s in world["sessions"]] + ["00000000-0000-0000-0000-000000000000"]
     operations = [
         (method, path, op) for path, item in spec["paths"].items() for method, op in item.items()
