@@ -54,6 +54,22 @@ log = logging.getLogger("respawn.services")
 
 Actor = AbstractBaseUser | AnonymousUser | None
 MAX_INPUT_CHARS = 100_000
+# A reason or a note a person gives with an action (approve, reject, resolve, correct): as
+# long as the API's schema allows, from every face.
+MAX_REASON_CHARS = 2000
+
+
+def _bounded(text: str | None, field: str) -> str:
+    """A reason or note as stored: stripped; longer than MAX_REASON_CHARS is refused,
+    naming the field (never cut short without a word)."""
+    text = (text or "").strip()
+    if len(text) > MAX_REASON_CHARS:
+        raise ActionError(
+            f"the {field} is {len(text):,} characters long; at most {MAX_REASON_CHARS:,}",
+            code="too_long",
+            field=field,
+        )
+    return text
 
 
 class ActionError(Exception):
@@ -499,7 +515,7 @@ def _decide(
         pending = state.pending_approval if state else None
         if pending is None:
             raise ActionError("nothing is waiting for approval in this session", code="bad_status")
-        reason = (reason or "").strip()
+        reason = _bounded(reason, "reason")
         if decision == AuditAction.REJECT and not reason:
             raise ActionError(
                 "say why the call is rejected: the model is told the reason", code="empty_input"
@@ -756,8 +772,8 @@ def session_correct_result(
             result_seq=result_seq,
             output=corrected,
         )
-        if note.strip():
-            payload["note"] = note.strip()[:2000]
+        if note := _bounded(note, "note"):
+            payload["note"] = note
         return _Edit(
             payload=stored(payload),
             before={"result_seq": result_seq, "original": target.payload},
@@ -829,8 +845,8 @@ def session_resolve_uncertain(
         payload = OperatorPayload(action=resolution, call_id=call_id, actor=who.label)
         if resolution == OperatorAction.RECORD_RESULT:
             payload["output"] = output
-        if note.strip():
-            payload["note"] = note.strip()[:2000]
+        if note := _bounded(note, "note"):
+            payload["note"] = note
         before = {"uncertain_call": call_id}
         if resolution == OperatorAction.FAIL:
             failed = f"failed by {who.label}: tool call {call_id} may or may not have happened"

@@ -668,3 +668,24 @@ def test_a_rejection_needs_a_reason_and_an_approval_or_a_fork_a_confirmation(
     done = run_inline(session_start(agent="demo", input="what is (12*7)+3, then save it"))
     page = client.get(reverse("sessions:detail", args=[done.id])).content.decode()
     assert f'hx-confirm="{ACTIONS["fork"].confirm}"' in page
+
+
+def test_a_reason_or_note_longer_than_the_api_allows_is_refused_from_the_dashboard_too(
+    client, users, waiting
+):
+    """A person's reason is bounded on every face (a 2.4 MB reason was stored from the
+    dashboard): refused with the field named, nothing written."""
+    client.force_login(users["operator"])
+    before = waiting.last_seq
+    for action, field in [("reject", "reason"), ("approve", "reason")]:
+        response = client.post(
+            reverse("sessions:action", args=[waiting.id, action]), {field: "x" * 2001}, **HX
+        )
+        text = response.content.decode()
+        assert response.status_code == 400 and "at most 2,000" in text, text[-500:]
+    response = client.post(
+        reverse("sessions:action", args=[waiting.id, "reject"]), {"reason": "y" * 2000}, **HX
+    )
+    assert response.status_code in (200, 204), response.content.decode()[-500:]
+    waiting.refresh_from_db()
+    assert waiting.last_seq == before + 1
