@@ -772,8 +772,8 @@ def session_correct_result(
             result_seq=result_seq,
             output=corrected,
         )
-        if note := _bounded(note, "note"):
-            payload["note"] = note
+        if said := _bounded(note, "note"):
+            payload["note"] = said
         return _Edit(
             payload=stored(payload),
             before={"result_seq": result_seq, "original": target.payload},
@@ -845,8 +845,8 @@ def session_resolve_uncertain(
         payload = OperatorPayload(action=resolution, call_id=call_id, actor=who.label)
         if resolution == OperatorAction.RECORD_RESULT:
             payload["output"] = output
-        if note := _bounded(note, "note"):
-            payload["note"] = note
+        if said := _bounded(note, "note"):
+            payload["note"] = said
         before = {"uncertain_call": call_id}
         if resolution == OperatorAction.FAIL:
             failed = f"failed by {who.label}: tool call {call_id} may or may not have happened"
