@@ -936,7 +936,7 @@ def usage(
 _GZIP_BODY = {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}
 
 
-@api.get(
+@api.post(
     "/sessions/{session_id}/export",
     response=ERRORS,
     summary="Export a session",

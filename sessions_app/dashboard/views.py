@@ -777,9 +777,11 @@ def session_new(request: HtmxRequest) -> HttpResponse:
 
 
 @login_required
-@require_GET
+@require_POST
 def session_export(request: HtmxRequest, session_id: UUID) -> HttpResponse:
-    """The session as a file (viewers may export: it is what they can read anyway)."""
+    """The session as a file (viewers may export: it is what they can read anyway). A POST:
+    an export is an action, audited, and not for a link a page may prefetch or a GET that
+    another site may make a logged-in browser send."""
     from ..upkeep.transfer import export_bytes
 
     session = _get_session(request, session_id)

@@ -323,3 +323,20 @@ def test_the_live_parts_keep_up_with_the_header_and_latest_means_now(page, users
     assert first > loaded_at + 50 and first >= now - 200
     assert page.evaluate("window.__noReload") is None  # a link followed: a new page
     assert console_errors(page) == []
+
+
+def test_a_viewer_exports_a_session_with_the_export_button(page, users):
+    """Export is a POST (an audited action), yet a click still downloads the file."""
+    import gzip
+
+    session = run_inline(session_start(agent="echo", input="hi"))
+    login(page, "victor", "pw-viewer")
+    page.goto(f"/sessions/{session.id}/")
+    with page.expect_download() as download:
+        page.locator("#export-link").click()
+    path = download.value.path()
+    assert download.value.suggested_filename == f"session-{session.id}.jsonl.gz"
+    first = json.loads(gzip.decompress(open(path, "rb").read()).splitlines()[0])
+    assert first["kind"] == "respawn-export"
+    assert AuditEvent.objects.filter(session=session, action="export").count() == 1
+    assert console_errors(page) == []

@@ -311,7 +311,9 @@ def test_the_commands_export_and_import(tmp_path: Path):
 def test_a_viewer_exports_and_only_an_operator_imports(client, users):
     session = run_inline(session_start(agent="demo", input="what is (12*7)+3, then save it"))
     client.force_login(users["viewer"])
-    response = client.get(reverse("sessions:export", args=[session.id]))
+    assert client.get(reverse("sessions:export", args=[session.id])).status_code == 405
+    assert not AuditEvent.objects.filter(action="export").exists()  # a GET writes nothing
+    response = client.post(reverse("sessions:export", args=[session.id]))
     assert response.status_code == 200 and response["Content-Type"] == "application/gzip"
     data = response.content
     assert lines_of(data)[1]["data"]["id"] == str(session.id)
@@ -319,7 +321,7 @@ def test_a_viewer_exports_and_only_an_operator_imports(client, users):
     upload.name = "s.jsonl.gz"
     assert client.post(reverse("sessions:import"), {"file": upload}).status_code == 403
     client.force_login(users["outsider"])
-    assert client.get(reverse("sessions:export", args=[session.id])).status_code == 403
+    assert client.post(reverse("sessions:export", args=[session.id])).status_code == 403
 
     client.force_login(users["operator"])
     upload.seek(0)
@@ -339,7 +341,12 @@ def test_the_api_exports_and_imports(client, users):
     session = run_inline(session_start(agent="demo", input="what is (12*7)+3, then save it"))
     viewer = {"HTTP_AUTHORIZATION": f"Bearer {ApiToken.issue(users['viewer'])[1]}"}
     operator = {"HTTP_AUTHORIZATION": f"Bearer {ApiToken.issue(users['operator'])[1]}"}
-    data = client.get(f"/api/sessions/{session.id}/export", **viewer).content
+    assert client.get(f"/api/sessions/{session.id}/export", **viewer).status_code == 405
+    reply = client.post(
+        f"/api/sessions/{session.id}/export", content_type="application/json", **viewer
+    )
+    assert reply.status_code == 200, reply.content
+    data = reply.content
     assert lines_of(data)[0]["kind"] == "respawn-export"
     refused = client.post("/api/imports", data, content_type="application/gzip", **viewer)
     assert refused.status_code == 403
