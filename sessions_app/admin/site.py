@@ -10,10 +10,17 @@ permissions, and the log-in throttle's message on its log-in form.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
+from django.contrib.admin.forms import AdminPasswordChangeForm
+from django.core.exceptions import ValidationError
+from django.urls import reverse
 
 from ..permissions import can_administer, can_operate, can_view
-from ..web.auth import ThrottledAdminAuthenticationForm
+from ..services import credentials
+from ..validation import client_address
+from ..web.auth import THROTTLED_MESSAGE, ThrottledAdminAuthenticationForm, is_locked, window
 
 RESPAWN_APP = "sessions_app"
 
@@ -44,8 +51,46 @@ class RoleRules(admin.ModelAdmin):
         return self.role_allows(request, write=True) and super().has_delete_permission(request, obj)
 
 
+class ThrottledPasswordChangeForm(AdminPasswordChangeForm):
+    """A password change asks for the old password: a wrong one counts as a failed log-in
+    of the account and of the client's address, and a locked one is refused whatever is
+    typed (sessions_app.services.credentials)."""
+
+    request: Any = None
+
+    def clean_old_password(self) -> str:
+        username = self.user.get_username()
+        if is_locked(username, client_address(self.request)):
+            minutes = max(1, int(window().total_seconds() // 60))
+            raise ValidationError(THROTTLED_MESSAGE, code="throttled", params={"minutes": minutes})
+        try:
+            return super().clean_old_password()
+        except ValidationError:
+            credentials.failed(self.request, credentials.PASSWORD, account=username)
+            raise
+
+
 class RespawnAdminSite(admin.AdminSite):
     login_form = ThrottledAdminAuthenticationForm
+
+    def password_change(self, request, extra_context=None):
+        """Django's, with the old password throttled (ThrottledPasswordChangeForm)."""
+        from django.contrib.auth.views import PasswordChangeView
+
+        form_class = type(
+            "PasswordChangeForm", (ThrottledPasswordChangeForm,), {"request": request}
+        )
+        request.current_app = self.name
+        return PasswordChangeView.as_view(
+            form_class=form_class,
+            success_url=reverse("admin:password_change_done", current_app=self.name),
+            extra_context={**self.each_context(request), **(extra_context or {})},
+            **(
+                {"template_name": self.password_change_template}
+                if self.password_change_template
+                else {}
+            ),
+        )(request)
 
     def has_permission(self, request) -> bool:
         user = request.user

@@ -30,6 +30,7 @@ from ..permissions import can_operate, can_view
 from ..runtime import agent_registry
 from ..selectors import core as selectors
 from ..services import core as services
+from ..services import credentials
 from ..validation import (
     NOT_BLANK_PATTERN,
     SINGLE_LINE_PATTERN,
@@ -48,11 +49,22 @@ from ..web.middleware import unavailable_response
 MAX_PAGE = 200
 
 
+class CredentialsLocked(Exception):
+    """This client guessed wrong too often (sessions_app.services.credentials)."""
+
+
 class BearerToken(HttpBearer):
     def __call__(self, request: HttpRequest) -> Any:
         # Not HttpBearer's own __call__: that one logs the header it rejects under DEBUG.
         token = bearer_token(request)
-        return None if token is None else self.authenticate(request, token)
+        if token is None:
+            return None
+        if credentials.locked(request):  # right or wrong, until the window has passed
+            raise CredentialsLocked
+        user = self.authenticate(request, token)
+        if user is None:
+            credentials.failed(request, credentials.API_TOKEN)
+        return user
 
     def authenticate(self, request: HttpRequest, token: str) -> Any:
         found = selectors.active_api_token(token)
@@ -612,6 +624,22 @@ def http_error(request: HttpRequest, exc: HttpError):
     )
 
 
+@api.exception_handler(CredentialsLocked)
+def credentials_locked(request: HttpRequest, exc: CredentialsLocked):
+    wait = credentials.retry_after()
+    response = api.create_response(
+        request,
+        {
+            "error": "throttled",
+            "detail": "too many wrong credentials from this address: try again in "
+            f"{max(1, wait // 60)} minute(s)",
+        },
+        status=429,
+    )
+    response["Retry-After"] = str(wait)
+    return response
+
+
 @api.exception_handler(AuthenticationError)
 def auth_error(request: HttpRequest, exc: AuthenticationError):
     return api.create_response(
@@ -639,7 +667,15 @@ def validation_error(request: HttpRequest, exc: ValidationError):
 
 # --- Endpoints --------------------------------------------------------------------------
 
-ERRORS = {400: ErrorOut, 401: ErrorOut, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, 422: ErrorOut}
+ERRORS = {
+    400: ErrorOut,
+    401: ErrorOut,
+    403: ErrorOut,
+    404: ErrorOut,
+    409: ErrorOut,
+    422: ErrorOut,
+    429: ErrorOut,
+}
 
 
 @api.post("/sessions", response={201: SessionOut, **ERRORS}, summary="Start a session")

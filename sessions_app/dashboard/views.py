@@ -39,6 +39,7 @@ from ..models.clock import database_clock
 from ..permissions import can_operate, can_view
 from ..selectors import core as selectors
 from ..services import core as services
+from ..services import credentials
 from ..upkeep import search
 from ..validation import InvalidInput, parse_date, parse_int
 from ..web.http import (
@@ -1019,6 +1020,14 @@ def metrics(request: HtmxRequest) -> HttpResponse:
 
     if request.user.is_authenticated and not can_view(request.user):
         raise PermissionDenied("metrics are for users who may view sessions")
+    if bearer_token(request) is not None and credentials.locked(request):
+        response = HttpResponse(
+            "too many wrong credentials from this address: try again later\n",
+            status=429,
+            content_type="text/plain",
+        )
+        response["Retry-After"] = str(credentials.retry_after())
+        return response
     if not _may_scrape(request):
         response = HttpResponse(
             "metrics need a bearer token (RESPAWN_METRICS_TOKEN or an API token)\n",
@@ -1042,4 +1051,7 @@ def _may_scrape(request: HtmxRequest) -> bool:
     if configured and compare_digest(configured.encode(), token.encode()):
         return True
     found = selectors.active_api_token(token)
-    return found is not None and found.user.is_active and can_view(found.user)
+    if found is None or not found.user.is_active:
+        credentials.failed(request, credentials.METRICS_TOKEN)
+        return False
+    return can_view(found.user)

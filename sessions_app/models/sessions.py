@@ -705,6 +705,7 @@ class AuditAction(models.TextChoices):
     RETENTION_CHECKPOINTS = "retention_checkpoints", "retention pruned checkpoints"
     RETENTION_COMPACT = "retention_compact", "retention compacted steps"
     LATE_TOOL_CALL = "late_tool_call", "a fenced-off worker had started a tool call"
+    CREDENTIAL_GUESSING = "credential_guessing", "locked out an address guessing credentials"
 
 
 class AuditEvent(models.Model):

@@ -51,12 +51,12 @@ def account_key(raw: Any) -> str:
     return salted_hmac("respawn.login-throttle", normalize_username(raw)).hexdigest()
 
 
-def _window() -> timedelta:
+def window() -> timedelta:
     return timedelta(seconds=settings.RESPAWN_LOGIN_WINDOW)
 
 
 def is_locked(username: Any, ip: str | None) -> bool:
-    since = timezone.now() - _window()
+    since = timezone.now() - window()
     failures = LoginFailure.objects.filter(created_at__gte=since)
     if failures.filter(account=account_key(username)).count() >= (
         settings.RESPAWN_LOGIN_MAX_PER_ACCOUNT
@@ -91,7 +91,7 @@ def record_failure(sender, credentials, request=None, **kwargs) -> None:
         return
     now = timezone.now()
     # Failures older than the window count for nothing: drop them as new ones come in.
-    LoginFailure.objects.filter(created_at__lt=now - _window()).delete()
+    LoginFailure.objects.filter(created_at__lt=now - window()).delete()
     LoginFailure.objects.create(
         account=account_key(_username(credentials)), ip=client_address(request), created_at=now
     )
@@ -107,7 +107,7 @@ class ThrottledAuthenticationForm(AuthenticationForm):
 
     def get_invalid_login_error(self) -> ValidationError:
         if self.request is not None and getattr(self.request, THROTTLED, False):
-            minutes = max(1, int(_window().total_seconds() // 60))
+            minutes = max(1, int(window().total_seconds() // 60))
             return ValidationError(THROTTLED_MESSAGE, code="throttled", params={"minutes": minutes})
         return super().get_invalid_login_error()
 

@@ -296,16 +296,17 @@ def test_uncertain_call_over_the_api(call):
 def test_detail_of_a_waiting_session_reads_its_head_checkpoint_once(
     call, django_assert_num_queries
 ):
-    """The token, its last use, the caller's roles, the session and its head checkpoint,
-    and for an uncertain call the step that recorded it: nothing read twice."""
+    """The client's recent wrong credentials (the throttle), the token, its last use, the
+    caller's roles, the session and its head checkpoint, and for an uncertain call the
+    step that recorded it: nothing read twice."""
     from tests.sessions_app.test_dashboard import _uncertain_notify_session
 
     approval = start(call, agent="approval", text="pay invoice 3")
     run_inline(approval["id"])
     uncertain = _uncertain_notify_session()
     for session_id, queries, field in (
-        (approval["id"], 5, "pending_approval"),
-        (uncertain.id, 6, "uncertain_call"),
+        (approval["id"], 6, "pending_approval"),
+        (uncertain.id, 7, "uncertain_call"),
     ):
         with django_assert_num_queries(queries) as captured:
             response = call("get", f"/api/sessions/{session_id}", role="viewer")
