@@ -5,14 +5,26 @@ with nobody doing anything."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import time
 
 import pytest
+from django.db import connection
 
+from sessions_app.models import ApiToken
 from sessions_app.services.core import session_start
 
 from ..conftest import wait_final
-from .conftest import assert_completed, figures, reference, wait_for_tool_results
+from ..servers import PgBouncer
+from .conftest import (
+    assert_completed,
+    figures,
+    http_get,
+    reference,
+    runs_of,
+    wait_for_tool_results,
+    web_server,
+)
 
 pytestmark = [pytest.mark.fault, pytest.mark.integration, pytest.mark.django_db(transaction=True)]
 
@@ -63,4 +75,108 @@ def test_a_redis_outage_restarts_no_worker_and_floods_no_log(fleet, private_redi
         lines_about_redis=len(complaints),
         same_worker_process=int(worker.pids()[1:] == before),
         session_after_done_s=took,
+    )
+
+
+def test_pgbouncer_killed_and_started_again_every_request_after_is_answered(
+    worker_env, fleet, users, client, tmp_path
+):
+    """PgBouncer (transaction mode) in front of the test database, a pooled web process
+    and a worker behind it; PgBouncer SIGKILLed mid-run and started again on its port:
+    every request after it is back answers 200 (each of the web process's pooled
+    connections broke), and the session finishes with no step lost or doubled."""
+    db = connection.settings_dict
+    bouncer = PgBouncer(db.get("HOST") or "127.0.0.1", int(db.get("PORT") or 5432), pool_size=4)
+    bouncer.start()
+    url = bouncer.url(db["NAME"])
+    behind = {"DATABASE_URL": url, "RESPAWN_POOLER_SAFE": "1"}
+    session = session_start(agent="slow", input="count to 8")
+    _, token = ApiToken.issue(users["viewer"])
+    client.force_login(users["viewer"])
+    cookie = client.cookies["sessionid"].value
+    fleet.start(RESPAWN_SLOW_DELAY="0.3", **behind)
+    try:
+        with web_server({**worker_env, **behind}, tmp_path / "web.log") as base:
+            api, page = f"{base}/api/sessions/{session.id}", f"{base}/sessions/{session.id}/"
+            auth = {"Authorization": f"Bearer {token}"}
+            logged_in = {"Cookie": f"sessionid={cookie}"}
+
+            def both(_=None) -> list[int]:
+                return [http_get(api, **auth)[0], http_get(page, **logged_in)[0]]
+
+            def many() -> set[int]:
+                # 8 at a time: the pool holds several connections, each one used.
+                with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+                    return {code for pair in pool.map(both, range(16)) for code in pair}
+
+            assert many() == {200}
+            wait_for_tool_results([session], 2)
+            bouncer.kill()
+            down = time.monotonic()
+            time.sleep(1)
+            bouncer.start()
+            back = time.monotonic()
+            first = both()
+            first_took = time.monotonic() - back
+            assert first == [200, 200]
+            assert many() == {200}
+            wait_final([session], timeout=40)
+    finally:
+        bouncer.stop()
+    assert_completed(session, reference("slow", "count to 8"))
+    figures(
+        "pgbouncer killed, started again 1 s later",
+        down_s=back - down,
+        first_requests_after_s=first_took,
+        requests_after=34,
+        non_200_after=0,
+        runs=runs_of(session),
+    )
+
+
+def test_the_first_requests_after_postgres_is_back_are_answered(
+    worker_env, private_db, users, client, tmp_path
+):
+    """A pooled web process (8 connections in its pool), PostgreSQL stopped (a request in
+    the outage answers 503 and sets the pool reconnecting with pauses) and started again:
+    the requests made right after it accepts connections all answer 200, at once (the
+    pool's pause between two broken connections and between two reconnection attempts
+    held them off until they answered 503)."""
+    session = session_start(agent="echo", input="hi")
+    _, token = ApiToken.issue(users["viewer"])
+    client.force_login(users["viewer"])
+    cookie = client.cookies["sessionid"].value
+    env = {**worker_env, "DATABASE_URL": private_db.url()}
+    with web_server(env, tmp_path / "web.log") as base:
+        api, page = f"{base}/api/sessions/{session.id}", f"{base}/sessions/{session.id}/"
+        auth = {"Authorization": f"Bearer {token}"}
+        logged_in = {"Cookie": f"sessionid={cookie}"}
+
+        def both(_=None) -> list[tuple[int, float]]:
+            return [http_get(api, **auth)[::3], http_get(page, **logged_in)[::3]]
+
+        def many() -> list[tuple[int, float]]:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=8) as pool:
+                return [answer for pair in pool.map(both, range(8)) for answer in pair]
+
+        assert {status for status, _ in many()} == {200}
+        private_db.stop(mode="fast", remove=False)
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as outage:
+            # A request in the outage: the pool tries to reconnect, pausing between tries.
+            during = outage.submit(http_get, api, **auth)
+            time.sleep(1.2)
+            private_db.start()
+            assert private_db.is_ready()
+            answers = both()  # one after the other: the pool's broken connections in turn
+            answers += many()
+        connection.close()
+        assert during.result()[0] in (200, 503)
+    assert {status for status, _ in answers} == {200}, answers
+    assert answers[0][1] < 1.0, answers  # the first pause alone was 1 s
+    slowest = max(took for _, took in answers)
+    figures(
+        "web process, postgres stopped and started",
+        requests_after=len(answers),
+        first_s=answers[0][1],
+        slowest_s=slowest,
     )
