@@ -185,14 +185,20 @@ if _db["ENGINE"] == "django.db.backends.postgresql":
         "timeout": _db_wait,
         "reconnect_timeout": _db_wait,
     }
-    if env_bool("RESPAWN_DB_POOL", True) and not _IS_WORKER:
+    _pooled = env_bool("RESPAWN_DB_POOL", True) and not _IS_WORKER
+    if _pooled:
         _db["OPTIONS"]["pool"] = dict(RESPAWN_DB_POOL_OPTIONS)
+        # Django's backend, but each connection is checked as it leaves the pool (an empty
+        # query) by the request itself, so that one a restart of PostgreSQL or PgBouncer
+        # broke is replaced at once (the pool's own check paused 1 s, 2 s, ... between
+        # two broken ones), and a request served as soon as the server is back even while
+        # the pool waits out a pause between its reconnection attempts (config/postgresql).
+        _db["ENGINE"] = "config.postgresql"
     else:
         _db["CONN_MAX_AGE"] = None
-    # Pooled: each connection is checked as it leaves the pool (an empty query), so one
-    # that a database restart broke is replaced, not handed to a request that then fails.
-    # Persistent: checked before the first query of each job or request.
-    _db["CONN_HEALTH_CHECKS"] = True
+    # Persistent: checked before the first query of each job or request. Pooled: checked
+    # by config.postgresql instead of the pool.
+    _db["CONN_HEALTH_CHECKS"] = not _pooled
     _db.setdefault("TEST", {})["NAME"] = os.environ.get("RESPAWN_TEST_DB_NAME") or None
     if RESPAWN_POOLER_SAFE:
         # Behind a pooler in transaction mode (PgBouncer's pool_mode=transaction) each
@@ -220,14 +226,12 @@ DATABASES = {"default": _db}
 DATABASE_REPLICA_URL = os.environ.get("DATABASE_REPLICA_URL", "")
 if DATABASE_REPLICA_URL:
     _replica = dj_database_url.parse(DATABASE_REPLICA_URL, conn_max_age=0)
-    if _db["ENGINE"] != "django.db.backends.postgresql" or (
-        _replica["ENGINE"] != "django.db.backends.postgresql"
-    ):
+    if "postgresql" not in _db["ENGINE"] or _replica["ENGINE"] != "django.db.backends.postgresql":
         raise SystemExit(
             "DATABASE_REPLICA_URL needs PostgreSQL: both DATABASE_URL and DATABASE_REPLICA_URL "
             "must be postgres:// URLs (the replica streaming from the primary)"
         )
-    for _key in ("CONN_MAX_AGE", "CONN_HEALTH_CHECKS", "DISABLE_SERVER_SIDE_CURSORS"):
+    for _key in ("ENGINE", "CONN_MAX_AGE", "CONN_HEALTH_CHECKS", "DISABLE_SERVER_SIDE_CURSORS"):
         if _key in _db:
             _replica[_key] = _db[_key]
     _replica["OPTIONS"] = {**_db.get("OPTIONS", {}), **_replica.get("OPTIONS", {})}

@@ -217,6 +217,13 @@ class PgBouncer:
     def log(self) -> str:
         return _read_log(self.log_path)
 
+    def kill(self) -> None:
+        """SIGKILL: every client and server connection drops at once; start() brings it
+        back on the same port."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)  # immediate shutdown

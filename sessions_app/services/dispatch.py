@@ -9,6 +9,7 @@ after Redis lost every job.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
@@ -181,6 +182,38 @@ def _redispatch(session_id: Any, dispatched_at: Any, job_id: str) -> bool:
         return True
 
 
+class _RedisOutage:
+    """The reconciler meets Redis down on every pass (a worker's runs every second or so):
+    said when the outage starts, then once a minute, and when Redis answers again."""
+
+    interval = 60.0
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.logged = 0.0
+
+    def failed(self, exc: BaseException) -> None:
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+        elif now - self.logged < self.interval:
+            return
+        self.logged = now
+        log.warning(
+            "reconciler: Redis unavailable for %.0fs (%s); will try again", now - self.since, exc
+        )
+
+    def answered(self) -> None:
+        if self.since is not None:
+            log.warning(
+                "reconciler: Redis answers again (after %.0fs)", time.monotonic() - self.since
+            )
+            self.since = None
+
+
+_redis_outage = _RedisOutage()
+
+
 def reconcile(*, limit: int | None = None) -> list[str]:
     """Dispatch again every runnable session that nobody is running and nothing will run.
 
@@ -225,8 +258,9 @@ def reconcile(*, limit: int | None = None) -> list[str]:
         connection = redis_connection()
         connection.ping()
     except RedisError as exc:
-        log.warning("reconciler: Redis unavailable (%s); will try again", exc)
+        _redis_outage.failed(exc)
         return []
+    _redis_outage.answered()
     dispatched = []
     for session_id, job_id, dispatched_at, status, lease_expires_at in candidates:
         overdue = (

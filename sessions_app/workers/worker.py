@@ -38,6 +38,9 @@ log = logging.getLogger("respawn.worker")
 QUICK_DEATH = 10.0
 RESTART_DELAY = 0.1
 RESTART_DELAY_MAX = 5.0
+# While Redis is away the supervisor tries it this many seconds apart at most before it
+# starts the next worker process.
+WAIT_FOR_REDIS_MAX = 1.0
 
 
 # A failure that repeats itself (the database down for minutes) is logged with its
@@ -159,7 +162,31 @@ class SearchIndexer(threading.Thread):
         connections.close_all()
 
 
+class QuietRedisRetries(logging.Filter):
+    """RQ logs every retry of a lost Redis connection as an error line (its dequeue loop,
+    its pubsub thread every 2 s): the first passes, then one per `interval`."""
+
+    def __init__(self, interval: float = REPEAT_LOG_INTERVAL) -> None:
+        super().__init__()
+        self.interval = interval
+        self._logged: float | None = None
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if "could not connect to Redis" not in str(record.msg):
+            return True
+        now = time.monotonic()
+        if self._logged is not None and now - self._logged < self.interval:
+            return False
+        self._logged = now
+        return True
+
+
 class RespawnWorker(SimpleWorker):
+    # An idle worker whose Redis went away tries again at most this many seconds apart
+    # (RQ's own pause doubles up to a minute: after a 30 s outage it took jobs again up
+    # to half a minute late).
+    max_connection_wait_time = 2.0
+
     def teardown(self) -> None:
         # A warm shutdown of an idle worker interrupts its blocking dequeue from the
         # signal handler. A connection made through Sentinel (redis-py's
@@ -176,6 +203,8 @@ class RespawnWorker(SimpleWorker):
         return self._work(*args, **kwargs)
 
     def _work(self, *args, **kwargs) -> bool:
+        if not any(isinstance(f, QuietRedisRetries) for f in self.log.filters):
+            self.log.addFilter(QuietRedisRetries())
         reconciler = None
         if settings.RESPAWN_RECONCILE_INTERVAL > 0:
             reconciler = Reconciler(
@@ -228,8 +257,9 @@ class Supervisor:
         registered = False  # a dead worker process's registration left in Redis
         try:
             while True:
-                if registered:
-                    registered = not self._unregister()
+                if registered and not self._wait_for_redis():
+                    return False
+                registered = False
                 started = time.monotonic()
                 pid = os.fork()
                 if pid == 0:
@@ -259,16 +289,34 @@ class Supervisor:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
-    def _unregister(self) -> bool:
+    def _wait_for_redis(self) -> bool:
         """Mark the dead worker process's registration dead, so that the next one may
-        register under the same name. With Redis away, the next process fails to start
-        (and is started again, later) until this succeeds."""
-        try:
-            self.worker.register_death()
-        except RedisError as exc:
-            log.warning("worker %s: cannot clear its registration yet (%s)", self.worker.name, exc)
-            return False
-        return True
+        register under the same name; with Redis away, wait until it answers (a new
+        process could not start without it: it would die at once, again and again, each
+        with a traceback). One line when the wait starts, one a minute while it lasts, one
+        when Redis is back. False when a signal asks the supervisor to stop meanwhile."""
+        pause, began, logged = 0.1, time.monotonic(), 0.0
+        while self.stopping is None:
+            try:
+                self.worker.register_death()
+            except RedisError as exc:
+                now = time.monotonic()
+                if not logged or now - logged >= REPEAT_LOG_INTERVAL:
+                    log.warning("worker %s: waiting for Redis (%s)", self.worker.name, exc)
+                    logged = now
+                deadline = now + pause
+                while self.stopping is None and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                pause = min(pause * 2, WAIT_FOR_REDIS_MAX)
+                continue
+            if logged:
+                log.warning(
+                    "worker %s: Redis answers again (after %.1fs)",
+                    self.worker.name,
+                    time.monotonic() - began,
+                )
+            return True
+        return False
 
     @staticmethod
     def _child(work, previous, supervisor: int) -> None:
@@ -282,6 +330,9 @@ class Supervisor:
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+        except RedisError as exc:
+            # RQ logged how its loop lost Redis, with the traceback; teardown failed too.
+            log.error("worker process stops: Redis is unavailable (%s)", exc)
         except BaseException:
             log.exception("worker process failed")
         finally:

@@ -6,9 +6,14 @@ from __future__ import annotations
 import os
 import random
 import signal
+import subprocess
+import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
 import pytest
@@ -29,7 +34,7 @@ from ..conftest import (
     wait_for,
     without_ids,
 )
-from ..servers import PostgresServer, RedisServer, ServerError
+from ..servers import ROOT, PostgresServer, RedisServer, ServerError, free_port, wait_port
 from ..stubs.llm_servers import openai_server  # noqa: F401 (the OpenAI-protocol stub, for workers too)
 
 
@@ -178,6 +183,44 @@ def assert_completed(session, trace: list[tuple[str, dict]] | None = None) -> No
 
 
 conversation = live_conversation
+
+
+@contextmanager
+def web_server(env: dict[str, str], log_path) -> Iterator[str]:
+    """A real web process (`runserver` with the production connection pool, which the
+    tests' own settings switch off) on a port of its own, until it answers; yields its
+    base URL. Its log is shown when the block fails."""
+    port = free_port()
+    env = {**env, "RESPAWN_DB_POOL": "1", "DJANGO_SETTINGS_MODULE": "config.settings_test"}
+    with open(log_path, "wb") as log:  # the server keeps its own descriptor
+        server = subprocess.Popen(
+            [sys.executable, "manage.py", "runserver", "--noreload", f"127.0.0.1:{port}"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    try:
+        wait_port(port, server)
+        yield f"http://127.0.0.1:{port}"
+    except BaseException:
+        print("--- web server log ---\n" + Path(log_path).read_text(errors="replace"))
+        raise
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def http_get(url: str, **headers: str) -> tuple[int, dict[str, str], bytes, float]:
+    """(status, headers, body, seconds taken) of a GET; an HTTP error is an answer too."""
+    started = time.monotonic()
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            status, answered, body = response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        status, answered, body = exc.code, dict(exc.headers), exc.read()
+    return status, answered, body, time.monotonic() - started
 
 
 @pytest.fixture(scope="module")

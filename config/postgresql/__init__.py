@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend as the web processes use it (see base)."""
