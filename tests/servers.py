@@ -415,6 +415,9 @@ class AutoFailoverCluster:
         "primary_demote_timeout": 3000,
     }
 
+    # Where pg_autoctl's servers put their Unix sockets (libpq's default on Debian).
+    SOCKET_DIR = "/var/run/postgresql"
+
     def __init__(self) -> None:
         self.binary = pg_autoctl_binary()
         self.bin = postgres_bin()
@@ -615,6 +618,14 @@ class AutoFailoverCluster:
                 left.kill()
         for process in self.processes.values():
             process.wait(timeout=10)
+        # A killed node's server left its socket's lock file in the shared socket directory:
+        # a later server on that port would refuse to start if its pid were taken again.
+        for name in self.killed:
+            for path in glob.glob(f"{self.SOCKET_DIR}/.s.PGSQL.{self.nodes[name].port}*"):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
         for server in (self.monitor, *self.nodes.values()):
             shutil.rmtree(server.workdir, ignore_errors=True)
         shutil.rmtree(self.workdir, ignore_errors=True)
