@@ -102,8 +102,8 @@ fi
 echo "faketime: $(command -v faketime)"
 # The failover test runs Debian's pg_auto_failover (a monitor and two data nodes, from the
 # newest installed PostgreSQL's binaries) and kills its primary.
-if ! command -v pg_autoctl >/dev/null 2>&1 || ! ls /usr/lib/postgresql/*/lib/pgautofailover.so >/dev/null 2>&1; then
-    pg_major="$(ls /usr/lib/postgresql 2>/dev/null | sort -n | tail -1)"
+pg_major="$(ls /usr/lib/postgresql 2>/dev/null | sort -n | tail -1 || true)"
+if ! command -v pg_autoctl >/dev/null 2>&1 || [ ! -e "/usr/lib/postgresql/${pg_major}/lib/pgautofailover.so" ]; then
     debian_install "postgresql-${pg_major:-15}-auto-failover" "the failover test"
 fi
 echo "pg_auto_failover: $(pg_autoctl --version 2>/dev/null | head -1)"
