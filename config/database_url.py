@@ -70,7 +70,7 @@ def parse_database_url(url: str, *, name: str = "DATABASE_URL") -> dict[str, Any
     userinfo, at, hostlist = parts.netloc.rpartition("@")
     hosts = hostlist.split(",")
     if len(hosts) == 1:
-        if parts.scheme in POSTGRES_SCHEMES and hostlist:
+        if parts.scheme in POSTGRES_SCHEMES and hostlist and not hostlist.startswith(":"):
             _host_and_port(hostlist, name, "")  # a port that is no port, named as such
         return _parse_one(url, name)
     if parts.scheme not in POSTGRES_SCHEMES:

@@ -44,6 +44,8 @@ def test_a_single_host_url_reads_as_before():
     assert (entry["HOST"], str(entry["PORT"]), entry["NAME"]) == ("127.0.0.1", "5432", "respawn")
     assert "OPTIONS" not in entry or "target_session_attrs" not in entry["OPTIONS"]
     assert parse_database_url("sqlite:////tmp/respawn.sqlite3")["NAME"] == "/tmp/respawn.sqlite3"
+    # No host: libpq's default (the Unix socket), on the port given.
+    assert parse_database_url("postgres://:5433/respawn")["HOST"] == ""
 
 
 @pytest.mark.parametrize(
