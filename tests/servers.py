@@ -390,8 +390,9 @@ def pg_autoctl_binary() -> str:
 
 class AutoFailoverCluster:
     """pg_auto_failover (Debian's postgresql-NN-auto-failover, `pg_autoctl`): a monitor and
-    two data nodes, a primary and its secondary, on loopback ports, trust authentication,
-    no TLS. The secondary is in the write quorum (pg_auto_failover's default
+    two data nodes, a primary and its secondary, on loopback ports, trust authentication
+    for loopback addresses only (the monitor listens on every address: pg_autoctl gives it
+    no --listen), no TLS. The secondary is in the write quorum (pg_auto_failover's default
     replication-quorum true, number_sync_standbys 0), so the primary runs with
     synchronous_standby_names 'ANY 1 (pgautofailover_standby_N)' and synchronous_commit on:
     a commit returns once the secondary has the WAL on disk.
@@ -503,7 +504,8 @@ class AutoFailoverCluster:
     def start(self, timeout: float = 120.0) -> AutoFailoverCluster:
         for path in ("config", "share", "run"):
             (self.workdir / path).mkdir()
-            shutil.chown(self.workdir / path, SERVICE_USER, SERVICE_USER)
+            if os.geteuid() == 0:
+                shutil.chown(self.workdir / path, SERVICE_USER, SERVICE_USER)
         self._pg_autoctl(
             "monitor",
             "create",
