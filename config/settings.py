@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import dj_database_url
+from config.database_url import DatabaseUrlError, parse_database_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(os.environ.get("RESPAWN_VAR_DIR", BASE_DIR / "var"))
@@ -43,6 +43,15 @@ def env_secret(name: str) -> str:
         except OSError as exc:
             raise SystemExit(f"{name}_FILE={path!r} cannot be read: {exc}") from None
     return os.environ.get(name, "")
+
+
+def env_database(name: str) -> dict[str, Any]:
+    """Django's DATABASES entry for the URL in the environment variable `name`
+    (config.database_url: libpq's multi-host form included)."""
+    try:
+        return parse_database_url(os.environ[name], name=name)
+    except DatabaseUrlError as exc:
+        raise SystemExit(str(exc)) from None
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
@@ -155,10 +164,13 @@ TEMPLATES = [
 
 # --- Database -------------------------------------------------------------------------
 # PostgreSQL in production and in the tests; a SQLite file when DATABASE_URL is unset
-# (the `make run` default on a fresh machine).
+# (the `make run` default on a fresh machine). DATABASE_URL may list several hosts, as
+# libpq does (postgres://user@10.0.0.5:5432,10.0.0.6:5432/respawn): each connection goes to
+# the one that is the primary now (target_session_attrs=read-write unless the URL says
+# otherwise), so after a failover reconnecting finds the promoted server (docs/DEPLOY.md).
 _IS_WORKER = len(sys.argv) > 1 and sys.argv[1] == "rqworker"
 if DATABASE_URL:
-    _db = dj_database_url.parse(DATABASE_URL, conn_max_age=0)
+    _db = env_database("DATABASE_URL")
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     _db = {"ENGINE": "django.db.backends.sqlite3", "NAME": str(VAR_DIR / "respawn.sqlite3")}
@@ -225,7 +237,7 @@ DATABASES = {"default": _db}
 # its own writes, reads the primary.
 DATABASE_REPLICA_URL = os.environ.get("DATABASE_REPLICA_URL", "")
 if DATABASE_REPLICA_URL:
-    _replica = dj_database_url.parse(DATABASE_REPLICA_URL, conn_max_age=0)
+    _replica = env_database("DATABASE_REPLICA_URL")
     if "postgresql" not in _db["ENGINE"] or _replica["ENGINE"] != "django.db.backends.postgresql":
         raise SystemExit(
             "DATABASE_REPLICA_URL needs PostgreSQL: both DATABASE_URL and DATABASE_REPLICA_URL "

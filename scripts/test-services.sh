@@ -100,6 +100,13 @@ if ! command -v faketime >/dev/null 2>&1; then
     debian_install faketime "the clock-skew tests"
 fi
 echo "faketime: $(command -v faketime)"
+# The failover test runs Debian's pg_auto_failover (a monitor and two data nodes, from the
+# newest installed PostgreSQL's binaries) and kills its primary.
+pg_major="$(ls /usr/lib/postgresql 2>/dev/null | sort -n | tail -1 || true)"
+if ! command -v pg_autoctl >/dev/null 2>&1 || [ ! -e "/usr/lib/postgresql/${pg_major}/lib/pgautofailover.so" ]; then
+    debian_install "postgresql-${pg_major:-15}-auto-failover" "the failover test"
+fi
+echo "pg_auto_failover: $(pg_autoctl --version 2>/dev/null | head -1)"
 if ! ls /usr/lib/postgresql/*/bin/pg_basebackup >/dev/null 2>&1 && ! command -v pg_basebackup >/dev/null 2>&1; then
     echo "PostgreSQL's server binaries (initdb, pg_ctl, pg_basebackup) are missing." >&2
     echo "Install them (Debian/Ubuntu: apt-get install postgresql) or set RESPAWN_PG_BIN." >&2

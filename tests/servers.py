@@ -385,6 +385,261 @@ class PostgresServer:
         return _read_log(self.workdir / "log")
 
 
+def pg_autoctl_binary() -> str:
+    binary = shutil.which("pg_autoctl")
+    if not binary or not list(postgres_bin().parent.glob("lib/pgautofailover.so")):
+        raise ServerError(
+            "pg_auto_failover is not installed: scripts/test-services.sh installs it "
+            f"(Debian/Ubuntu: apt-get install postgresql-{postgres_bin().parent.name}-auto-failover)"
+        )
+    return binary
+
+
+class AutoFailoverCluster:
+    """pg_auto_failover (Debian's postgresql-NN-auto-failover, `pg_autoctl`): a monitor and
+    two data nodes, a primary and its secondary, on loopback ports, trust authentication
+    for loopback addresses only (the monitor listens on every address: pg_autoctl gives it
+    no --listen), no TLS. The secondary is in the write quorum (pg_auto_failover's default
+    replication-quorum true, number_sync_standbys 0), so the primary runs with
+    synchronous_standby_names 'ANY 1 (pgautofailover_standby_N)' and synchronous_commit on:
+    a commit returns once the secondary has the WAL on disk.
+
+    `kill_node()` SIGKILLs a node's pg_autoctl and its PostgreSQL (a machine crash); the
+    monitor then promotes the other node. The monitor's timeouts are shortened (FAST_FAILOVER)
+    so that takes seconds, not the defaults' minute. Each node's server is a PostgresServer
+    whose cluster pg_autoctl made and runs (its sql(), url(), copy_database() work)."""
+
+    # The monitor's settings (its pgautofailover.* GUCs, milliseconds) for a quick failover:
+    # a health check a second (default 5 s) that gives up after 1 s (5 s), retried once
+    # (twice) after 0.5 s (2 s); a node unhealthy after 3 s without a report from its
+    # keeper (20 s); an unreachable old primary given 3 s to demote itself before the
+    # secondary is promoted anyway (30 s).
+    FAST_FAILOVER = {
+        "health_check_period": 1000,
+        "health_check_timeout": 1000,
+        "health_check_max_retries": 1,
+        "health_check_retry_delay": 500,
+        "node_considered_unhealthy_timeout": 3000,
+        "primary_demote_timeout": 3000,
+    }
+
+    # Where pg_autoctl's servers put their Unix sockets (libpq's default on Debian).
+    SOCKET_DIR = "/var/run/postgresql"
+
+    def __init__(self) -> None:
+        self.binary = pg_autoctl_binary()
+        self.bin = postgres_bin()
+        self.workdir = service_dir("autofailover")
+        self.monitor = PostgresServer("af-monitor")
+        self.nodes: dict[str, PostgresServer] = {}
+        for name in ("node1", "node2"):
+            server = PostgresServer(f"af-{name}")
+            while server.port in {self.monitor.port, *(n.port for n in self.nodes.values())}:
+                server.port = free_port()
+            self.nodes[name] = server
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.killed: set[str] = set()  # nodes kill_node() took down
+
+    @property
+    def monitor_uri(self) -> str:
+        return (
+            f"postgres://autoctl_node@127.0.0.1:{self.monitor.port}/pg_auto_failover"
+            "?sslmode=disable"
+        )
+
+    def url(self, database: str | None = None) -> str:
+        """libpq's multi-host URL of the formation: its connections go to the primary."""
+        hosts = ",".join(f"127.0.0.1:{node.port}" for node in self.nodes.values())
+        database = database or self.nodes["node1"].database
+        return f"postgres://postgres@{hosts}/{database}?target_session_attrs=read-write"
+
+    def _env(self) -> dict[str, str]:
+        # pg_autoctl keeps its configuration and state under XDG_*: all in the workdir.
+        return {
+            "PATH": f"{self.bin}:/usr/bin:/bin",
+            "HOME": str(self.workdir),
+            "XDG_CONFIG_HOME": str(self.workdir / "config"),
+            "XDG_DATA_HOME": str(self.workdir / "share"),
+            "XDG_RUNTIME_DIR": str(self.workdir / "run"),
+            "LANG": "C.UTF-8",
+        }
+
+    def _pg_autoctl(self, name: str, *args: str) -> None:
+        """`pg_autoctl create ... --run` as the service user, logging to name.log."""
+        with open(self.workdir / f"{name}.log", "ab") as log:
+            self.processes[name] = subprocess.Popen(
+                [self.binary, *args, "--auth", "trust", "--no-ssl", "--run"],
+                cwd=self.workdir,
+                env=self._env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                **_as_service_user(),
+            )
+
+    def monitor_sql(self, statement: str):
+        return self.monitor.sql(statement, database="pg_auto_failover")
+
+    def states(self) -> dict[str, tuple[str, str]]:
+        """Each node's (reported, assigned) state, as the monitor has them."""
+        rows = self.monitor_sql(
+            "SELECT nodename, reportedstate::text, goalstate::text FROM pgautofailover.node"
+        )
+        return {name: (reported, goal) for name, reported, goal in rows}
+
+    def _wait(self, condition, what: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, process in self.processes.items():
+                if process.poll() is not None and name not in self.killed:
+                    tail = "\n".join(self.log(name).splitlines()[-40:])
+                    raise ServerError(f"pg_autoctl of {name} exited; its log ends:\n{tail}")
+            try:
+                if condition():
+                    return
+            except Exception:  # noqa: BLE001 - not up yet; the deadline decides
+                pass
+            time.sleep(0.2)
+        raise ServerError(f"{what} after {timeout:g}s; states {self._states_or_error()}")
+
+    def _states_or_error(self) -> object:
+        try:
+            return self.states()
+        except Exception as exc:  # noqa: BLE001 - for an error message
+            return exc
+
+    def start(self, timeout: float = 120.0) -> AutoFailoverCluster:
+        for path in ("config", "share", "run"):
+            (self.workdir / path).mkdir()
+            if os.geteuid() == 0:
+                shutil.chown(self.workdir / path, SERVICE_USER, SERVICE_USER)
+        self._pg_autoctl(
+            "monitor",
+            "create",
+            "monitor",
+            "--pgdata",
+            str(self.monitor.data),
+            "--pgport",
+            str(self.monitor.port),
+            "--hostname",
+            "127.0.0.1",
+        )
+        self._wait(
+            lambda: self.monitor_sql("SELECT 1 FROM pgautofailover.formation"),
+            "the monitor is not up",
+            timeout,
+        )
+        for setting, value in self.FAST_FAILOVER.items():
+            self.monitor.sql(f"ALTER SYSTEM SET pgautofailover.{setting} = {value}")
+        self.monitor.sql("SELECT pg_reload_conf()")
+        for name, node in self.nodes.items():
+            self._pg_autoctl(
+                name,
+                "create",
+                "postgres",
+                "--pgdata",
+                str(node.data),
+                "--pgport",
+                str(node.port),
+                "--hostname",
+                "127.0.0.1",
+                "--listen",
+                "127.0.0.1",
+                "--name",
+                name,
+                "--monitor",
+                self.monitor_uri,
+            )
+            # The first node is the primary before the second clones it.
+            wanted = ("single", "single") if name == "node1" else ("secondary", "secondary")
+            self._wait(
+                lambda name=name, wanted=wanted: self.states().get(name) == wanted,
+                f"{name} is not {wanted[0]}",
+                timeout,
+            )
+        self._wait(
+            lambda: self.states() == {"node1": ("primary",) * 2, "node2": ("secondary",) * 2},
+            "the formation is not primary and secondary",
+            timeout,
+        )
+        return self
+
+    def primary(self) -> str:
+        """The node that takes writes now (its server answers read-write)."""
+        for name, node in self.nodes.items():
+            if name in self.killed:
+                continue
+            try:
+                ((read_only,),) = node.sql("SHOW transaction_read_only")
+            except Exception:  # noqa: BLE001 - down: not the primary
+                continue
+            if read_only == "off":
+                return name
+        raise ServerError(f"no node takes writes; states {self._states_or_error()}")
+
+    def kill_node(self, name: str) -> None:
+        """SIGKILL the node's pg_autoctl and everything it started (its PostgreSQL), as a
+        crash of its machine would."""
+        import psutil
+
+        process = self.processes[name]
+        try:
+            tree = psutil.Process(process.pid)
+            pids = [tree.pid, *(child.pid for child in tree.children(recursive=True))]
+        except psutil.NoSuchProcess:
+            pids = []
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        process.wait(timeout=10)
+        self.killed.add(name)
+
+    def wait_promoted(self, name: str, timeout: float = 60.0) -> None:
+        """Until `name` takes writes (pg_auto_failover lets it only once promotion is done:
+        until then it runs with default_transaction_read_only on)."""
+        self._wait(lambda: self.primary() == name, f"{name} is not promoted", timeout)
+
+    def log(self, name: str) -> str:
+        return _read_log(self.workdir / f"{name}.log")
+
+    def stop(self) -> None:
+        """SIGTERM every pg_autoctl (each stops its PostgreSQL), SIGKILL what is left after
+        20 s; then delete everything."""
+        import psutil
+
+        trees: list[psutil.Process] = []
+        for process in self.processes.values():
+            try:
+                tree = psutil.Process(process.pid)
+                trees += [tree, *tree.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+            process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        for left in trees:  # is_running() knows a reused pid is not the same process
+            if left.is_running():
+                left.kill()
+        for process in self.processes.values():
+            process.wait(timeout=10)
+        # A killed node's server left its socket's lock file in the shared socket directory:
+        # a later server on that port would refuse to start if its pid were taken again.
+        for name in self.killed:
+            for path in glob.glob(f"{self.SOCKET_DIR}/.s.PGSQL.{self.nodes[name].port}*"):
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
+        for server in (self.monitor, *self.nodes.values()):
+            shutil.rmtree(server.workdir, ignore_errors=True)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 class RedisServer:
     """A redis-server of the tests' own on a loopback port, keeping nothing on disk: a test
     may stop, restart and flush it without touching anyone else's Redis. `extra` are more

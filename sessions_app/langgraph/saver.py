@@ -118,11 +118,13 @@ def session_id_for(thread_id: str) -> uuid.UUID:
 def _database_alias(conn_string: str) -> str:
     """The Django database alias for `conn_string`: "default" when it is the project's
     own database, else an alias added for it."""
-    import dj_database_url
     from django.db import connections
 
+    from config.database_url import parse_database_url
+
     ensure_django(conn_string)
-    wanted = dj_database_url.parse(conn_string, conn_max_age=0)
+    # libpq's multi-host form too: DATABASE_URL's own reading (config.database_url).
+    wanted = parse_database_url(conn_string, name="conn_string")
     key = ("ENGINE", "NAME", "HOST", "PORT", "USER")
     for alias in connections:
         current = connections.settings[alias]
