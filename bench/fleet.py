@@ -19,15 +19,20 @@ demo `slow` agent (`count to --ticks`), one in five of the `demo` agent (a calcu
 note saved: a side effect with an idempotency key). Meanwhile, one fault every 0.4-1.2 s:
 SIGKILL of a busy worker (supervisor and worker process; a new worker is started), SIGKILL
 of a busy worker's job process only (its supervisor starts another), SIGKILL of a web
-process (started again; no request was in flight on it), and once, halfway, SIGKILL of the
-Redis master (the Sentinels promote its replica).
+process (started again; no request was in flight on it); once, at a quarter, a busy
+worker's job process frozen (SIGSTOP) for twice the lease TTL, as a tool stuck inside
+`ctx.fenced()` would hold it, then let go (SIGCONT); once, halfway, SIGKILL of the Redis
+master (the Sentinels promote its replica); and once, at three quarters, SIGKILL of
+PgBouncer, started again on its port at once (every client connection drops).
 
 Afterwards: every session must be completed, with contiguous steps, the trace of an
 uninterrupted run (`slow`), one result per tool call and one side effect per key; the web
 processes must serve the final state from the replica. Printed: the faults, steps per
 second, recovery times (a worker kill until its session's next committed step; a web kill
 until it answers; the Redis failover until the Sentinels name a new master and until a
-session started after it commits its first step) and the PostgreSQL connections used. It
+session started after it commits its first step; the PgBouncer kill until the API answers
+and until the next step is committed; the steps other sessions committed while a job
+process was frozen) and the PostgreSQL connections used. It
 exits 1 when a check fails.
 """
 
@@ -180,7 +185,9 @@ def main() -> None:
 
         sampler = ConnectionSampler(primary.url("postgres"), "respawn")
         sampler.start()
-        report = run(args, rng, env, web_env, token, webs, workers, log_dir, redis_set, free_port)
+        report = run(
+            args, rng, env, web_env, token, webs, workers, log_dir, redis_set, bouncer, free_port
+        )
         report["peak_connections"] = sampler.stop()
         report["replica_reads"] = check_replica_reads(webs, token, report["ids"], replica, primary)
         print_report(args, report, bouncer)
@@ -194,7 +201,9 @@ def main() -> None:
         print(f"\nlogs: {log_dir}")
 
 
-def run(args, rng, env, web_env, token, webs, workers, log_dir, redis_set, free_port) -> dict:
+def run(
+    args, rng, env, web_env, token, webs, workers, log_dir, redis_set, bouncer, free_port
+) -> dict:
     from django.db.models import Max
 
     from sessions_app.models import AgentSession, Status, Step
@@ -228,6 +237,8 @@ def run(args, rng, env, web_env, token, webs, workers, log_dir, redis_set, free_
     web_restarts: list[float] = []
     pending: list[tuple[str, int, float]] = []
     failover: dict[str, float] = {}
+    pooler: dict[str, float] = {}
+    frozen: dict[str, float] = {}
     runnable_statuses = [Status.QUEUED, Status.RUNNING]
     started = time.monotonic()
     next_fault = started + 2.0
@@ -273,6 +284,46 @@ def run(args, rng, env, web_env, token, webs, workers, log_dir, redis_set, free_
             time.sleep(0.05)
             continue
         next_fault = now + rng.uniform(0.4, 1.2)
+        if not frozen and len(ids) >= args.sessions // 4 and (candidates := busy()):
+            worker, (sid, _) = rng.choice(candidates)
+            job_pids = worker.pids()[1:]
+            if job_pids:
+                faults["job process frozen (SIGSTOP, 2 lease TTLs)"] += 1
+                others = Step.objects.exclude(session_id=sid)
+                before = others.count()
+                for pid in job_pids:
+                    os.kill(pid, signal.SIGSTOP)
+                pending.append((sid, last_seq(sid) or 0, time.monotonic()))
+                time.sleep(2 * LEASE_TTL)
+                frozen["others_steps"] = others.count() - before
+                frozen["seconds"] = 2 * LEASE_TTL
+                for pid in job_pids:
+                    os.kill(pid, signal.SIGCONT)
+                continue
+        if not pooler and failover and len(ids) >= 3 * args.sessions // 4:
+            last_step = Step.objects.aggregate(last=Max("id"))["last"] or 0
+            killed_at = time.monotonic()
+            bouncer.kill()
+            bouncer.start()
+            pooler["listening"] = time.monotonic() - killed_at
+            while True:
+                try:
+                    api(webs[0].base, token, "/api/sessions?limit=1")
+                    break
+                except OSError as exc:  # a 503 while connections are made again
+                    if time.monotonic() - killed_at > 60:
+                        raise SystemExit(
+                            f"no API answer 60 s after PgBouncer's kill: {exc}"
+                        ) from exc
+                    time.sleep(0.02)
+            pooler["api"] = time.monotonic() - killed_at
+            while not Step.objects.filter(id__gt=last_step).exists():
+                if time.monotonic() - killed_at > 60:
+                    raise SystemExit("no step committed within 60 s of PgBouncer's kill")
+                time.sleep(0.02)
+            pooler["first_step"] = time.monotonic() - killed_at
+            faults["PgBouncer SIGKILL (started again)"] += 1
+            continue
         if not failover and len(ids) >= args.sessions // 2:
             killed_at = time.monotonic()
             redis_set.kill_master()
@@ -328,6 +379,8 @@ def run(args, rng, env, web_env, token, webs, workers, log_dir, redis_set, free_
         "pending": len(pending),
         "web_restarts": web_restarts,
         "failover": failover,
+        "pooler": pooler,
+        "frozen": frozen,
         "wall": span,
         "steps": steps.count(),
         "last_step": last,
@@ -450,6 +503,18 @@ def print_report(args, report: dict, bouncer) -> None:
         print(
             f"Redis master kill -> Sentinels name the new master: {f['promoted']:.2f}s; -> a "
             f"session started after it commits its first step: {f['first_step']:.2f}s"
+        )
+    if report["pooler"]:
+        p = report["pooler"]
+        print(
+            f"PgBouncer kill -> listening again: {p['listening']:.2f}s; -> the API answers: "
+            f"{p['api']:.2f}s; -> a step is committed: {p['first_step']:.2f}s"
+        )
+    if report["frozen"]:
+        f = report["frozen"]
+        print(
+            f"a job process frozen {f['seconds']:g}s: other sessions committed "
+            f"{f['others_steps']} steps meanwhile"
         )
     print(f"PostgreSQL client connections at most (behind PgBouncer): {report['peak_connections']}")
     print(f"dashboard reads after the run (where from, status): {dict(report['replica_reads'])}")
