@@ -21,7 +21,6 @@ from typing import Any, ClassVar
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.contrib.admin.options import IncorrectLookupParameters
-from django.contrib.admin.views.main import ChangeList
 from django.contrib.admin.widgets import AutocompleteSelect
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
@@ -50,11 +49,11 @@ from ..runtime import agent_registry
 from ..selectors import core as selectors
 from ..services import core as services
 from ..services import records as admin_services
-from ..validation import MAX_DATE, MIN_DATE, InvalidInput, parse_int
+from ..validation import InvalidInput, parse_int
 from ..web.http import ADMIN, BULK_LIMIT, parse_uuid, request_meta
 from . import queues as queues_admin
 from .forms import ApiTokenAddForm, CheckpointAdminForm, SessionAdminForm, StepAdminForm
-from .site import RoleRules
+from .site import CheckedChangeList, RoleRules
 
 admin.site.site_header = "Respawn admin"
 admin.site.site_title = "Respawn admin"
@@ -130,23 +129,6 @@ class LargeTablePaginator(Paginator):
         if not self.count_is_exact:
             return f"more than {self.max_rows:,}"
         return f"{count:,}"
-
-
-class CheckedChangeList(ChangeList):
-    """The date hierarchy's year, month and day are checked before Django builds dates from
-    them (a year past 9999 or a day past 2**31 is an OverflowError there, not a bad
-    parameter)."""
-
-    def get_filters(self, request):
-        if self.date_hierarchy:
-            ranges = {"year": (MIN_DATE.year, MAX_DATE.year), "month": (1, 12), "day": (1, 31)}
-            for part, (low, high) in ranges.items():
-                for raw in request.GET.getlist(f"{self.date_hierarchy}__{part}"):
-                    try:
-                        parse_int(raw, part, minimum=low, maximum=high)
-                    except InvalidInput as exc:
-                        raise IncorrectLookupParameters(str(exc)) from None
-        return super().get_filters(request)
 
 
 class PreviewChangeList(CheckedChangeList):

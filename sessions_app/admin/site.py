@@ -14,15 +14,61 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.forms import AdminPasswordChangeForm
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from ..permissions import can_administer, can_operate, can_view
 from ..services import credentials
-from ..validation import client_address
+from ..validation import MAX_DATE, MIN_DATE, InvalidInput, client_address, parse_int
 from ..web.auth import THROTTLED_MESSAGE, ThrottledAdminAuthenticationForm, is_locked, window
 
 RESPAWN_APP = "sessions_app"
+
+
+# The parts of a date a query string may filter on (`created_at__year=2026`, the date
+# hierarchy's drill-down or a hand-made URL), and the values each can hold.
+DATE_PARTS = {
+    "year": (MIN_DATE.year, MAX_DATE.year),
+    "iso_year": (MIN_DATE.year, MAX_DATE.year),
+    "month": (1, 12),
+    "day": (1, 31),
+    "week": (1, 53),
+    "week_day": (1, 7),
+    "iso_week_day": (1, 7),
+    "quarter": (1, 4),
+    "hour": (0, 23),
+    "minute": (0, 59),
+    "second": (0, 59),
+}
+
+
+class CheckedChangeList(ChangeList):
+    """A date's parts in the query string (the date hierarchy's year, month and day, or any
+    `<date field>__<part>` a URL names) are checked before Django builds dates from them:
+    a year past 9999 or before 1 is an error when the query runs (the page answered 500),
+    not a bad parameter."""
+
+    def get_filters(self, request):
+        for key in request.GET:
+            part = next((p for p in key.split("__")[1:] if p in DATE_PARTS), None)
+            if part is None:
+                continue
+            low, high = DATE_PARTS[part]
+            for raw in request.GET.getlist(key):
+                if key.endswith("__in"):
+                    values = raw.split(",")
+                elif key.endswith("__isnull"):
+                    continue
+                else:
+                    values = [raw]
+                for value in values:
+                    try:
+                        parse_int(value, key, minimum=low, maximum=high)
+                    except InvalidInput as exc:
+                        raise IncorrectLookupParameters(str(exc)) from None
+        return super().get_filters(request)
 
 
 class RoleRules(admin.ModelAdmin):
@@ -34,6 +80,11 @@ class RoleRules(admin.ModelAdmin):
         if self.opts.app_label != RESPAWN_APP:
             return can_administer(user)
         return can_operate(user) if write else can_view(user)
+
+    def get_changelist(self, request, **kwargs):
+        # Every list checks the date parts in its query string (Django's User list too).
+        changelist = super().get_changelist(request, **kwargs)
+        return CheckedChangeList if changelist is ChangeList else changelist
 
     def has_module_permission(self, request) -> bool:
         return self.role_allows(request, write=False) and super().has_module_permission(request)
