@@ -332,6 +332,7 @@ def test_a_viewer_exports_a_session_with_the_export_button(page, users):
     session = run_inline(session_start(agent="echo", input="hi"))
     login(page, "victor", "pw-viewer")
     page.goto(f"/sessions/{session.id}/")
+    screenshot(page, "session-export-button", full_page=False)
     with page.expect_download() as download:
         page.locator("#export-link").click()
     path = download.value.path()
