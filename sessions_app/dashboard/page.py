@@ -151,7 +151,13 @@ class SessionPage:
         }
 
     def _audit(self, context: dict[str, Any], part: str) -> dict[str, Any]:
-        return {"audit": selectors.recent_audit(self.session), "now": timezone.now()}
+        imported, imported_total = selectors.imported_audit(self.session)
+        return {
+            "audit": selectors.recent_audit(self.session),
+            "imported_audit": imported,
+            "imported_audit_total": imported_total,
+            "now": timezone.now(),
+        }
 
     def _trace(self, context: dict[str, Any], part: str) -> dict[str, Any]:
         """The trace as the page (or its #trace part) shows it: from `from`, with filters.

@@ -748,6 +748,38 @@ class AuditEvent(models.Model):
         return f"{self.actor_label} {self.action} {self.session_id}"
 
 
+class ImportedAuditRecord(models.Model):
+    """An audit record that came in an imported file: what another deployment (or a file's
+    author) says happened there. Kept apart from AuditEvent so the audit log only ever
+    holds this deployment's own actions; shown on the session page as imported text,
+    with its origin. Its action is whatever the file said, not one of AuditAction."""
+
+    session = models.ForeignKey(
+        AgentSession, on_delete=models.CASCADE, related_name="imported_audit"
+    )
+    position = models.PositiveIntegerField()
+    origin = ScrubbedCharField(max_length=300)
+    actor_label = ScrubbedCharField(max_length=200, blank=True)
+    action = ScrubbedCharField(max_length=50, blank=True)
+    before = ScrubbedJSONField(default=dict, blank=True)
+    after = ScrubbedJSONField(default=dict, blank=True)
+    request_meta = ScrubbedJSONField(default=dict, blank=True)
+    recorded_at = models.DateTimeField(null=True, blank=True)
+    imported_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # The file's order; also serves "the imported history of a session".
+            models.UniqueConstraint(
+                fields=["session", "position"], name="imported_audit_session_position"
+            ),
+        ]
+        ordering = ["session", "position"]
+
+    def __str__(self) -> str:
+        return f"imported: {self.actor_label} {self.action} {self.session_id}"
+
+
 class SideEffect(models.Model):
     """The demo tools' externally visible effect: one row per idempotency key.
 
