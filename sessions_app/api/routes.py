@@ -539,11 +539,10 @@ def _loaded_payload(step: Step) -> dict[str, Any]:
     try:
         loaded = load_step_payload(step.kind, step.payload, step.schema_version)
     except IncompatibleSchemaError as exc:
-        return {
-            "payload": step.payload,
-            "schema_version": step.schema_version,
-            "load_error": str(exc),
-        }
+        # A payload written by hand may be any JSON: one that is not an object is given
+        # inside one, so the answer keeps its documented shape.
+        stored = step.payload if isinstance(step.payload, dict) else {"stored": step.payload}
+        return {"payload": stored, "schema_version": step.schema_version, "load_error": str(exc)}
     return {"payload": loaded.value, "schema_version": SCHEMA_VERSION, "load_error": None}
 
 

@@ -24,6 +24,7 @@ from agent_runtime.state import (
     step_event,
 )
 
+from ..fields import UNREADABLE_TIMES
 from ..redaction import ScrubbedCharField, ScrubbedJSONField, ScrubbedTextField
 from ..sdk_glue import PROGRAM_AGENTS
 
@@ -190,6 +191,19 @@ class AgentSession(models.Model):
 
     def __str__(self) -> str:
         return self.title or f"{self.agent} {self.id}"
+
+    def damage(self) -> list[str]:
+        """What of this row cannot be shown as it is stored (written by hand with SQL, or by
+        an older release): times Python cannot hold (read as the nearest it can; see
+        sessions_app.fields), a status this code does not know. Empty when none."""
+        found = [
+            f"{f.name} is outside the years 1 to 9999"
+            for f in self._meta.concrete_fields
+            if isinstance(f, models.DateTimeField) and getattr(self, f.attname) in UNREADABLE_TIMES
+        ]
+        if self.status not in Status.values:
+            found.append(f"status {self.status!r} is not one this code knows")
+        return found
 
     def lease_is_live(self, now=None) -> bool:
         now = now or timezone.now()
@@ -704,6 +718,7 @@ class AuditAction(models.TextChoices):
     RETENTION_CHECKPOINTS = "retention_checkpoints", "retention pruned checkpoints"
     RETENTION_COMPACT = "retention_compact", "retention compacted steps"
     LATE_TOOL_CALL = "late_tool_call", "a fenced-off worker had started a tool call"
+    REPAIR_TIMES = "repair_times", "moved times no page could read into range"
 
 
 class AuditEvent(models.Model):

@@ -21,13 +21,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.store import Lease
 
+from ..fields import READABLE_FROM, READABLE_UNTIL
 from ..models import AgentSession, Checkpoint, ImportedAuditRecord, Reason, Step
 
 # The session columns the fence moves.
@@ -394,6 +395,22 @@ def insert_imported(
         Checkpoint.objects.bulk_create(checkpoint_rows, batch_size=500)
         ImportedAuditRecord.objects.bulk_create(event_rows, batch_size=500)
     return len(step_rows), len(checkpoint_rows), len(event_rows)
+
+
+def repair_times(session_id: Any, now: datetime) -> dict[str, int]:
+    """Move every time of the session's row, steps and checkpoints that lies outside what
+    Python (and so any page) can read to `now`; in the caller's transaction. Returns how
+    many values of each column moved, by "table.column"."""
+    moved: dict[str, int] = {}
+    for model, key in ((AgentSession, "id"), (Step, "session_id"), (Checkpoint, "session_id")):
+        for f in model._meta.concrete_fields:
+            if f.get_internal_type() != "DateTimeField":
+                continue
+            outside = Q(**{f"{f.name}__gt": READABLE_UNTIL}) | Q(**{f"{f.name}__lt": READABLE_FROM})
+            count = model.objects.filter(outside, **{key: session_id}).update(**{f.name: now})
+            if count:
+                moved[f"{model._meta.model_name}.{f.name}"] = count
+    return moved
 
 
 def delete_trace(session_ids: Sequence[Any]) -> None:

@@ -26,7 +26,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from functools import partial
 from typing import IO, Any
@@ -45,6 +45,7 @@ from agent_runtime.upgraders import (
     upgrade_state_blob,
 )
 
+from ..fields import READABLE_FROM, READABLE_UNTIL
 from ..models import (
     RUNNABLE,
     AgentSession,
@@ -78,8 +79,7 @@ _RATIO_FLOOR = 1024 * 1024
 MAX_DEPTH = 100
 # Times every page can show in every time zone: a day inside the years 1 to 9999 in UTC.
 # PostgreSQL stores times beyond them that Python cannot read back.
-EARLIEST = datetime(1, 1, 1, tzinfo=UTC) + timedelta(days=1)
-LATEST = datetime(9999, 12, 31, tzinfo=UTC) - timedelta(days=1)
+EARLIEST, LATEST = READABLE_FROM, READABLE_UNTIL
 # The only idempotency keys Respawn makes (agent_runtime.loop.run.call_key): "<session>:<seq>".
 _CALL_KEY = re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}:[1-9][0-9]{0,9}")
 
