@@ -425,8 +425,13 @@ def _amount(value: Any, f: Any, where: str) -> Decimal:
         amount = Decimal(str(value))
     except InvalidOperation:
         raise TransferError(f"{where}: not a number: {value!r}") from None
-    if not amount.is_finite() or not 0 <= amount < bound:
+    # Checked again once rounded to the column's places: 999999.9999999 rounds up past it.
+    if not amount.is_finite() or not 0 <= amount < bound or not 0 <= _rounded(amount, f) < bound:
         raise TransferError(f"{where}: {value!r} is not an amount from 0 to under {bound:,}")
+    return _rounded(amount, f)
+
+
+def _rounded(amount: Decimal, f: Any) -> Decimal:
     return amount.quantize(Decimal(1).scaleb(-f.decimal_places))
 
 
@@ -504,6 +509,13 @@ def import_session(
     user = get_user_model()
     username = parsed.session.get("created_by")
     parent = parsed.session.get("parent")
+    if username is not None and not isinstance(username, str):
+        raise TransferError(f"session created_by: not a username: {username!r}")
+    if parent is not None:
+        try:
+            parent = str(uuid.UUID(str(parent)))
+        except ValueError:
+            raise TransferError(f"session parent: not a session id: {parent!r}") from None
     upgraded = 0
     steps = []
     seqs = set()
