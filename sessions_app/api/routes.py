@@ -217,6 +217,12 @@ class SessionOut(Schema):
     fork_seq: int | None = None
     stuck: bool
     legal_hold: bool = Field(description="retention policies never delete anything of it")
+    damaged: list[str] = Field(
+        default_factory=list,
+        description="what of the row cannot be shown as stored (written by hand with SQL or "
+        "by an older release; its times are then given as the nearest ones that can): "
+        "repair it in the admin",
+    )
     created_at: datetime
     updated_at: datetime
 
@@ -481,6 +487,7 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
         "incompatible": session.incompatible_reason or None,
         "parent": session.parent_id,
         "fork_seq": session.fork_seq,
+        "damaged": session.damage(),
         "stuck": session.is_stuck(),
         "legal_hold": session.legal_hold,
         "created_at": session.created_at,

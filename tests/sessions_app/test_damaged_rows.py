@@ -32,7 +32,8 @@ def sql(statement: str, *params) -> None:
 def damaged():
     """Sessions whose rows were damaged by hand: times out of Python's range on the session,
     a step, a checkpoint and an audit record; step, checkpoint and audit JSON of the wrong
-    shape; a status this code does not know."""
+    shape; a status this code does not know; a head with no checkpoint, progress past its
+    total and counters at their limit."""
     late = run_inline(session_start(agent="demo", input="what is (12*7)+3, then save it"))
     early = run_inline(session_start(agent="demo", input="what is 2+2"))
     waiting = run_inline(session_start(agent="approval", input="pay invoice INV-9 to ACME"))
@@ -78,8 +79,20 @@ def damaged():
             before,
             when,
         )
+    # Columns out of step with each other: a head with no checkpoint, progress past its
+    # total, counters at their column's limit.
+    sql(
+        "UPDATE sessions_app_agentsession SET head = 999, progress_done = 5, progress_total = 0,"
+        " tokens_in = 9223372036854775807, tokens_out = 9223372036854775807,"
+        " cost = 999999.999999 WHERE id = %s",
+        waiting.id,
+    )
     unknown = session_start(agent="echo", input="hello")
-    sql("UPDATE sessions_app_agentsession SET status = 'zombie' WHERE id = %s", unknown.id)
+    sql(
+        "UPDATE sessions_app_agentsession SET status = 'zombie', dispatched_at = 'infinity',"
+        " incompatible_at = '-infinity' WHERE id = %s",
+        unknown.id,
+    )
     return [late, early, waiting, unknown]
 
 
@@ -142,6 +155,17 @@ def test_every_list_page_answers_200_and_shows_the_damaged_rows(damaged, client,
         assert f"/admin/sessions_app/agentsession/?q={session.id}" in listed
         assert f"/admin/sessions_app/agentsession/{session.id}/change/" in listed
     assert listed.count('class="badge damaged"') == len(damaged)
+    listed_by_api = {s["id"]: s["damaged"] for s in answers["/api/sessions"].json()["items"]}
+    assert listed_by_api[str(damaged[0].id)] == [
+        "created_at is outside the years 1 to 9999",
+        "updated_at is outside the years 1 to 9999",
+    ]
+    assert listed_by_api[str(damaged[3].id)] == [
+        "dispatched_at is outside the years 1 to 9999",
+        "incompatible_at is outside the years 1 to 9999",
+        "status 'zombie' is not one this code knows",
+    ]
+    assert all(listed_by_api[str(s.id)] for s in damaged)
 
 
 def test_the_admin_repairs_a_damaged_session_and_audits_it(damaged, client):
