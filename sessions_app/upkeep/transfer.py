@@ -233,13 +233,15 @@ def _decompress(raw: bytes) -> bytearray:
         if not piece:
             piece = raw[read : read + _IN_CHUNK]
             read += len(piece)
-        if not piece and not inflater.unconsumed_tail:
-            raise TransferError("not a complete gzip file: it ends before its last member")
         try:
-            out += inflater.decompress(piece, _OUT_CHUNK)
+            # At the end of the input (piece b"") this drains what the inflater still holds.
+            chunk = inflater.decompress(piece, _OUT_CHUNK)
         except zlib.error as exc:
             raise TransferError(f"not a complete gzip file: {exc}") from None
+        out += chunk
         piece = inflater.unconsumed_tail
+        if not chunk and not piece and not inflater.eof and read >= len(raw):
+            raise TransferError("not a complete gzip file: it ends before its last member")
         if len(out) > limit:
             raise TransferError(
                 f"the file unpacks to more than {limit // 2**20} MB "

@@ -25,6 +25,7 @@ from sessions_app.models import (
     Step,
 )
 from sessions_app.services.core import session_resume, session_start
+from sessions_app.upkeep import transfer
 from sessions_app.upkeep.transfer import TransferError, export_bytes, import_session
 
 from ..conftest import run_inline
@@ -206,6 +207,18 @@ def test_a_decompression_bomb_is_refused_before_memory_grows(settings):
     grown = peak_kb() - before
     assert grown < 8 * 1024, f"the process's peak memory grew by {grown} KB"
     assert "unpacks to more than 100 times its compressed size" in str(refused.value)
+
+
+def test_unpacking_in_pieces_gives_back_every_byte_of_every_member():
+    text = b"".join(b"%d %x\n" % (i, i * 7919) for i in range(400_000))  # ~6 MB, ~4:1
+    assert len(text) > 20 * 256 * 1024
+    whole = gzip.compress(text[:1000]) + gzip.compress(text[1000:]) + gzip.compress(b"")
+    assert transfer._decompress(whole) == text
+    for cut in (10, len(whole) // 2, len(whole) - 1):
+        with pytest.raises(TransferError, match="not a complete gzip file"):
+            transfer._decompress(whole[:cut])
+    with pytest.raises(TransferError, match="not a complete gzip file"):
+        transfer._decompress(whole + b"trailing")
 
 
 def test_a_file_that_unpacks_past_the_size_limit_is_refused(exported, settings):
