@@ -14,6 +14,8 @@ from collections.abc import Callable
 
 import pytest
 from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.core.management.base import CommandError
 from django.urls import reverse
 
 from sessions_app.models import (
@@ -144,8 +146,12 @@ def test_a_crafted_file_is_refused_naming_the_field_and_writes_nothing(exported,
     assert after == before
 
 
-def test_the_api_and_the_dashboard_answer_400_naming_the_field(exported, client, users):
+def test_every_import_path_refuses_naming_the_field(exported, client, users, tmp_path):
     data = signed(change("session", created_at="9999-12-31T23:59:59-05:00")(exported))
+    target = tmp_path / "crafted.jsonl.gz"
+    target.write_bytes(data)
+    with pytest.raises(CommandError, match="crafted.jsonl.gz: session created_at: '9999-12-31"):
+        call_command("import_session", str(target), "--new-ids")
     token = ApiToken.issue(users["operator"])[1]
     response = client.post(
         "/api/imports?new_ids=true",
