@@ -408,15 +408,23 @@ def _fields(model: type[Model], data: dict[str, Any], where: str, skip: set[str]
         elif f.get_internal_type().endswith("IntegerField") and value is not None:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TransferError(f"{where} {f.name}: not an integer: {value!r}")
-            low, high = connection.ops.integer_field_range(f.get_internal_type())
-            if low is not None and value < low or high is not None and value > high:
+            low, high = _integer_range(f.get_internal_type())
+            if not low <= value <= high:
                 raise TransferError(
-                    f"{where} {f.name}: {value} is outside {low} to {high}, what its column holds"
+                    f"{where} {f.name}: {value} is outside {low} to {high} (half of what its "
+                    "column holds: room for the session to go on)"
                 )
         elif f.get_internal_type() == "BooleanField" and not isinstance(value, bool):
             raise TransferError(f"{where} {f.name}: not true or false: {value!r}")
         out[f.attname] = value
     return out
+
+
+def _integer_range(internal_type: str) -> tuple[int, int]:
+    """Half the range of the column: a counter or a seq at its column's limit would make
+    the session's next step, token count or message overflow it (a 500 then)."""
+    low, high = connection.ops.integer_field_range(internal_type)
+    return (-((-low) // 2) if low else 0), (high // 2 if high is not None else 2**62)
 
 
 def _amount(value: Any, f: Any, where: str) -> Decimal:
@@ -491,7 +499,9 @@ def import_session(
             code="exists",
         )
     clean = redactor().redact
-    fields = _fields(AgentSession, parsed.session, "session", {"id", "created_by", "parent"})
+    # The file's lease state is not read at all: whatever it says, the session's is fresh.
+    skip = {"id", "created_by", "parent", *_FRESH_COLUMNS}
+    fields = _fields(AgentSession, parsed.session, "session", skip)
     fields["id"] = uuid.UUID(session_id)
     if fields.get("status") not in Status.values:
         raise TransferError(f"session status: unknown status {fields.get('status')!r}")

@@ -111,7 +111,16 @@ HOSTILE = [
     (change("checkpoint", created_at="0001-01-01T00:00:00+05:00"), "checkpoint 1 created_at"),
     (with_audit(created_at="9999-12-31T23:59:59-05:00"), "audit record 2 created_at"),
     (change("session", tokens_in=2**63), "session tokens_in: 9223372036854775808 is outside"),
+    (
+        change("session", tokens_out=2**63 - 1),
+        r"session tokens_out: 9223372036854775807 is outside -4611686018427387904 to "
+        r"4611686018427387903 \(half",
+    ),
     (change("session", step_count=2**31), "session step_count: 2147483648 is outside"),
+    (
+        change("session", last_seq=2**31 - 1),
+        "session last_seq: 2147483647 is outside 0 to 1073741823",
+    ),
     (change("step", tokens_out=-1), "step 1 tokens_out: -1 is outside"),
     (change("session", cost=float("nan")), "NaN is not a number JSON allows"),
     (change("session", cost=float("inf")), "Infinity is not a number JSON allows"),
@@ -267,9 +276,9 @@ ACCEPTED = [
     change("session", created_at="0001-01-02T00:00:00+00:00", updated_at="9999-12-30T00:00:00Z"),
     change("step", started_at="9999-12-30T00:00:00+00:00", finished_at="0001-01-02T00:00:00Z"),
     change("checkpoint", created_at="9999-12-30T00:00:00+00:00"),
-    change("session", tokens_in=2**63 - 1, tokens_out=2**63 - 1, step_count=2**31 - 1),
+    change("session", tokens_in=2**62 - 1, tokens_out=2**62 - 1, step_count=2**30 - 1),
     change("session", cost="999999.999999"),
-    change("step", tokens_in=2**31 - 1),
+    change("step", tokens_in=2**30 - 1),
     lambda records: [
         {**r, "data": {**r["data"], "payload": {**r["data"]["payload"], "arguments": nested(90)}}}
         if r["kind"] == "step" and r["data"]["kind"] == "tool_call"
