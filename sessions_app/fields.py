@@ -13,6 +13,9 @@ this module is what every process needs before it runs:
 - a loader that hands a `json` value over as text, as Django has psycopg do for `jsonb`.
   Without it psycopg decodes `json` itself and a JSONField, which decodes what it is
   given, fails; with it a release reads the state on either column type.
+
+It also has psycopg read a time Python cannot hold as the nearest one it can, rather than
+fail the whole query (below).
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ def _json_as_text(sender, connection, **kwargs) -> None:
 # A time PostgreSQL holds but Python cannot (after 9999-12-31 or before the year 1 in UTC,
 # or +-infinity: SQL written by hand, an older release's import) would fail every query
 # that reads its row, and with it every page that lists the row. It is read as the nearest
-# value Python has instead; a row holding one is shown as damaged (AgentSession.damage) with
-# links to repair or delete it. Nothing is written back unless someone saves the row.
+# value Python has instead; a session row holding one is shown as damaged
+# (AgentSession.damage) with a link to repair it in the admin (services.session_repair_times).
+# Nothing is written back unless someone repairs or saves the row.
 TOO_LATE = datetime.max.replace(tzinfo=UTC)
 TOO_EARLY = datetime.min.replace(tzinfo=UTC)
 UNREADABLE_TIMES = (TOO_LATE, TOO_EARLY)
