@@ -434,6 +434,11 @@ RESPAWN_REDACT_SECRETS = [
 # (inside a tool's fenced write) before it answers "busy, try again", and any request for
 # a lock another transaction holds before it answers 503 (PostgreSQL).
 RESPAWN_LOCK_WAIT = env_float("RESPAWN_LOCK_WAIT", 2.0)
+# An import (sessions_app.upkeep.transfer) unpacks a file in bounded pieces and refuses
+# it as soon as it unpacks to more than this many bytes, or to more than this many times
+# the compressed bytes read so far (a decompression bomb), before memory grows.
+RESPAWN_IMPORT_MAX_BYTES = int(env_float("RESPAWN_IMPORT_MAX_BYTES", 256 * 2**20))
+RESPAWN_IMPORT_MAX_RATIO = env_float("RESPAWN_IMPORT_MAX_RATIO", 100.0)
 # Seconds one model call may take before it is abandoned and retried.
 RESPAWN_MODEL_TIMEOUT = env_float("RESPAWN_MODEL_TIMEOUT", 60.0)
 # Model prices (agent_runtime.pricing): inline JSON or a JSON file's path, over the

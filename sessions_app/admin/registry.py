@@ -467,7 +467,13 @@ class AgentSessionAdmin(LargeTableAdmin):
         ),
         ("Origin", {"fields": ("created_by", "parent", "fork_seq", "created_at", "updated_at")}),
     )
-    actions = ("resume_sessions", "cancel_sessions", "rollback_sessions", "check_compat_sessions")
+    actions = (
+        "resume_sessions",
+        "cancel_sessions",
+        "rollback_sessions",
+        "check_compat_sessions",
+        "repair_times_sessions",
+    )
 
     def has_add_permission(self, request):
         return False  # sessions start through the dashboard or the API
@@ -603,6 +609,19 @@ class AgentSessionAdmin(LargeTableAdmin):
                 session_id=session_id, actor=request.user, request_meta=_meta(request)
             )
             return f"cannot be loaded: {problem}" if problem else "loads with this code"
+
+        self._each_session(request, queryset, run)
+
+    @admin.action(
+        description="Repair times no page can read (moved to now) on the selected sessions",
+        permissions=["operate"],
+    )
+    def repair_times_sessions(self, request, queryset):
+        def run(session_id, index):
+            moved = services.session_repair_times(
+                session_id=session_id, actor=request.user, request_meta=_meta(request)
+            )
+            return f"moved to now: {', '.join(moved)}" if moved else "nothing to repair"
 
         self._each_session(request, queryset, run)
 
@@ -821,11 +840,10 @@ class AuditEventAdmin(LargeTableAdmin):
 
     @admin.display(description="change")
     def summary(self, obj: AuditEvent) -> str:
-        keys = sorted(
-            key
-            for key in set(obj.before) | set(obj.after)
-            if obj.before.get(key) != obj.after.get(key)
-        )
+        # Objects as services write them; a record written by hand may hold any JSON.
+        before = obj.before if isinstance(obj.before, dict) else {}
+        after = obj.after if isinstance(obj.after, dict) else {}
+        keys = sorted(key for key in set(before) | set(after) if before.get(key) != after.get(key))
         return ", ".join(keys)[:PREVIEW_CHARS]
 
     @admin.display(description="before")

@@ -260,6 +260,12 @@ class SessionOut(Schema):
     fork_seq: int | None = None
     stuck: bool
     legal_hold: bool = Field(description="retention policies never delete anything of it")
+    damaged: list[str] = Field(
+        default_factory=list,
+        description="what of the row cannot be shown as stored (written by hand with SQL or "
+        "by an older release; its times are then given as the nearest ones that can): "
+        "repair it in the admin",
+    )
     created_at: datetime
     updated_at: datetime
 
@@ -524,6 +530,7 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
         "incompatible": session.incompatible_reason or None,
         "parent": session.parent_id,
         "fork_seq": session.fork_seq,
+        "damaged": session.damage(),
         "stuck": session.is_stuck(),
         "legal_hold": session.legal_hold,
         "created_at": session.created_at,
@@ -582,11 +589,10 @@ def _loaded_payload(step: Step) -> dict[str, Any]:
     try:
         loaded = load_step_payload(step.kind, step.payload, step.schema_version)
     except IncompatibleSchemaError as exc:
-        return {
-            "payload": step.payload,
-            "schema_version": step.schema_version,
-            "load_error": str(exc),
-        }
+        # A payload written by hand may be any JSON: one that is not an object is given
+        # inside one, so the answer keeps its documented shape.
+        stored = step.payload if isinstance(step.payload, dict) else {"stored": step.payload}
+        return {"payload": stored, "schema_version": step.schema_version, "load_error": str(exc)}
     return {"payload": loaded.value, "schema_version": SCHEMA_VERSION, "load_error": None}
 
 

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from agent_runtime.state import SCHEMA_VERSION
 
-from ..models import FINAL, AgentSession
+from ..models import FINAL, AgentSession, AuditAction
 from ..permissions import can_operate
 from ..selectors import core as selectors
 from ..services.graphs import pending_interrupts
@@ -40,6 +40,7 @@ def live_throttle(session: AgentSession) -> str:
 # one is read in the trace, and the form starts empty rather than with a cut-off value.
 PREFILL_MAX = 8_000
 TRACE_REFRESH_MAX = 500  # steps a trace re-renders in place after an action
+AUDIT_SHOWN = 20  # the session's latest audit records on its page
 
 # The pieces each part shows, in order; piece `x` is SessionPage's method `_x`.
 PARTS: dict[str, tuple[str, ...]] = {
@@ -151,7 +152,19 @@ class SessionPage:
         }
 
     def _audit(self, context: dict[str, Any], part: str) -> dict[str, Any]:
-        return {"audit": selectors.recent_audit(self.session), "now": timezone.now()}
+        audit = selectors.recent_audit(self.session, limit=AUDIT_SHOWN)
+        # Only an imported session has imported history, and its import is on its audit
+        # trail: no query for the others (unless the trail is longer than what is shown).
+        imported: list[Any] = []
+        imported_total = 0
+        if len(audit) == AUDIT_SHOWN or any(e.action == AuditAction.IMPORT for e in audit):
+            imported, imported_total = selectors.imported_audit(self.session)
+        return {
+            "audit": audit,
+            "imported_audit": imported,
+            "imported_audit_total": imported_total,
+            "now": timezone.now(),
+        }
 
     def _trace(self, context: dict[str, Any], part: str) -> dict[str, Any]:
         """The trace as the page (or its #trace part) shows it: from `from`, with filters.

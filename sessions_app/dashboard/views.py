@@ -826,7 +826,7 @@ def session_import(request: HtmxRequest) -> HttpResponse:
                 messages.success(
                     request,
                     f"Imported: {result.steps} steps, {result.checkpoints} checkpoints, "
-                    f"{result.audit} audit records"
+                    f"{result.audit} imported audit records"
                     + (
                         f" (a new id; it was {result.remapped_from})"
                         if result.remapped_from

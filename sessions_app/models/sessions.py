@@ -24,6 +24,7 @@ from agent_runtime.state import (
     step_event,
 )
 
+from ..fields import UNREADABLE_TIMES
 from ..redaction import ScrubbedCharField, ScrubbedJSONField, ScrubbedTextField
 from ..sdk_glue import PROGRAM_AGENTS
 from .clock import database_clock
@@ -191,6 +192,19 @@ class AgentSession(models.Model):
 
     def __str__(self) -> str:
         return self.title or f"{self.agent} {self.id}"
+
+    def damage(self) -> list[str]:
+        """What of this row cannot be shown as it is stored (written by hand with SQL, or by
+        an older release): times Python cannot hold (read as the nearest it can; see
+        sessions_app.fields), a status this code does not know. Empty when none."""
+        found = [
+            f"{f.name} is outside the years 1 to 9999"
+            for f in self._meta.concrete_fields
+            if isinstance(f, models.DateTimeField) and getattr(self, f.attname) in UNREADABLE_TIMES
+        ]
+        if self.status not in Status.values:
+            found.append(f"status {self.status!r} is not one this code knows")
+        return found
 
     def lease_is_live(self, now=None) -> bool:
         now = now or database_clock()
@@ -706,6 +720,7 @@ class AuditAction(models.TextChoices):
     RETENTION_COMPACT = "retention_compact", "retention compacted steps"
     LATE_TOOL_CALL = "late_tool_call", "a fenced-off worker had started a tool call"
     CREDENTIAL_GUESSING = "credential_guessing", "locked out an address guessing credentials"
+    REPAIR_TIMES = "repair_times", "moved times no page could read into range"
 
 
 class AuditEvent(models.Model):
@@ -748,6 +763,38 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_label} {self.action} {self.session_id}"
+
+
+class ImportedAuditRecord(models.Model):
+    """An audit record that came in an imported file: what another deployment (or a file's
+    author) says happened there. Kept apart from AuditEvent so the audit log only ever
+    holds this deployment's own actions; shown on the session page as imported text,
+    with its origin. Its action is whatever the file said, not one of AuditAction."""
+
+    session = models.ForeignKey(
+        AgentSession, on_delete=models.CASCADE, related_name="imported_audit"
+    )
+    position = models.PositiveIntegerField()
+    origin = ScrubbedCharField(max_length=300)
+    actor_label = ScrubbedCharField(max_length=200, blank=True)
+    action = ScrubbedCharField(max_length=50, blank=True)
+    before = ScrubbedJSONField(default=dict, blank=True)
+    after = ScrubbedJSONField(default=dict, blank=True)
+    request_meta = ScrubbedJSONField(default=dict, blank=True)
+    recorded_at = models.DateTimeField(null=True, blank=True)
+    imported_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [
+            # The file's order; also serves "the imported history of a session".
+            models.UniqueConstraint(
+                fields=["session", "position"], name="imported_audit_session_position"
+            ),
+        ]
+        ordering = ["session", "position"]
+
+    def __str__(self) -> str:
+        return f"imported: {self.actor_label} {self.action} {self.session_id}"
 
 
 class SideEffect(models.Model):

@@ -46,6 +46,7 @@ from ..models import (
     AuditAction,
     AuditEvent,
     Checkpoint,
+    ImportedAuditRecord,
     Kind,
     ModelUsage,
     Status,
@@ -1385,6 +1386,15 @@ def checkpoint_by_id(session: AgentSession, checkpoint_id: int) -> Checkpoint | 
 
 def recent_audit(session: AgentSession, limit: int = 20) -> list[AuditEvent]:
     return list(AuditEvent.objects.filter(session=session).order_by("-created_at")[:limit])
+
+
+def imported_audit(session: AgentSession, limit: int = 50) -> tuple[list[ImportedAuditRecord], int]:
+    """The audit history the session's import brought (another deployment's account, kept
+    apart from this one's audit trail): the first `limit` records in the file's order, and
+    how many there are."""
+    records = ImportedAuditRecord.objects.filter(session=session).order_by("position")
+    first = list(records[:limit])
+    return first, len(first) if len(first) < limit else records.count()
 
 
 def audit_page(

@@ -894,6 +894,27 @@ def session_set_legal_hold(
     return session
 
 
+def session_repair_times(
+    *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
+) -> dict[str, int]:
+    """Move the times of a session's row, steps and checkpoints that no page can read
+    (past the year 9999 or before the year 1 in UTC: SQL by hand, an older release's
+    import) to now; audited with what moved. Returns it ({} when nothing was out of range)."""
+    who = _actor(actor)
+    with transaction.atomic():
+        session = _locked(session_id)
+        moved = writes.repair_times(session.pk, timezone.now())
+        if moved:
+            audit(
+                actor=who,
+                action=AuditAction.REPAIR_TIMES,
+                session=session,
+                after={"moved_to_now": moved},
+                request_meta=request_meta,
+            )
+    return moved
+
+
 def session_check_compat(
     *, session_id: Any, actor: Actor = None, request_meta: dict | None = None
 ) -> str:

@@ -21,14 +21,15 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connections, transaction
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.store import Lease
 
-from ..models import AgentSession, AuditEvent, Checkpoint, Reason, Step
+from ..fields import READABLE_FROM, READABLE_UNTIL
+from ..models import AgentSession, Checkpoint, ImportedAuditRecord, Reason, Step
 
 # The session columns the fence moves.
 FENCE_FIELDS = ["fencing_token", "lease_owner", "lease_expires_at"]
@@ -382,24 +383,44 @@ def insert_imported(
     checkpoints: Iterable[dict[str, Any]],
     events: Iterable[dict[str, Any]],
 ) -> tuple[int, int, int]:
-    """An imported session, its steps, checkpoints and audit records, as the file has
-    them (checked and upgraded by the importer); in the caller's transaction."""
+    """An imported session, its steps, checkpoints and the file's audit records (kept
+    apart, as imported history), as the file has them (checked and upgraded by the
+    importer); in the caller's transaction."""
     session.save(force_insert=True)
     step_rows = [Step(session_id=session.pk, **row) for row in steps]
     checkpoint_rows = [Checkpoint(session_id=session.pk, **row) for row in checkpoints]
-    event_rows = [AuditEvent(session_id=session.pk, actor=None, **row) for row in events]
+    event_rows = [ImportedAuditRecord(session_id=session.pk, **row) for row in events]
     with transaction.atomic():
         Step.objects.bulk_create(step_rows, batch_size=500)
         Checkpoint.objects.bulk_create(checkpoint_rows, batch_size=500)
-        AuditEvent.objects.bulk_create(event_rows, batch_size=500)
+        ImportedAuditRecord.objects.bulk_create(event_rows, batch_size=500)
     return len(step_rows), len(checkpoint_rows), len(event_rows)
 
 
+def repair_times(session_id: Any, now: datetime) -> dict[str, int]:
+    """Move every time of the session's row, steps and checkpoints that lies outside what
+    Python (and so any page) can read to `now`; in the caller's transaction. Returns how
+    many values of each column moved, by "table.column"."""
+    moved: dict[str, int] = {}
+    for model, key in ((AgentSession, "id"), (Step, "session_id"), (Checkpoint, "session_id")):
+        for f in model._meta.concrete_fields:
+            if f.get_internal_type() != "DateTimeField":
+                continue
+            outside = Q(**{f"{f.name}__gt": READABLE_UNTIL}) | Q(**{f"{f.name}__lt": READABLE_FROM})
+            count = model.objects.filter(outside, **{key: session_id}).update(**{f.name: now})
+            if count:
+                moved[f"{model._meta.model_name}.{f.name}"] = count
+    return moved
+
+
 def delete_trace(session_ids: Sequence[Any]) -> None:
-    """Retention's delete of whole sessions: their steps and checkpoints (the caller
-    deletes the rest), without loading them."""
+    """Retention's delete of whole sessions: their steps, checkpoints and imported history
+    (the caller deletes the rest), without loading them."""
     Step.objects.filter(session_id__in=session_ids)._raw_delete(Step.objects.db)
     Checkpoint.objects.filter(session_id__in=session_ids)._raw_delete(Checkpoint.objects.db)
+    ImportedAuditRecord.objects.filter(session_id__in=session_ids)._raw_delete(
+        ImportedAuditRecord.objects.db
+    )
 
 
 def drop_rows(rows: QuerySet[Any]) -> None:

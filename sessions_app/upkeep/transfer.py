@@ -21,6 +21,7 @@ import gzip
 import hashlib
 import io
 import json
+import re
 import uuid
 import zlib
 from collections.abc import Callable, Iterator
@@ -30,8 +31,9 @@ from decimal import Decimal, InvalidOperation
 from functools import partial
 from typing import IO, Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Model
 from django.utils import timezone
 
@@ -43,12 +45,14 @@ from agent_runtime.upgraders import (
     upgrade_state_blob,
 )
 
+from ..fields import READABLE_FROM, READABLE_UNTIL
 from ..models import (
     RUNNABLE,
     AgentSession,
     AuditAction,
     AuditEvent,
     Checkpoint,
+    ImportedAuditRecord,
     Kind,
     Reason,
     Status,
@@ -62,10 +66,29 @@ FORMAT = 1
 MAGIC = "respawn-export"
 # A bigger file is refused before it is read into memory (a session of ~10^5 steps).
 MAX_BYTES = 512 * 1024 * 1024
+# Unpacking reads this much compressed input at a time and returns at most _OUT_CHUNK per
+# call, so a decompression bomb is refused after a few MB whatever it would unpack to
+# (RESPAWN_IMPORT_MAX_BYTES, RESPAWN_IMPORT_MAX_RATIO); up to _RATIO_FLOOR unpacked bytes no
+# ratio is refused (a small file may compress very well).
+_IN_CHUNK = 16 * 1024
+_OUT_CHUNK = 256 * 1024
+_RATIO_FLOOR = 1024 * 1024
+# How deeply a line's JSON may nest (the envelope counts: a payload starts at 3). Deeper
+# structures are refused before anything (the redactor, the database, a page) recurses
+# through them.
+MAX_DEPTH = 100
+# Times every page can show in every time zone: a day inside the years 1 to 9999 in UTC.
+# PostgreSQL stores times beyond them that Python cannot read back.
+EARLIEST, LATEST = READABLE_FROM, READABLE_UNTIL
+# The only idempotency keys Respawn makes (agent_runtime.loop.run.call_key): "<session>:<seq>".
+_CALL_KEY = re.compile(r"[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}:[1-9][0-9]{0,9}")
 
 # Columns of the session row that describe a run in progress on the exporting side: an
 # imported session never claims to be running there.
 _RUN_COLUMNS = ("lease_owner", "lease_expires_at", "job_id", "dispatched_at")
+# The lease's state is this deployment's own: an imported session starts it afresh (a
+# token the file sets could be the largest bigint, which no worker could move on from).
+_FRESH_COLUMNS = ("fencing_token", "crash_count", "crash_seq")
 _SESSION_SKIP = {"created_by", "parent"}
 _DATETIME_FIELDS = {
     f.name
@@ -130,11 +153,28 @@ def export_lines(session: AgentSession) -> Iterator[bytes]:
     for checkpoint in Checkpoint.objects.filter(session=session).order_by("seq", "id"):
         counts["checkpoint"] += 1
         yield line({"kind": "checkpoint", "data": _row(checkpoint, {"id", "session"})})
+    # History imported from elsewhere first, as the file it came in had it, still marked as
+    # imported (another import keeps it apart again); then this deployment's own.
+    for record in ImportedAuditRecord.objects.filter(session=session).order_by("position"):
+        counts["audit"] += 1
+        yield line({"kind": "audit", "data": _imported_row(record)})
     for event in AuditEvent.objects.filter(session=session).order_by("created_at", "id"):
         counts["audit"] += 1
         yield line({"kind": "audit", "data": _row(event, {"id", "session", "actor"})})
     end = {"kind": "end", "counts": counts, "sha256": digest.hexdigest()}
     yield (json.dumps(end, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+def _imported_row(record: ImportedAuditRecord) -> dict[str, Any]:
+    return {
+        "action": record.action,
+        "actor_label": record.actor_label,
+        "after": record.after,
+        "before": record.before,
+        "created_at": _value(record.recorded_at),
+        "imported_from": record.origin,
+        "request_meta": record.request_meta,
+    }
 
 
 def export_session(
@@ -177,16 +217,48 @@ class Parsed:
     audit: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _decompress(raw: bytes) -> bytes:
+def _decompress(raw: bytes) -> bytearray:
+    """The file unpacked (every gzip member of it), in bounded pieces: refused as soon as
+    it unpacks to more than RESPAWN_IMPORT_MAX_BYTES, or to more than
+    RESPAWN_IMPORT_MAX_RATIO times the compressed bytes read so far."""
     if len(raw) > MAX_BYTES:
         raise TransferError(f"the file is larger than {MAX_BYTES // 2**20} MB")
-    try:
-        data = gzip.decompress(raw)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise TransferError(f"not a complete gzip file: {exc}") from None
-    if len(data) > 8 * MAX_BYTES:
-        raise TransferError("the file unpacks to more than 4 GB")
-    return data
+    limit = int(settings.RESPAWN_IMPORT_MAX_BYTES)
+    ratio = float(settings.RESPAWN_IMPORT_MAX_RATIO)
+    out = bytearray()
+    read = 0  # compressed bytes handed to the inflater
+    inflater = zlib.decompressobj(wbits=31)  # gzip framing, its CRC and length checked
+    piece = b""
+    while True:
+        if not piece:
+            piece = raw[read : read + _IN_CHUNK]
+            read += len(piece)
+        try:
+            # At the end of the input (piece b"") this drains what the inflater still holds.
+            chunk = inflater.decompress(piece, _OUT_CHUNK)
+        except zlib.error as exc:
+            raise TransferError(f"not a complete gzip file: {exc}") from None
+        out += chunk
+        piece = inflater.unconsumed_tail
+        if not chunk and not piece and not inflater.eof and read >= len(raw):
+            raise TransferError("not a complete gzip file: it ends before its last member")
+        if len(out) > limit:
+            raise TransferError(
+                f"the file unpacks to more than {limit // 2**20} MB "
+                "(RESPAWN_IMPORT_MAX_BYTES): refused"
+            )
+        if len(out) > max(_RATIO_FLOOR, ratio * read):
+            raise TransferError(
+                f"the file unpacks to more than {ratio:g} times its compressed size "
+                "(RESPAWN_IMPORT_MAX_RATIO): refused as a decompression bomb"
+            )
+        if inflater.eof:
+            # The next gzip member (if any) starts where this one's data ended.
+            read -= len(inflater.unused_data)
+            if read >= len(raw):
+                return out
+            inflater = zlib.decompressobj(wbits=31)
+            piece = b""
 
 
 def parse(raw: bytes) -> Parsed:
@@ -199,11 +271,16 @@ def parse(raw: bytes) -> Parsed:
     records = []
     for number, data in enumerate(lines, start=1):
         try:
-            record = json.loads(data)
+            record = json.loads(data, parse_constant=_not_a_number)
+        except _NotANumber as exc:
+            raise TransferError(f"line {number}: {exc}") from None
+        except RecursionError:
+            raise TransferError(f"line {number} nests deeper than {MAX_DEPTH} levels") from None
         except ValueError:
             raise TransferError(f"line {number} is not JSON") from None
         if not isinstance(record, dict) or not isinstance(record.get("kind"), str):
             raise TransferError(f"line {number} is not a record with a kind")
+        _check_json(record, f"line {number}")
         records.append(record)
     header, end = records[0], records[-1]
     if header.get("kind") != MAGIC:
@@ -237,6 +314,52 @@ def parse(raw: bytes) -> Parsed:
     return parsed
 
 
+class _NotANumber(ValueError):
+    pass
+
+
+def _not_a_number(name: str) -> Any:
+    raise _NotANumber(f"{name} is not a number JSON allows (nor the database)")
+
+
+def _check_text(text: str, where: str) -> None:
+    if "\x00" in text:
+        raise TransferError(f"{where}: contains a NUL character, which the database cannot hold")
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise TransferError(f"{where}: contains a lone surrogate, which is not text") from None
+
+
+def _check_json(value: Any, where: str) -> None:
+    """Refuse what PostgreSQL's jsonb or a page cannot hold: nesting deeper than
+    MAX_DEPTH, NUL characters and lone surrogates in strings or keys. Iterative: a
+    structure of any depth is walked without recursing. An error names the field."""
+    # (value, depth, the entry it is in, its key there): the path is spelled on failure only.
+    stack: list[tuple[Any, int, Any, Any]] = [(value, 1, None, None)]
+    while stack:
+        entry = stack.pop()
+        item, depth = entry[0], entry[1]
+        if isinstance(item, dict | list):
+            if depth > MAX_DEPTH:
+                raise TransferError(f"{where} nests deeper than {MAX_DEPTH} levels")
+            pairs = item.items() if isinstance(item, dict) else enumerate(item)
+            for key, inner in pairs:
+                if isinstance(key, str):
+                    _check_text(key, f"{where} ({_path(entry)})")
+                stack.append((inner, depth + 1, entry, key))
+        elif isinstance(item, str):
+            _check_text(item, f"{where} ({_path(entry)})")
+
+
+def _path(entry: tuple[Any, int, Any, Any]) -> str:
+    keys = []
+    while entry[2] is not None:
+        keys.append(str(entry[3]))
+        entry = entry[2]
+    return ".".join(reversed(keys)) or "the record"
+
+
 def _object(record: dict[str, Any], number: int) -> dict[str, Any]:
     data = record.get("data")
     if not isinstance(data, dict):
@@ -245,13 +368,23 @@ def _object(record: dict[str, Any], number: int) -> dict[str, Any]:
 
 
 def _time(value: Any, where: str) -> datetime | None:
+    """A time in UTC that every page can show (EARLIEST to LATEST)."""
     if value is None:
         return None
     try:
         parsed = datetime.fromisoformat(value)
     except (TypeError, ValueError):
         raise TransferError(f"{where}: not a date and time: {value!r}") from None
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    try:
+        utc = (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).astimezone(UTC)
+    except OverflowError:
+        utc = None
+    if utc is None or not EARLIEST <= utc <= LATEST:
+        raise TransferError(
+            f"{where}: {value!r} is outside {EARLIEST:%Y-%m-%d} to {LATEST:%Y-%m-%d} in UTC, "
+            "the times this Respawn can store and show"
+        )
+    return utc
 
 
 def _fields(model: type[Model], data: dict[str, Any], where: str, skip: set[str]) -> dict[str, Any]:
@@ -265,24 +398,51 @@ def _fields(model: type[Model], data: dict[str, Any], where: str, skip: set[str]
         if f.name in _DATETIME_FIELDS:
             value = _time(value, f"{where} {f.name}")
         elif f.get_internal_type() == "DecimalField":
-            try:
-                value = Decimal(str(value))
-            except InvalidOperation:
-                raise TransferError(f"{where} {f.name}: not a number: {value!r}") from None
+            value = _amount(value, f, f"{where} {f.name}")
         elif f.get_internal_type() in ("CharField", "TextField") and value is not None:
             if not isinstance(value, str):
                 raise TransferError(f"{where} {f.name}: not a string")
-            if "\x00" in value:
-                raise TransferError(f"{where} {f.name}: contains a NUL character")
+            _check_text(value, f"{where} {f.name}")
             if f.max_length and len(value) > f.max_length:
                 raise TransferError(f"{where} {f.name}: longer than {f.max_length} characters")
         elif f.get_internal_type().endswith("IntegerField") and value is not None:
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TransferError(f"{where} {f.name}: not an integer: {value!r}")
-            if "Positive" in f.get_internal_type() and value < 0:
-                raise TransferError(f"{where} {f.name}: negative")
+            low, high = _integer_range(f.get_internal_type())
+            if not low <= value <= high:
+                raise TransferError(
+                    f"{where} {f.name}: {value} is outside {low} to {high} (half of what its "
+                    "column holds: room for the session to go on)"
+                )
+        elif f.get_internal_type() == "BooleanField" and not isinstance(value, bool):
+            raise TransferError(f"{where} {f.name}: not true or false: {value!r}")
         out[f.attname] = value
     return out
+
+
+def _integer_range(internal_type: str) -> tuple[int, int]:
+    """Half the range of the column: a counter or a seq at its column's limit would make
+    the session's next step, token count or message overflow it (a 500 then)."""
+    low, high = connection.ops.integer_field_range(internal_type)
+    return (-((-low) // 2) if low else 0), (high // 2 if high is not None else 2**62)
+
+
+def _amount(value: Any, f: Any, where: str) -> Decimal:
+    """A finite amount from 0 to what the column holds (a cost of 999,999.999999 USD at
+    most for a session): NaN, infinities, 1e30 and negative costs are refused."""
+    bound = Decimal(10) ** (f.max_digits - f.decimal_places)
+    try:
+        amount = Decimal(str(value))
+    except InvalidOperation:
+        raise TransferError(f"{where}: not a number: {value!r}") from None
+    # Checked again once rounded to the column's places: 999999.9999999 rounds up past it.
+    if not amount.is_finite() or not 0 <= amount < bound or not 0 <= _rounded(amount, f) < bound:
+        raise TransferError(f"{where}: {value!r} is not an amount from 0 to under {bound:,}")
+    return _rounded(amount, f)
+
+
+def _rounded(amount: Decimal, f: Any) -> Decimal:
+    return amount.quantize(Decimal(1).scaleb(-f.decimal_places))
 
 
 def _upgraded(
@@ -339,7 +499,9 @@ def import_session(
             code="exists",
         )
     clean = redactor().redact
-    fields = _fields(AgentSession, parsed.session, "session", {"id", "created_by", "parent"})
+    # The file's lease state is not read at all: whatever it says, the session's is fresh.
+    skip = {"id", "created_by", "parent", *_FRESH_COLUMNS}
+    fields = _fields(AgentSession, parsed.session, "session", skip)
     fields["id"] = uuid.UUID(session_id)
     if fields.get("status") not in Status.values:
         raise TransferError(f"session status: unknown status {fields.get('status')!r}")
@@ -349,6 +511,9 @@ def import_session(
         fields["status"] = Status.PAUSED
     for column in _RUN_COLUMNS:
         fields[column] = None if column != "job_id" else ""
+    fresh = AgentSession()
+    for column in _FRESH_COLUMNS:
+        fields[column] = getattr(fresh, column)
     fields["cancel_requested"] = False
     for name in ("title", "last_error", "final_answer"):
         if isinstance(fields.get(name), str):
@@ -356,6 +521,13 @@ def import_session(
     user = get_user_model()
     username = parsed.session.get("created_by")
     parent = parsed.session.get("parent")
+    if username is not None and not isinstance(username, str):
+        raise TransferError(f"session created_by: not a username: {username!r}")
+    if parent is not None:
+        try:
+            parent = str(uuid.UUID(str(parent)))
+        except ValueError:
+            raise TransferError(f"session parent: not a session id: {parent!r}") from None
     upgraded = 0
     steps = []
     seqs = set()
@@ -367,6 +539,13 @@ def import_session(
             raise TransferError(f"{where}: seq {seq!r} is missing, not positive or repeated")
         if kind not in Kind.values:
             raise TransferError(f"{where}: unknown kind {kind!r}")
+        key = row.get("idempotency_key")
+        if key is not None and not _CALL_KEY.fullmatch(key):
+            # The store keeps only the keys the engine derives (call_key); any other text
+            # here (a secret, say) would be stored raw in a column that is not scrubbed.
+            raise TransferError(
+                f"{where} idempotency_key: not a key Respawn makes (<session id>:<seq>)"
+            )
         seqs.add(seq)
         upgraded += _upgraded(
             row,
@@ -392,14 +571,23 @@ def import_session(
             f"checkpoint at seq {row['seq']}",
         )
         checkpoints.append(row)
+    # The file's audit records are another deployment's account (or the file author's):
+    # kept apart as imported history with their origin, never as this one's audit trail.
+    here = f"a file exported at {str(parsed.header.get('exported_at'))[:40]} as session {old_id}"
     events = []
     for index, data in enumerate(parsed.audit, start=1):
-        row = _fields(AuditEvent, data, f"audit record {index}", {"id", "session", "actor"})
+        where = f"audit record {index}"
+        row = _fields(AuditEvent, data, where, {"id", "session", "actor"})
         for name in ("before", "after", "request_meta"):
             if not isinstance(row.get(name, {}), dict):
-                raise TransferError(f"audit record {index} {name}: not an object")
+                raise TransferError(f"{where} {name}: not an object")
             row[name] = clean(row.get(name, {}))
-        events.append(row)
+        origin = data.get("imported_from", here)
+        if not isinstance(origin, str):
+            raise TransferError(f"{where} imported_from: not a string")
+        _check_text(origin, f"{where} imported_from")
+        row["recorded_at"] = row.pop("created_at", None)
+        events.append({**row, "origin": origin[:300], "position": index})
     head = fields.get("head") or 0
     if head and head not in {c["seq"] for c in checkpoints}:
         raise TransferError(f"session head {head} has no checkpoint in the file")

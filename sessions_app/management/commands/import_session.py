@@ -36,6 +36,6 @@ class Command(BaseCommand):
         note = f" (was {result.remapped_from})" if result.remapped_from else ""
         self.stderr.write(
             f"imported {result.session.id}{note}: {result.steps} steps, {result.checkpoints} "
-            f"checkpoints, {result.audit} audit records, {result.upgraded} blobs upgraded; "
-            f"status {result.session.status}"
+            f"checkpoints, {result.audit} imported audit records, {result.upgraded} blobs "
+            f"upgraded; status {result.session.status}"
         )
