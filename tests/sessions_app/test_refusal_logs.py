@@ -15,8 +15,9 @@ pytestmark = pytest.mark.django_db
 
 @pytest.fixture
 def console():
-    """What the console handler (settings.LOGGING) writes, as `make run` shows it."""
-    handler = next(h for h in logging.getLogger("django").handlers if h.name == "console")
+    """What the console handler (settings.LOGGING: the root logger's) writes, as `make run`
+    shows it."""
+    handler = next(h for h in logging.getLogger().handlers if h.name == "console")
     stream = io.StringIO()
     previous = handler.setStream(stream)
     yield stream
