@@ -245,8 +245,11 @@ def test_after_a_rollback_the_checkpoints_card_marks_the_head_and_what_was_super
         what="the checkpoints card to be redrawn",
     )
     assert page.evaluate("window.__noReload") is True
-    # The audit card too.
-    assert "rollback" in page.locator("#audit").inner_text()
+    # The audit card too (its own request: it may land after the checkpoints card).
+    wait_for(
+        lambda: "rollback" in page.locator("#audit").inner_text(),
+        what="the audit card to be redrawn",
+    )
 
     # Every listed checkpoint leads to its step, a superseded one among the superseded steps.
     page.locator("#checkpoints tr[data-seq='12'] a").click()
