@@ -179,6 +179,12 @@ class SessionStore(Protocol):
     def release(self, lease: Lease) -> bool:
         """Give the lease up without writing anything else."""
 
+    def came_back(self, lease: Lease) -> bool:
+        """The run that held `lease` found it taken over while it was still alive (stopped,
+        or paused past its TTL): the takeover right after it counted a crash that was not
+        one, and that count is taken back. Only a takeover of this very lease (the next
+        fencing token, held by someone else) is; returns whether it was."""
+
     def report_progress(self, lease: Lease, *, done: int, total: int | None, message: str) -> bool:
         """Show how far a running tool got (on the session, not in the trace), fenced;
         returns False when the lease is no longer this holder's."""
@@ -458,6 +464,15 @@ class InMemoryStore:
             if session.fencing_token != lease.token or session.lease_owner != lease.owner:
                 return False
             session.lease_owner = None
+            return True
+
+    def came_back(self, lease: Lease) -> bool:
+        with self._lock:
+            session = self._get(lease.session_id)
+            taken = session.lease_owner not in (None, lease.owner)
+            if not taken or session.fencing_token != lease.token + 1 or not session.crash_count:
+                return False
+            session.crash_count -= 1
             return True
 
     def report_progress(self, lease: Lease, *, done: int, total: int | None, message: str) -> bool:

@@ -1,6 +1,7 @@
 """The fleet soak: a scaled-out deployment on one machine, under kills, then the loss figures.
 
     python -m bench.fleet [--sessions 300] [--workers 4] [--ticks 6] [--seed 11]
+                          [--lock-seconds 15]
 
 What runs (every server the bench's own, on loopback; tests/servers.py):
 - a PostgreSQL primary (initdb, PostgreSQL's durable defaults) and a streaming replica of it
@@ -11,7 +12,9 @@ What runs (every server the bench's own, on loopback; tests/servers.py):
   REDIS_SENTINELS / REDIS_SENTINEL_MASTER;
 - `--workers` `manage.py rqworker` processes and two web processes (gunicorn, one process
   of 4 threads each) reading the dashboard's and the API's pages from the replica
-  (DATABASE_REPLICA_URL).
+  (DATABASE_REPLICA_URL). One worker in four runs its wall clock two minutes fast, one in
+  four two minutes slow (bench/skew); every statement is bounded by a 2 s
+  statement_timeout, as a production database bounds them.
 
 Sessions are started over the JSON API, alternately on the two web processes, keeping about
 twice as many runnable as there are workers until `--sessions` were started: most of the
@@ -21,9 +24,13 @@ SIGKILL of a busy worker (supervisor and worker process; a new worker is started
 of a busy worker's job process only (its supervisor starts another), SIGKILL of a web
 process (started again; no request was in flight on it); once, at a quarter, a busy
 worker's job process frozen (SIGSTOP) for twice the lease TTL, as a tool stuck inside
-`ctx.fenced()` would hold it, then let go (SIGCONT); once, halfway, SIGKILL of the Redis
-master (the Sentinels promote its replica); and once, at three quarters, SIGKILL of
-PgBouncer, started again on its port at once (every client connection drops).
+`ctx.fenced()` would hold it, then let go (SIGCONT); once, at three eighths, the job process of a
+session of the soak's own `stuck` agent (bench/fleet_agents.py) stopped inside its tool's
+`ctx.fenced()`, holding its session row, while another busy worker is SIGKILLed; once,
+halfway, SIGKILL of the Redis master (the Sentinels promote its replica); once, at five
+eighths, the step table locked against writes for `--lock-seconds` (appends fail as on a
+full disk) while fresh sessions run; and once, at three quarters, SIGKILL of PgBouncer,
+started again on its port at once (every client connection drops).
 
 Afterwards: every session must be completed, with contiguous steps, the trace of an
 uninterrupted run (`slow`), one result per tool call and one side effect per key; the web
@@ -32,7 +39,9 @@ second, recovery times (a worker kill until its session's next committed step; a
 until it answers; the Redis failover until the Sentinels name a new master and until a
 session started after it commits its first step; the PgBouncer kill until the API answers
 and until the next step is committed; the steps other sessions committed while a job
-process was frozen) and the PostgreSQL connections used. It
+process was frozen; the other session's recovery while a stuck tool held its row; the
+takeovers counted as crashes under the step table's lock, which must be none, and the
+first step after it) and the PostgreSQL connections used. It
 exits 1 when a check fails.
 """
 
@@ -55,6 +64,8 @@ from pathlib import Path
 from ._db import ROOT, setup_django
 
 LEASE_TTL = 2.0
+STATEMENT_TIMEOUT = "2s"
+SKEW = 120  # seconds a skewed worker's clock is off
 # One process migrates and makes the operator (one Django start-up less than two commands).
 SETUP = """
 from django.core.management import call_command
@@ -66,6 +77,13 @@ user.groups.add(Group.objects.get_or_create(name="operator")[0])
 print(ApiToken.issue(user)[1])
 """
 DEMO_INPUT = "what is (12*7)+3, then save it as a note"
+
+
+def skewed_clock(offset: int) -> dict[str, str]:
+    """The environment that runs a Python process with its wall clock `offset` seconds off
+    (bench/skew/sitecustomize.py; its monotonic clock is left true)."""
+    path = [str(Path(__file__).parent / "skew"), os.environ.get("PYTHONPATH", "")]
+    return {"PYTHONPATH": os.pathsep.join(p for p in path if p), "RESPAWN_FLEET_SKEW": str(offset)}
 
 
 class Web:
@@ -131,6 +149,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--ticks", type=int, default=6)
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--lock-seconds", type=float, default=15.0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     sys.path.insert(0, str(ROOT))
@@ -144,6 +163,8 @@ def main() -> None:
     try:
         primary.sql("CREATE DATABASE respawn")
         direct = primary.url("respawn")
+        stuck_dir = log_dir / "stuck"
+        stuck_dir.mkdir()
         base_env = {
             k: v for k, v in os.environ.items() if not k.startswith(("REDIS_", "DATABASE_"))
         }
@@ -153,6 +174,9 @@ def main() -> None:
             [sys.executable, "manage.py", "shell", "-c", SETUP], cwd=ROOT, env=setup_env,
             check=True, capture_output=True, text=True,
         ).stdout.split()[-1]  # fmt: skip
+        # Every statement of every process is bounded, as a production deployment bounds
+        # them: under the step table's lock below, appends fail rather than wait.
+        primary.sql(f"ALTER DATABASE respawn SET statement_timeout = '{STATEMENT_TIMEOUT}'")
         replica = PostgresServer("fleet-replica", durable=True).init_replica_of(primary).start()
         servers.append(replica)
         bouncer = PgBouncer("127.0.0.1", primary.port, pool_size=8)
@@ -177,6 +201,9 @@ def main() -> None:
             # poison detection (tests/fault) would fail it.
             "RESPAWN_MAX_CRASHES": "1000",
             "PYTHONUNBUFFERED": "1",
+            # The demo agents and the soak's own `stuck` one (bench/fleet_agents.py).
+            "RESPAWN_AGENTS": "demo_agents:agents,bench.fleet_agents:agents",
+            "RESPAWN_FLEET_STUCK_DIR": str(stuck_dir),
         }
         web_env = {**env, "DATABASE_REPLICA_URL": replica.url("respawn"), "RESPAWN_DB_POOL": "1"}
         os.environ.update({k: v for k, v in env.items() if k.startswith(("REDIS_", "RESPAWN_"))})
@@ -186,8 +213,9 @@ def main() -> None:
         sampler = ConnectionSampler(primary.url("postgres"), "respawn")
         sampler.start()
         report = run(
-            args, rng, env, web_env, token, webs, workers, log_dir, redis_set, bouncer, free_port
-        )
+            args, rng, env, web_env, token, webs, workers, log_dir, redis_set, bouncer,
+            free_port, direct, stuck_dir,
+        )  # fmt: skip
         report["peak_connections"] = sampler.stop()
         report["replica_reads"] = check_replica_reads(webs, token, report["ids"], replica, primary)
         print_report(args, report, bouncer)
@@ -202,8 +230,9 @@ def main() -> None:
 
 
 def run(
-    args, rng, env, web_env, token, webs, workers, log_dir, redis_set, bouncer, free_port
-) -> dict:
+    args, rng, env, web_env, token, webs, workers, log_dir, redis_set, bouncer, free_port,
+    direct, stuck_dir,
+) -> dict:  # fmt: skip
     from django.db.models import Max
 
     from sessions_app.models import AgentSession, Status, Step
@@ -211,9 +240,11 @@ def run(
     from ._workers import Worker
 
     def start_worker():
-        # Respawn's own worker and the demo agents, not the bench agent of _workers.
+        # Respawn's own worker and the demo agents, not the bench agent of _workers. One
+        # worker in four runs its clock SKEW ahead, one SKEW behind.
+        skew = {0: SKEW, 1: -SKEW}.get(len(workers) % 4)
         worker = Worker(
-            env,
+            {**env, **skewed_clock(skew)} if skew else env,
             "fleet",
             f"fleet-w{len(workers)}",
             log_dir,
@@ -239,10 +270,20 @@ def run(
     failover: dict[str, float] = {}
     pooler: dict[str, float] = {}
     frozen: dict[str, float] = {}
+    stuck: dict[str, float] = {}
+    locked: dict[str, float] = {}
     runnable_statuses = [Status.QUEUED, Status.RUNNING]
     started = time.monotonic()
     next_fault = started + 2.0
     turn = 0
+
+    def start_slow() -> str:
+        """A `slow` session started over the API (checked against the uninterrupted run)."""
+        session, _ = api(webs[len(ids) % 2].base, token, "/api/sessions",
+                         {"agent": "slow", "input": f"count to {args.ticks}"})  # fmt: skip
+        ids.append(session["id"])
+        slow_ids.add(session["id"])
+        return session["id"]
 
     def alive_workers():
         return [w for w in workers if w.process.poll() is None]
@@ -300,6 +341,15 @@ def run(
                 for pid in job_pids:
                     os.kill(pid, signal.SIGCONT)
                 continue
+        if not stuck and len(ids) >= 3 * args.sessions // 8:
+            stuck.update(stuck_tool(webs[0], token, ids, stuck_dir, busy, start_worker))
+            faults["job process stopped inside ctx.fenced()"] += 1
+            faults["worker SIGKILL (supervisor too)"] += 1
+            continue
+        if not locked and failover and len(ids) >= 5 * args.sessions // 8:
+            locked.update(lock_steps(direct, args.lock_seconds, start_slow, 2 * args.workers))
+            faults[f"step table locked {args.lock_seconds:g} s"] += 1
+            continue
         if not pooler and failover and len(ids) >= 3 * args.sessions // 4:
             last_step = Step.objects.aggregate(last=Max("id"))["last"] or 0
             killed_at = time.monotonic()
@@ -381,11 +431,117 @@ def run(
         "failover": failover,
         "pooler": pooler,
         "frozen": frozen,
+        "stuck": stuck,
+        "locked": locked,
+        "skewed": sum(1 for i in range(len(workers)) if i % 4 < 2),
+        "workers_started": len(workers),
         "wall": span,
         "steps": steps.count(),
         "last_step": last,
         "checks": check(ids, slow_ids, args.ticks),
     }
+
+
+def stuck_tool(web, token, ids, stuck_dir: Path, busy, start_worker) -> dict[str, float]:
+    """A `stuck` session's job process stopped (SIGSTOP) inside its tool's `ctx.fenced()`,
+    where it holds its session row's lock; meanwhile another busy worker is SIGKILLed. The
+    time until that other session's next step: the stuck row must delay no one else."""
+    from sessions_app.models import AgentSession
+
+    session, _ = api(web.base, token, "/api/sessions", {"agent": "stuck", "input": "count to 3"})
+    ids.append(session["id"])
+    deadline = time.monotonic() + 60
+    while not (marks := list(stuck_dir.iterdir())):
+        if time.monotonic() > deadline:
+            raise SystemExit("the stuck session's tool did not start within 60 s")
+        time.sleep(0.02)
+    pid = int(marks[0].name)
+    os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    try:
+        # A long session to kill under: on a worker other than the stopped one (one more
+        # worker is started when every other is busy or there is none).
+        victim, _ = api(web.base, token, "/api/sessions", {"agent": "slow",
+                        "input": "count to 200"})  # fmt: skip
+        ids.append(victim["id"])
+        extra = False
+        while not (others := [(w, h) for w, h in busy() if h[0] == victim["id"]]):
+            if not extra and time.monotonic() - stopped_at > 5:
+                start_worker()
+                extra = True
+            if time.monotonic() - stopped_at > 60:
+                raise SystemExit("a session started beside the stuck tool did not run in 60 s")
+            time.sleep(0.05)
+        worker, (sid, _) = others[0]
+        killed_at = time.monotonic()
+        worker.kill()
+        seq = AgentSession.objects.get(id=sid).last_seq  # its last commit is in or not now
+        start_worker()
+        while AgentSession.objects.get(id=sid).last_seq <= seq:
+            if time.monotonic() - killed_at > 60:
+                raise SystemExit("a killed worker's session waited 60 s behind a stuck tool")
+            time.sleep(0.02)
+        recovered = time.monotonic() - killed_at
+        time.sleep(max(0.0, 3 * LEASE_TTL - (time.monotonic() - stopped_at)))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    return {"held": time.monotonic() - stopped_at, "other_recovery": recovered}
+
+
+def lock_steps(direct: str, seconds: float, start_slow, sessions: int) -> dict[str, float]:
+    """The step table locked against writes (LOCK TABLE ... IN SHARE MODE, as a long
+    migration or a full tablespace stops appends) for `seconds`, every statement bounded by
+    STATEMENT_TIMEOUT: appends fail for as long. Measured: the takeovers counted as crashes
+    meanwhile (must be none: no worker died), and the time from the lock's release to the
+    next committed step. `sessions` new ones are started and running when the lock is taken
+    (`start_slow` starts one)."""
+    import psycopg
+    from django.db.models import Max
+
+    from sessions_app.models import AgentSession, Status, Step
+
+    def crash_counts() -> dict:
+        live = AgentSession.objects.filter(status__in=[Status.QUEUED, Status.RUNNING])
+        return dict(live.values_list("id", "crash_count"))
+
+    time.sleep(3 * LEASE_TTL)  # the takeovers of the kills just before are over
+    started = [start_slow() for _ in range(sessions)]
+    deadline = time.monotonic() + 60
+    while Step.objects.filter(session_id__in=started, seq=2).count() < len(started):
+        if time.monotonic() > deadline:
+            raise SystemExit("sessions started before the lock did not run within 60 s")
+        time.sleep(0.02)
+    before = crash_counts()
+    counted: set = set()
+    with psycopg.connect(direct) as holder:
+        holder.execute("SET statement_timeout = 0")
+        # Taken once the appends in flight have committed; every step after is later.
+        holder.execute(f"LOCK TABLE {Step._meta.db_table} IN SHARE MODE")
+        last_step = Step.objects.aggregate(last=Max("id"))["last"] or 0
+        until = time.monotonic() + seconds
+        while time.monotonic() < until:
+            now = crash_counts()
+            counted |= {sid for sid, n in now.items() if n > before.get(sid, 0)}
+            time.sleep(0.2)
+        during = Step.objects.filter(id__gt=last_step).count()
+        holder.rollback()
+    released_at = time.monotonic()
+    while not Step.objects.filter(id__gt=last_step).exists():
+        if time.monotonic() - released_at > 60:
+            with psycopg.connect(direct) as look:
+                for row in look.execute(
+                    "SELECT pid, state, wait_event_type, wait_event, xact_start, left(query, 120)"
+                    " FROM pg_stat_activity WHERE datname = 'respawn'"
+                ):
+                    print(*row)
+            raise SystemExit("no step committed within 60 s of the lock's release")
+        time.sleep(0.02)
+    first_step = time.monotonic() - released_at
+    while time.monotonic() - released_at < 2 * LEASE_TTL:
+        now = crash_counts()
+        counted |= {sid for sid, n in now.items() if n > before.get(sid, 0)}
+        time.sleep(0.2)
+    return {"steps_during": during, "first_step": first_step, "crashes_counted": len(counted)}
 
 
 def wait_registered(workers, timeout: float = 60) -> None:
@@ -516,8 +672,29 @@ def print_report(args, report: dict, bouncer) -> None:
             f"a job process frozen {f['seconds']:g}s: other sessions committed "
             f"{f['others_steps']} steps meanwhile"
         )
+    if report["stuck"]:
+        s = report["stuck"]
+        print(
+            f"a job process stopped {s['held']:.1f}s inside ctx.fenced() (its session row "
+            f"locked): another worker's kill -> its session's next step {s['other_recovery']:.2f}s"
+        )
+    if report["locked"]:
+        lk = report["locked"]
+        print(
+            f"step table locked {args.lock_seconds:g}s (statements time out after "
+            f"{STATEMENT_TIMEOUT}): {lk['steps_during']} steps meanwhile; release -> a step is "
+            f"committed: {lk['first_step']:.2f}s; takeovers counted as crashes: "
+            f"{lk['crashes_counted']}"
+        )
+    print(
+        f"workers whose clock runs {SKEW}s fast or slow: {report['skewed']} of "
+        f"{report['workers_started']} started"
+    )
     print(f"PostgreSQL client connections at most (behind PgBouncer): {report['peak_connections']}")
     print(f"dashboard reads after the run (where from, status): {dict(report['replica_reads'])}")
+    if report["locked"].get("crashes_counted"):
+        problems.append("takeovers counted as crashes under the lock")
+        checks["takeovers counted as crashes under the lock"] = report["locked"]["crashes_counted"]
     if any(checks[k] for k in problems):
         raise SystemExit("PROBLEMS ABOVE")  # a failed check fails the run, not only its text
     print("nothing lost or doubled")

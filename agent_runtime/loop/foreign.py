@@ -20,7 +20,7 @@ from ..state import (
 )
 from ..store import Lease, LeaseLost, SessionHead, SessionStore, utcnow
 from .config import Outcome, RunConfig, RunResult, run_started
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, came_back
 
 _STATUS = {
     RunnerStatus.COMPLETED: SessionStatus.COMPLETED,
@@ -82,6 +82,7 @@ def run_with_runner(
     except RunnerCancelled:
         result = RunnerResult(RunnerStatus.CANCELLED)
     except LeaseLost as exc:
+        came_back(store, lease)
         return RunResult(session_id, Outcome.LEASE_LOST, error=str(exc))
     status = _STATUS[result.status]
     if result.status == RunnerStatus.FAILED:
@@ -111,6 +112,7 @@ def run_with_runner(
             final_answer=result.final_answer,
         )
     except LeaseLost as exc:
+        came_back(store, lease)
         return RunResult(session_id, Outcome.LEASE_LOST, error=str(exc))
     return RunResult(
         session_id,

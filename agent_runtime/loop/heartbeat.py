@@ -116,3 +116,18 @@ def fence_guard(store: SessionStore, lease: Lease, heartbeat: Heartbeat | None) 
             yield
 
     return guard
+
+
+def came_back(store: SessionStore, lease: Lease) -> None:
+    """After this run found its lease taken: it is alive, so the takeover that counted it
+    as a crash (a worker that died) takes that count back. Poison detection then counts
+    only runs that never came back. Best effort: the database may be what failed."""
+    try:
+        if store.came_back(lease):
+            log.info(
+                "session %s: this run was alive when its lease was taken over; "
+                "not counted as a crash",
+                lease.session_id,
+            )
+    except Exception as exc:
+        log.warning("session %s: could not take back a crash count: %s", lease.session_id, exc)

@@ -63,7 +63,7 @@ from .config import (
 )
 from .conversation import Conversation
 from .foreign import run_with_runner
-from .heartbeat import Heartbeat, fence_guard
+from .heartbeat import Heartbeat, came_back, fence_guard
 from .trace import (
     CallModel,
     Finished,
@@ -1022,6 +1022,7 @@ def _claimed(
             result = stop.result
         except LeaseLost as exc:
             log.warning("session %s: %s; stopping without writing", session_id, exc)
+            came_back(store, lease)
             guarded(config.telemetry.fenced, record, "append")
             result = RunResult(session_id, Outcome.LEASE_LOST, error=str(exc))
         record.outcome, record.error = result.outcome.value, result.error

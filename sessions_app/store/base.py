@@ -28,7 +28,7 @@ from decimal import Decimal
 from typing import Any, NamedTuple
 
 from django.db import IntegrityError, connection, connections, transaction
-from django.db.models import F, Field, QuerySet
+from django.db.models import F, Field, Q, QuerySet
 from django.db.models.functions import Now
 from django.db.models.signals import post_migrate, pre_migrate
 from django.dispatch import receiver
@@ -468,6 +468,12 @@ class DjangoSessionStore(abc.ABC):
         if connection.errors_occurred and not connection.in_atomic_block:
             connection.close_if_unusable_or_obsolete()
         return bool(self._held(lease).update(lease_owner=None, lease_expires_at=None))
+
+    def came_back(self, lease: Lease) -> bool:
+        taken_over = AgentSession.objects.filter(
+            id=lease.session_id, fencing_token=lease.token + 1, crash_count__gt=0
+        ).exclude(Q(lease_owner=None) | Q(lease_owner=lease.owner))
+        return bool(taken_over.update(crash_count=F("crash_count") - 1))
 
     def report_progress(self, lease: Lease, *, done: int, total: int | None, message: str) -> bool:
         return bool(

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.django_db
 # bench makes databases of its own on the server, named by RESPAWN_BENCH_DB_PREFIX below.
 NUMBER = r"[\d,]+(?:\.\d+)?"
 CASES = [
-    ("fleet", ["--sessions", "3", "--workers", "1", "--ticks", "2"],
+    ("fleet", ["--sessions", "3", "--workers", "1", "--ticks", "2", "--lock-seconds", "2"],
      r"^durable steps +[1-9]\d*$"),  # it exits 1 when a step is lost or doubled
     ("pooler", ["--workers", "1", "--sessions", "2", "--turns", "2", "--repeat", "1",
                 "--pool-size", "1"],

@@ -252,6 +252,26 @@ def test_claim_counts_takeovers_in_a_row_without_progress(harness):
     assert harness.store.claim(sid, "e", ttl=30).crashes == 0
 
 
+def test_a_run_that_comes_back_after_a_takeover_takes_its_crash_back(harness):
+    """A run stopped past its TTL and taken over was not a crash: once it comes back (and
+    finds itself fenced off) the takeover's count is taken back. Nothing else is: a lease
+    fenced later, or one that nobody took over, changes nothing."""
+    sid = harness.create()
+    first = harness.store.claim(sid, "a", ttl=30)
+    harness.expire(sid)
+    second = harness.store.claim(sid, "b", ttl=30)
+    assert second.crashes == 1
+    assert harness.store.came_back(second) is False  # b still holds it: nothing to take back
+    assert harness.store.came_back(first) is True
+    assert harness.store.came_back(first) is False  # once
+    harness.expire(sid)
+    third = harness.store.claim(sid, "c", ttl=30)
+    assert third.crashes == 1  # b's takeover, and only it, counts
+    assert harness.store.came_back(first) is False  # not the takeover right after a's lease
+    harness.expire(sid)
+    assert harness.store.claim(sid, "d", ttl=30).crashes == 2  # b never came back
+
+
 def test_load_tail_starts_at_the_last_model_step_or_after_the_head_checkpoint(harness):
     """What a run starts from: the live steps from the last model step on, or from just
     after the head checkpoint when that is earlier; the version counts are still those

@@ -83,6 +83,36 @@ def test_sigstop_past_the_lease_then_sigcont_late_writes_are_refused(fleet, sett
     assert "fenced off" in stopped.log() or "lease" in stopped.log()
 
 
+def test_a_worker_stopped_past_its_lease_counts_no_crash_once_it_comes_back(fleet):
+    """Poison detection counts workers that died: the takeover of a stopped worker's
+    expired lease counts one (nobody can tell yet), and the stopped worker, once it comes
+    back and finds itself fenced off, takes that count back."""
+    session = session_start(agent="slow", input="count to 8")
+    stopped = fleet.start(RESPAWN_SLOW_DELAY="0.6")
+    wait_for(
+        lambda: Step.objects.filter(session=session, kind="tool_call").exists(),
+        timeout=20,
+        interval=0.01,
+        what="the first tool call",
+    )
+    with frozen(stopped):
+        fleet.start(RESPAWN_SLOW_DELAY="0.6")
+        wait_for(
+            lambda: AgentSession.objects.get(id=session.id).fencing_token >= 2,
+            timeout=20,
+            what="another worker to take the session over",
+        )
+        assert AgentSession.objects.get(id=session.id).crash_count == 1
+    wait_for(
+        lambda: "not counted as a crash" in stopped.log(),
+        timeout=20,
+        what="the stopped worker to come back and find its lease taken",
+    )
+    assert AgentSession.objects.get(id=session.id).crash_count == 0
+    wait_final([session], timeout=60)
+    assert_completed(session, reference("slow", "count to 8"))
+
+
 @pytest.mark.parametrize("fault", ["restart", "flushall"])
 def test_redis_restarted_or_flushed_mid_run_every_session_finishes(fleet, private_redis, fault):
     sessions = [session_start(agent="slow", input="count to 4") for _ in range(4)]
