@@ -657,8 +657,9 @@ def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpR
 @require_GET
 def operators(request: HtmxRequest) -> HttpResponse:
     """Whom a session may be handed to: the <option>s of the hand form's suggestions,
-    loaded when the form is opened (not with every session page)."""
-    _require_operate(request)
+    loaded when the form is opened (not with every session page). Anyone with a role may
+    read it: the pages show every owner's name to viewers too."""
+    _require_view(request)
     return render(
         request, "sessions/detail.html#operators", {"operators": selectors.operator_names()}
     )

@@ -246,7 +246,7 @@ def test_the_operators_suggested_for_a_hand_are_operators_only(client, users, bo
     body = client.get(reverse("sessions:operators"), **HX).content.decode()
     assert '<option value="bob">' in body and '<option value="olivia">' in body
     assert "victor" not in body and "oscar" not in body
-    client.force_login(users["viewer"])
+    client.force_login(users["outsider"])
     assert client.get(reverse("sessions:operators"), **HX).status_code == 403
 
 
