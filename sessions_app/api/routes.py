@@ -11,7 +11,7 @@ import functools
 import re
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 from uuid import UUID
 
 from django.db import InterfaceError, OperationalError
@@ -767,18 +767,14 @@ def list_sessions(
         None,
         max_length=150,
         pattern=SINGLE_LINE_PATTERN,
-        description="`me` (yours), `unassigned` (nobody's) or a username",
+        description="`me` (yours), `unassigned` (nobody's) or a username (one no user "
+        "has matches no session)",
     ),
 ):
     _require_view(request)
     if status is not None and status not in Status.values:
         raise HttpError(400, f"unknown status {status!r} (one of {', '.join(Status.values)})")
-    owned: int | None | Literal[False] = False
-    if owner:
-        try:
-            owned = selectors.owner_id(owner, request.auth)
-        except selectors.BadFilter as exc:
-            raise HttpError(400, str(exc)) from None
+    owned = selectors.api_owner_q(owner, request.auth) if owner else None
     try:
         page, after = selectors.api_session_page(
             status=status,

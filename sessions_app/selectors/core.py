@@ -9,7 +9,7 @@ import math
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, time, timedelta
-from typing import Any, Literal, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
 from django.db import connection
@@ -204,6 +204,14 @@ def owner_id(owner: str, user: Any = None) -> int | None:
 def owner_q(user_id: int | None) -> Q:
     """Sessions the user owns; nobody's (the queue) when None."""
     return Q(owner__isnull=True) if user_id is None else Q(owner_id=user_id)
+
+
+def api_owner_q(owner: str, user: Any) -> Q:
+    """The API list's owner filter: `me`, `unassigned` or a username, which like an
+    agent's name is a filter, not a reference: one no user has matches no session."""
+    if owner in (OWNER_ME, OWNER_NONE):
+        return owner_q(owner_id(owner, user))
+    return Q(owner__username=owner)
 
 
 def with_busy_workers(
@@ -1534,16 +1542,15 @@ def api_session_page(
     agent_version: str | None,
     cursor: str | None,
     size: int,
-    owner: int | None | Literal[False] = False,
+    owner: Q | None = None,
 ) -> tuple[list[AgentSession], str | None]:
     """The API's list: latest activity first, a keyset page after `cursor` (BadFilter if
     it is not one this list gave), and the cursor of the next page. An agent version of
     "" is a filter too: the sessions that started before versions were recorded. `owner`
-    (selectors.owner_id): the sessions that user owns, None the unassigned ones, False
-    anyone's."""
+    (api_owner_q): whose sessions; None: anyone's."""
     sessions = AgentSession.objects.select_related("owner")
-    if owner is not False:
-        sessions = sessions.filter(owner_q(owner))
+    if owner is not None:
+        sessions = sessions.filter(owner)
     if status is not None:
         sessions = sessions.filter(status=status)
     if agent:

@@ -72,12 +72,13 @@ def _operator_named(username: str) -> Any:
         raise ActionError(str(exc), field="to") from None
     user = get_user_model().objects.filter(username=name[:MAX_USERNAME]).first()
     if user is None or len(name) > MAX_USERNAME:
-        raise ActionError(f"no user named {name[:80]!r}", code="invalid", field="to")
+        raise ActionError(f"no user named {name[:80]!r}", code="not_found", field="to")
     if not can_operate(user):
+        # What the data says, not a malformed request: a conflict with that user's role.
         raise ActionError(
             f"{name} cannot act on sessions (not an operator): a session is handed to "
             "someone who can",
-            code="invalid",
+            code="bad_status",
             field="to",
         )
     return user
