@@ -382,6 +382,26 @@ RESPAWN_RETENTION, RESPAWN_RETENTION_PROBLEM = _retention_policy()
 RESPAWN_MAX_CRASHES = int(env_float("RESPAWN_MAX_CRASHES", 5))
 # Approvals waiting longer than this many seconds are listed under "needs attention".
 RESPAWN_APPROVAL_SLA = env_float("RESPAWN_APPROVAL_SLA", 3600)
+
+
+def _json_setting(name: str) -> object:
+    """An environment variable holding JSON, parsed; the text itself when it is not JSON
+    (the system check that reads the setting names the problem), {} when unset."""
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
+# How long each kind of "needs attention" item may wait before it is past its target,
+# in seconds, by section (stuck, uncertain, approvals, incompatible, budget, failed,
+# failed_calls, late_calls), as JSON: {"stuck": 600, "approvals": 7200}. A section not
+# named keeps its default (sessions_app.selectors.ATTENTION_TARGETS); checked at start
+# (sessions_app.checks).
+RESPAWN_ATTENTION_TARGETS = _json_setting("RESPAWN_ATTENTION_TARGETS")
 # The reconciler dispatches at most this many sessions per pass: bulk resumes of
 # thousands reach the workers (and the model provider) in waves, not all at once.
 RESPAWN_RECONCILE_BATCH = int(env_float("RESPAWN_RECONCILE_BATCH", 200))

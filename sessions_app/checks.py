@@ -110,6 +110,26 @@ def check_prices(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
 
 
 @checks.register("respawn")
+def check_attention_targets(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
+    """Targets for "needs attention" that cannot be read are refused before anything runs
+    (the page and the alert rules read them on every request)."""
+    from .selectors.core import ATTENTION_TARGETS, parse_attention_targets
+
+    try:
+        parse_attention_targets(settings.RESPAWN_ATTENTION_TARGETS)
+    except ValueError as exc:
+        return [
+            checks.Error(
+                f"RESPAWN_ATTENTION_TARGETS: {exc}",
+                hint='A JSON object of section: seconds, e.g. {"stuck": 600, "approvals": 7200};'
+                f" sections: {', '.join(ATTENTION_TARGETS)}.",
+                id="respawn.E032",
+            )
+        ]
+    return []
+
+
+@checks.register("respawn")
 def check_tracing(app_configs=None, **kwargs) -> list[checks.CheckMessage]:
     """OTEL_* variables that ask for traces this installation cannot send."""
     from .telemetry import otel_requested, tracer_from_environment

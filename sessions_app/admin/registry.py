@@ -363,6 +363,8 @@ class TokenStateFilter(admin.SimpleListFilter):
 
 SESSION_HISTORY_FIELDS = (
     "id",
+    "owner",
+    "owned_since",
     "agent",
     "agent_version",
     "status",
@@ -466,6 +468,8 @@ class AgentSessionAdmin(LargeTableAdmin):
             },
         ),
         ("Origin", {"fields": ("created_by", "parent", "fork_seq", "created_at", "updated_at")}),
+        # Taken and handed on through the dashboard or the API (audited), never edited here.
+        ("Work queue", {"fields": ("owner", "owned_since")}),
     )
     actions = (
         "resume_sessions",

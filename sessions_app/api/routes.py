@@ -25,12 +25,13 @@ from pydantic import AfterValidator, ConfigDict, WithJsonSchema, model_validator
 from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
-from ..models import AgentSession, Status, Step
+from ..models import AgentSession, SessionNote, Status, Step
 from ..permissions import can_operate, can_view
 from ..runtime import agent_registry
 from ..selectors import core as selectors
 from ..services import core as services
 from ..services import credentials
+from ..services.workqueue import owner_name, session_add_note, session_hand, session_take
 from ..validation import (
     NOT_BLANK_PATTERN,
     SINGLE_LINE_PATTERN,
@@ -260,6 +261,10 @@ class SessionOut(Schema):
     fork_seq: int | None = None
     stuck: bool
     legal_hold: bool = Field(description="retention policies never delete anything of it")
+    owner: str | None = Field(
+        None, description="the username of who took the session (the work queue); null: nobody"
+    )
+    owned_since: datetime | None = Field(None, description="when its owner took it")
     damaged: list[str] = Field(
         default_factory=list,
         description="what of the row cannot be shown as stored (written by hand with SQL or "
@@ -470,6 +475,46 @@ class HoldIn(Schema):
     )
 
 
+class TakeIn(Schema):
+    seen_owner: SingleLineText | None = Field(
+        None,
+        max_length=150,
+        description="the owner you saw: null (or left out) when it was unassigned, a "
+        "username to take it over from them. 409 `owner_changed` when it is no longer so",
+    )
+
+
+# The body may be left out (the session was seen unassigned).
+NO_OWNER_SEEN = TakeIn(seen_owner=None)
+
+
+class HandIn(Schema):
+    to: SingleLineText | None = Field(
+        description="the operator to hand it to; null or empty: back in the queue (no owner)",
+        max_length=150,
+    )
+    seen_owner: SingleLineText | None = Field(
+        None,
+        max_length=150,
+        description="the owner you saw (null: unassigned); 409 `owner_changed` when it is "
+        "no longer so",
+    )
+
+
+class NoteIn(Schema):
+    text: RequiredText = Field(
+        max_length=services.MAX_REASON_CHARS, description="plain text, shown as written"
+    )
+
+
+class NoteOut(Schema):
+    id: int
+    author: str
+    text: str = Field(description="plain text (never HTML or Markdown)")
+    seq: int = Field(description="the session's last step when it was written")
+    created_at: datetime
+
+
 class DecisionIn(Schema):
     reason: MultiLineText = Field("", max_length=2000)
 
@@ -533,6 +578,8 @@ def _session_out(session: AgentSession, pending: dict | None = None) -> dict[str
         "damaged": session.damage(),
         "stuck": session.is_stuck(),
         "legal_hold": session.legal_hold,
+        "owner": owner_name(session) or None,
+        "owned_since": session.owned_since,
         "created_at": session.created_at,
         "updated_at": session.updated_at,
     }
@@ -716,13 +763,26 @@ def list_sessions(
     ]
     | None = Query(None, max_length=200, description="`next` of the previous page"),
     limit: int = Query(50, ge=1, le=MAX_PAGE),
+    owner: str | None = Query(
+        None,
+        max_length=150,
+        pattern=SINGLE_LINE_PATTERN,
+        description="`me` (yours), `unassigned` (nobody's) or a username (one no user "
+        "has matches no session)",
+    ),
 ):
     _require_view(request)
     if status is not None and status not in Status.values:
         raise HttpError(400, f"unknown status {status!r} (one of {', '.join(Status.values)})")
+    owned = selectors.api_owner_q(owner, request.auth) if owner else None
     try:
         page, after = selectors.api_session_page(
-            status=status, agent=agent, agent_version=agent_version, cursor=cursor, size=limit
+            status=status,
+            agent=agent,
+            agent_version=agent_version,
+            cursor=cursor,
+            size=limit,
+            owner=owned,
         )
     except selectors.BadFilter:
         raise HttpError(400, "cursor is not one this API returned") from None
@@ -898,6 +958,58 @@ def legal_hold(request: ApiRequest, session_id: UUID, body: HoldIn):
         hold=body.hold,
         note=body.note,
     )
+
+
+# --- The work queue -----------------------------------------------------------------------
+
+
+@api.post("/sessions/{session_id}/take", response={200: SessionOut, **ERRORS}, summary="Take")
+def take(request: ApiRequest, session_id: UUID, body: TakeIn = NO_OWNER_SEEN):
+    """Make the session yours (the work queue). Unassigned: taken. Someone else's: taken
+    over only when `seen_owner` names them (409 `owner_changed` otherwise, naming who owns
+    it now). Audited."""
+    return _act(request, session_take, 200, session_id, seen_owner=body.seen_owner or "")
+
+
+@api.post("/sessions/{session_id}/hand", response={200: SessionOut, **ERRORS}, summary="Hand on")
+def hand(request: ApiRequest, session_id: UUID, body: HandIn):
+    """Hand the session to another operator, or put it back in the queue (`to` null).
+    409 `owner_changed` when its owner is no longer `seen_owner`. Audited."""
+    return _act(
+        request,
+        session_hand,
+        200,
+        session_id,
+        to=body.to or "",
+        seen_owner=body.seen_owner or "",
+    )
+
+
+def _note_out(note: SessionNote) -> dict[str, Any]:
+    return {
+        "id": note.pk,
+        "author": note.author_label,
+        "text": note.text,
+        "seq": note.seq,
+        "created_at": note.created_at,
+    }
+
+
+@api.get("/sessions/{session_id}/notes", response={200: list[NoteOut], **ERRORS}, summary="Notes")
+def list_notes(request: ApiRequest, session_id: UUID):
+    """People's notes on the session, in trace order (at most 500)."""
+    _require_view(request)
+    return [_note_out(n) for n in selectors.trace_notes(_get(session_id), after=0, upto=None)]
+
+
+@api.post("/sessions/{session_id}/notes", response={201: NoteOut, **ERRORS}, summary="Leave a note")
+def add_note(request: ApiRequest, session_id: UUID, body: NoteIn):
+    """A plain-text note on the session, at the step it has reached. Audited."""
+    _require_operate(request)
+    note = session_add_note(
+        session_id=session_id, text=body.text, actor=request.auth, request_meta=_meta(request)
+    )
+    return Reply(201, _note_out(note))
 
 
 # --- Budgets and costs ------------------------------------------------------------------

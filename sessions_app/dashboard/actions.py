@@ -25,6 +25,7 @@ from ..models import AgentSession
 from ..permissions import can_operate
 from ..selectors import core as selectors
 from ..services import core as services
+from ..services import workqueue
 from ..services.graphs import session_answer_interrupt
 from ..validation import InvalidInput, load_json, parse_int
 from ..web.http import positive_int
@@ -298,6 +299,38 @@ def release(a: ActionInput) -> Done:
     return Done("Legal hold released: retention policies apply to it again.")
 
 
+def take(a: ActionInput) -> Done:
+    before = workqueue.owner_name(a.session)
+    session = workqueue.session_take(
+        session_id=a.session.id,
+        seen_owner=a.form.get("seen_owner", ""),
+        actor=a.actor,
+        request_meta=a.meta,
+    )
+    if before and before != workqueue.owner_name(session):
+        return Done(f"Taken over from {before}: it is yours now, and everyone sees it.")
+    return Done("Taken: it is yours, and everyone who opens it sees it.")
+
+
+def hand(a: ActionInput) -> Done:
+    to = (a.form.get("to") or "").strip()
+    workqueue.session_hand(
+        session_id=a.session.id,
+        to=to,
+        seen_owner=a.form.get("seen_owner", ""),
+        actor=a.actor,
+        request_meta=a.meta,
+    )
+    return Done(f"Handed to {to}." if to else "Put back in the queue: nobody owns it.")
+
+
+def note(a: ActionInput) -> Done:
+    workqueue.session_add_note(
+        session_id=a.session.id, text=a.form.get("note", ""), actor=a.actor, request_meta=a.meta
+    )
+    return Done("Note left: it shows in the trace's margin, beside the latest step.")
+
+
 def _rollback_preview(session: AgentSession, params: Mapping[str, Any]) -> selectors.Preview:
     seq = positive_int(params.get("seq"))
     if seq is None:
@@ -441,6 +474,11 @@ ACTIONS: dict[str, Action] = _actions(
         reason="required",
     ),
     Action("release", "Release the legal hold", release, services.session_set_legal_hold, None),
+    # The work queue: any status. Each names the owner the person saw (`seen_owner`), and
+    # is refused if it changed since (a stale form never takes a session from someone).
+    Action("take", "Take (assign to me)", take, workqueue.session_take, None, ("seen_owner",)),
+    Action("hand", "Hand to someone", hand, workqueue.session_hand, None, ("to", "seen_owner")),
+    Action("note", "Leave a note", note, workqueue.session_add_note, None, ("note",)),
 )
 
 # The actions whose confirmation is a preview (GET sessions:preview), by name.

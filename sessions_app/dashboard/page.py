@@ -9,6 +9,7 @@ shows: a 100,000-step trace must not make a header refresh slow."""
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +20,7 @@ from agent_runtime.state import SCHEMA_VERSION
 from ..models import FINAL, AgentSession, AuditAction
 from ..permissions import can_operate
 from ..selectors import core as selectors
+from ..services import workqueue
 from ..services.graphs import pending_interrupts
 from ..web.http import HtmxRequest, positive_int
 from . import trace
@@ -70,10 +72,12 @@ class SessionPage:
             context.update(getattr(self, f"_{piece}")(context, part))
         return context
 
-    def steps(self, page: trace.TracePage, filters: trace.TraceFilters) -> dict[str, Any]:
+    def steps(
+        self, page: trace.TracePage, filters: trace.TraceFilters, *, after: int
+    ) -> dict[str, Any]:
         """The context of a page of steps loaded after the ones shown (on scroll, or the
         live tail): the trace piece's keys for that page."""
-        return {**self._common(), **self._steps_of(page, filters)}
+        return {**self._common(), **self._steps_of(page, filters, after=after)}
 
     def failures(self) -> trace.Failures:
         """The session's failed steps, counted once per request (header and trace share)."""
@@ -84,8 +88,21 @@ class SessionPage:
     # --- The pieces ---------------------------------------------------------------------
 
     def _common(self) -> dict[str, Any]:
-        """What every part reads: the session, whether it may be changed, and polling."""
+        """What every part reads: the session, whether it may be changed, and polling;
+        who owns it, and the warning an action of someone else's confirms."""
+        session = self.session
+        owner = workqueue.owner_name(session)
+        mine = bool(owner) and session.owner_id == self.request.user.pk
+        warning = ""
+        if owner and not mine:
+            since = (
+                f" since {session.owned_since:%Y-%m-%d %H:%M} UTC" if session.owned_since else ""
+            )
+            warning = f"Owned by {owner}{since}: they may be acting on it too. "
         return {
+            "owner_name": owner,
+            "owned_by_me": mine,
+            "owner_warning": warning,
             "session": self.session,
             "can_operate": self.operate,
             "actions": ACTIONS,
@@ -185,7 +202,7 @@ class SessionPage:
         failures = self.failures()
         return {
             "trace": page,
-            **self._steps_of(page, filters),
+            **self._steps_of(page, filters, after=after),
             "trace_errors": filters.errors,
             "superseded_count": selectors.superseded_count(session),
             "from_seq": start,
@@ -197,9 +214,11 @@ class SessionPage:
             "kinds": list(trace.KIND_FILTERS),
         }
 
-    @staticmethod
-    def _steps_of(page: trace.TracePage, filters: trace.TraceFilters) -> dict[str, Any]:
+    def _steps_of(
+        self, page: trace.TracePage, filters: trace.TraceFilters, *, after: int
+    ) -> dict[str, Any]:
         return {
+            "margin": self._margin(page, after),
             "items": page.items,
             "more": page.more,
             "last_seq_shown": page.last_seq,
@@ -208,6 +227,22 @@ class SessionPage:
             "filter_query": filters.query(),
             "show_superseded": filters.superseded,
         }
+
+    def _margin(self, page: trace.TracePage, after: int) -> dict[int, list[Any]]:
+        """People's notes on this page of the trace, by the seq of the step shown beside
+        each: the last step shown at or before the step the note was written at (the first
+        one shown, for a note written before it). The last page takes every note after it."""
+        if not page.views or not getattr(self.session, "has_notes", True):
+            return {}
+        notes = selectors.trace_notes(
+            self.session, after=after, upto=page.last_seq if page.more else None
+        )
+        shown = [v.seq for v in page.views]
+        margin: dict[int, list[Any]] = {}
+        for note in notes:
+            at = bisect_right(shown, note.seq)
+            margin.setdefault(shown[at - 1] if at else shown[0], []).append(note)
+        return margin
 
 
 def steps_context(request: HtmxRequest) -> TraceContext | None:

@@ -29,6 +29,7 @@ urlpatterns = [
     path("charts/", views.list_charts, name="charts"),
     path("attention/", views.attention, name="attention"),
     path("agents/", views.agents, name="agents"),
+    path("operators/", views.operators, name="operators"),
     path("costs/", views.costs, name="costs"),
     path("import/", views.session_import, name="import"),
     path("new/", views.session_new, name="new"),

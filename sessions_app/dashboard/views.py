@@ -22,6 +22,7 @@ from django.core.exceptions import (
     RequestDataTooBig,
     TooManyFieldsSent,
 )
+from django.db.models import Q
 from django.http import Http404, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.urls import Resolver404
@@ -124,7 +125,7 @@ def _error(request: HtmxRequest, text: str, status: int) -> HttpResponse:
 
 
 def _list_context(request: HtmxRequest) -> dict[str, Any]:
-    filters = selectors.SessionFilters.from_query(request.GET)
+    filters = selectors.SessionFilters.from_query(request.GET, request.user)
     cursor = request.GET.get("cursor") or None
     before = request.GET.get("before") or None
     position = positive_int(request.GET.get("pos"))
@@ -225,7 +226,7 @@ def session_list(request: HtmxRequest) -> HttpResponse:
 def status_counts(request: HtmxRequest) -> HttpResponse:
     """The count chips under the list's filters (polled, and redrawn when a row settles)."""
     _require_view(request)
-    filters = selectors.SessionFilters.from_query(request.GET)
+    filters = selectors.SessionFilters.from_query(request.GET, request.user)
     totals = selectors.status_totals(filters, fresh=request.GET.get("fresh") == "1")
     context = {**_counts_context(filters, totals), "oob": True}
     return render(request, "sessions/list.html#counts", context)
@@ -355,7 +356,7 @@ class BulkTally:
 def _bulk_matching(request: HtmxRequest, bulk: Any) -> HttpResponse:
     # The list's filters, carried as f.<name> (the bulk form sits beside the filter form).
     given = {k[2:]: v for k, v in request.POST.items() if k.startswith("f.")}
-    filters = selectors.SessionFilters.from_query(given)
+    filters = selectors.SessionFilters.from_query(given, request.user)
     if filters.errors:
         return _error(request, "; ".join(filters.errors), 400)
     context: dict[str, Any] = {
@@ -500,9 +501,8 @@ def session_steps(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     if not page.views and not page.more and not session.is_runnable:
         # Caught up with a session that will not change: nothing to add, stop asking.
         return HttpResponseStopPolling()
-    return render(
-        request, "sessions/detail.html#steps", SessionPage(request, session).steps(page, filters)
-    )
+    context = SessionPage(request, session).steps(page, filters, after=after)
+    return render(request, "sessions/detail.html#steps", context)
 
 
 @login_required
@@ -651,6 +651,18 @@ def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpR
         messages.success(request, done.text)
         return HttpResponseClientRedirect(done.goto) if request.htmx else redirect(done.goto)
     return _action_response(request, session, ok=True, text=done.text)
+
+
+@login_required
+@require_GET
+def operators(request: HtmxRequest) -> HttpResponse:
+    """Whom a session may be handed to: the <option>s of the hand form's suggestions,
+    loaded when the form is opened (not with every session page). Anyone with a role may
+    read it: the pages show every owner's name to viewers too."""
+    _require_view(request)
+    return render(
+        request, "sessions/detail.html#operators", {"operators": selectors.operator_names()}
+    )
 
 
 # --- Audit log and attention ------------------------------------------------------------
@@ -907,15 +919,28 @@ def attention(request: HtmxRequest) -> HttpResponse:
     now = database_clock()  # leases and updates are stamped on the database's clock
     errors = []
     sections = {}
+    # The work queue: mine (owner=me), nobody's (owner=unassigned) or someone's.
+    owner = (request.GET.get("owner") or "").strip()
+    owned: Q | None = None
+    if owner:
+        try:
+            owned = selectors.owner_q(selectors.owner_id(owner, request.user))
+        except selectors.BadFilter as exc:
+            errors.append(str(exc))
+            owner = ""
     only = request.GET.get("section")
     keys = [only] if only in selectors.ATTENTION_SECTIONS else list(selectors.ATTENTION_SECTIONS)
     for key in keys:
         try:
-            sections[key] = selectors.attention_section(key, cursor=request.GET.get(key), now=now)
+            sections[key] = selectors.attention_section(
+                key, cursor=request.GET.get(key), now=now, owner=owned
+            )
         except selectors.BadFilter as exc:
             errors.append(f"{key}: {exc}")
-            sections[key] = selectors.attention_section(key, now=now)
+            sections[key] = selectors.attention_section(key, now=now, owner=owned)
     context = {
+        "owner": owner,
+        "owner_query": f"owner={quote(owner)}&" if owner else "",
         "sections": list(sections.values()),
         "errors": errors,
         "can_operate": can_operate(request.user),

@@ -131,6 +131,18 @@ class AgentSession(models.Model):
     parent = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="forks"
     )
+    # The work queue: the person who took the session (or was handed it), and since when.
+    # Changed only by services.queue (take, hand), each change audited; no FK index of its
+    # own: the (owner, updated_at) index below serves it.
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        db_index=False,
+    )
+    owned_since = models.DateTimeField(null=True, blank=True)
     fork_seq = models.PositiveIntegerField(null=True, blank=True)
     # Retention: a session on legal hold is never pruned (sessions_app.upkeep.retention); steps
     # that were superseded and then compacted away keep their seqs, counted here.
@@ -152,6 +164,8 @@ class AgentSession(models.Model):
             models.Index(fields=["-updated_at", "-id"], name="session_updated"),
             # Filter by agent.
             models.Index(fields=["agent", "-updated_at", "-id"], name="session_agent_updated"),
+            # Filter by owner ("mine", someone's, and unassigned: owner IS NULL).
+            models.Index(fields=["owner", "-updated_at", "-id"], name="session_owner_updated"),
             # Filter by agent and version; the agents page's live sessions per version.
             models.Index(
                 fields=["agent", "agent_version", "-updated_at", "-id"],
@@ -721,6 +735,11 @@ class AuditAction(models.TextChoices):
     LATE_TOOL_CALL = "late_tool_call", "a fenced-off worker had started a tool call"
     CREDENTIAL_GUESSING = "credential_guessing", "locked out an address guessing credentials"
     REPAIR_TIMES = "repair_times", "moved times no page could read into range"
+    TAKE = "take", "took the session"
+    TAKE_OVER = "take_over", "took the session over from its owner"
+    HAND = "hand", "handed the session to someone"
+    UNASSIGN = "unassign", "put the session back in the queue (no owner)"
+    NOTE = "note", "left a note"
 
 
 class AuditEvent(models.Model):
@@ -763,6 +782,36 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.actor_label} {self.action} {self.session_id}"
+
+
+class SessionNote(models.Model):
+    """A person's plain-text note on a session (the work queue): who wrote it, when, and
+    the session's last step then (`seq`: the trace shows it in the margin beside that
+    step). Never rendered as HTML or Markdown; written by services.queue, audited."""
+
+    session = models.ForeignKey(AgentSession, on_delete=models.CASCADE, related_name="notes")
+    author = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    author_label = ScrubbedCharField(
+        max_length=200, help_text="Who wrote it, kept if the user goes."
+    )
+    text = ScrubbedTextField()
+    seq = models.PositiveIntegerField(help_text="The session's last step when it was written.")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        indexes = [
+            # A session's notes in trace order (the margin, a page of steps at a time).
+            models.Index(fields=["session", "seq", "id"], name="note_session_seq"),
+        ]
+
+    def __str__(self) -> str:
+        return f"note by {self.author_label} on {self.session_id} at #{self.seq}"
 
 
 class ImportedAuditRecord(models.Model):

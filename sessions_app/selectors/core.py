@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import math
 import uuid
 from dataclasses import asdict, dataclass, field
 from datetime import date, datetime, time, timedelta
@@ -49,6 +50,7 @@ from ..models import (
     ImportedAuditRecord,
     Kind,
     ModelUsage,
+    SessionNote,
     Status,
     Step,
     StepSearch,
@@ -90,12 +92,16 @@ class SessionFilters:
     updated_from: date | None = None
     updated_to: date | None = None
     sort: str = "-updated"
+    # The work queue: "me", "unassigned" or a username, as asked; `owner_id` the user it
+    # names (None for "unassigned", or when there is no owner filter).
+    owner: str = ""
+    owner_id: int | None = None
     errors: list[str] = field(default_factory=list)
 
     @classmethod
-    def from_query(cls, params: Any) -> SessionFilters:
+    def from_query(cls, params: Any, user: Any = None) -> SessionFilters:
         """Every filter of the list, checked the same way: a bad value is named in an error
-        and dropped, and the others still apply."""
+        and dropped, and the others still apply. `user` is who "owner=me" means."""
         f = cls(
             q=" ".join((params.get("q") or "").split()),
             status=params.get("status") or "",
@@ -117,6 +123,13 @@ class SessionFilters:
         if f.sort not in SORTS:
             f.errors.append(f"unknown sort {f.sort!r}")
             f.sort = "-updated"
+        owner = (params.get("owner") or "").strip()
+        if owner:
+            try:
+                f.owner_id = owner_id(owner, user)
+                f.owner = owner
+            except BadFilter as exc:
+                f.errors.append(str(exc))
         for name in ("created_from", "created_to", "updated_from", "updated_to"):
             raw = (params.get(name) or "").strip()
             if raw:
@@ -142,6 +155,7 @@ class SessionFilters:
             "updated_from": self.updated_from.isoformat() if self.updated_from else "",
             "updated_to": self.updated_to.isoformat() if self.updated_to else "",
             "sort": self.sort if self.sort != "-updated" else "",
+            "owner": self.owner,
         }
         values.update({k: v for k, v in override.items()})
         return {k: str(v) for k, v in values.items() if v not in (None, "")}
@@ -151,6 +165,7 @@ class SessionFilters:
         """Anything narrowing the list besides its status."""
         return bool(
             self.q
+            or self.owner
             or self.agent
             or self.agent_version
             or self.created_from
@@ -158,6 +173,45 @@ class SessionFilters:
             or self.updated_from
             or self.updated_to
         )
+
+
+OWNER_ME = "me"
+OWNER_NONE = "unassigned"
+MAX_OWNER = 150  # django.contrib.auth's username column
+
+
+def owner_id(owner: str, user: Any = None) -> int | None:
+    """The user an owner filter names: `me` (the `user` asking), `unassigned` (None: the
+    sessions nobody owns) or a username. BadFilter naming the problem otherwise."""
+    from django.contrib.auth import get_user_model
+
+    if owner == OWNER_NONE:
+        return None
+    if owner == OWNER_ME:
+        if user is None or not getattr(user, "is_authenticated", False):
+            raise BadFilter("owner=me: nobody is signed in")
+        return int(user.pk)
+    if len(owner) > MAX_OWNER:
+        raise BadFilter(f"owner: at most {MAX_OWNER} characters")
+    found = get_user_model().objects.filter(username=owner).values_list("pk", flat=True).first()
+    if found is None:
+        raise BadFilter(
+            f"unknown owner {owner[:80]!r} (a username, {OWNER_ME!r} or {OWNER_NONE!r})"
+        )
+    return int(found)
+
+
+def owner_q(user_id: int | None) -> Q:
+    """Sessions the user owns; nobody's (the queue) when None."""
+    return Q(owner__isnull=True) if user_id is None else Q(owner_id=user_id)
+
+
+def api_owner_q(owner: str, user: Any) -> Q:
+    """The API list's owner filter: `me`, `unassigned` or a username, which like an
+    agent's name is a filter, not a reference: one no user has matches no session."""
+    if owner in (OWNER_ME, OWNER_NONE):
+        return owner_q(owner_id(owner, user))
+    return Q(owner__username=owner)
 
 
 def with_busy_workers(
@@ -201,6 +255,8 @@ def filtered_sessions(f: SessionFilters, *, with_status: bool = True) -> QuerySe
         sessions = sessions.filter(agent=f.agent)
     if f.agent_version:
         sessions = sessions.filter(agent_version=f.agent_version)
+    if f.owner:
+        sessions = sessions.filter(owner_q(f.owner_id))
     if f.created_from:
         sessions = sessions.filter(created_at__gte=_day_start(f.created_from))
     if f.created_to:
@@ -268,7 +324,7 @@ def session_page(
     when the link says so; otherwise it is counted."""
     order = SORTS[f.sort]
     # Whether a worker is busy, once for the page: what each row's stuck badge asks.
-    sessions = with_busy_workers(filtered_sessions(f))
+    sessions = with_busy_workers(filtered_sessions(f)).select_related("owner")
     if before:
         reverse = tuple(o[1:] if o.startswith("-") else f"-{o}" for o in order)
         rows = list(
@@ -332,7 +388,8 @@ def status_totals(
     from django.core.cache import cache
 
     f = f or SessionFilters()
-    filters = repr(sorted(f.as_query(status="", sort="").items())).encode()
+    # "owner=me" is someone else's list for each person: keyed by whom it names.
+    filters = repr((sorted(f.as_query(status="", sort="").items()), f.owner_id)).encode()
     key = "respawn:status-totals:" + hashlib.sha256(filters).hexdigest()[:32]
     cached = None if fresh else cache.get(key)
     if cached is not None or cached_only:
@@ -693,6 +750,82 @@ ATTENTION_CAP = 1000
 FAILED_RECENT_DAYS = 7
 
 
+@dataclass(frozen=True)
+class Waiting:
+    """One "needs attention" item and how long it has waited (since its last activity)
+    against its section's target."""
+
+    key: str
+    session: AgentSession
+    waited: timedelta
+    target: float  # seconds
+
+    @property
+    def past_target(self) -> bool:
+        return self.waited.total_seconds() > self.target
+
+    @property
+    def over(self) -> timedelta:
+        """How far past the target it is (zero when it is not)."""
+        return max(self.waited - timedelta(seconds=self.target), timedelta(0))
+
+
+# The default target per section, in seconds: how long an item may wait for a person
+# before it is past target (the page highlights it; the alert rules can alert on it).
+# RESPAWN_ATTENTION_TARGETS overrides any of them.
+ATTENTION_TARGETS: dict[str, float] = {
+    "stuck": 15 * 60,
+    "uncertain": 60 * 60,
+    "approvals": 4 * 3600,
+    "incompatible": 24 * 3600,
+    "budget": 4 * 3600,
+    "failed": 24 * 3600,
+    "failed_calls": 24 * 3600,
+    "late_calls": 24 * 3600,
+}
+
+
+def parse_attention_targets(value: Any) -> dict[str, float]:
+    """The targets per section: the defaults, with RESPAWN_ATTENTION_TARGETS's (a JSON
+    object of section: seconds) over them. ValueError naming what is wrong."""
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ValueError(f"not JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"expected a JSON object of section: seconds, got {type(value).__name__}"
+            ' (e.g. {"stuck": 600, "approvals": 7200})'
+        )
+    targets = dict(ATTENTION_TARGETS)
+    for key, seconds in value.items():
+        if key not in ATTENTION_TARGETS:
+            known = ", ".join(ATTENTION_TARGETS)
+            raise ValueError(f"unknown section {str(key)[:80]!r} (one of {known})")
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not math.isfinite(seconds)
+            or seconds <= 0
+            or seconds > 10 * 365 * 86400
+        ):
+            raise ValueError(
+                f"{key}: expected a number of seconds above 0 (at most ten years), "
+                f"got {seconds!r:.80}"
+            )
+        targets[key] = float(seconds)
+    return targets
+
+
+def attention_targets() -> dict[str, float]:
+    """The target of each "needs attention" section, in seconds (checked at start by
+    sessions_app.checks, so a bad setting never gets this far)."""
+    return parse_attention_targets(settings.RESPAWN_ATTENTION_TARGETS)
+
+
 @dataclass
 class AttentionSection:
     """One group of "needs attention": its sessions a page at a time (oldest activity
@@ -709,6 +842,10 @@ class AttentionSection:
     group_by: str
     next_cursor: str | None = None
     cursor: str | None = None
+    # How long an item of this section may wait (seconds, RESPAWN_ATTENTION_TARGETS), and
+    # how long each row has waited, with whether it is past that target, row by row.
+    target: float = 0.0
+    waits: list[Waiting] = field(default_factory=list)
 
     @property
     def count_label(self) -> str:
@@ -815,12 +952,19 @@ ATTENTION_SECTIONS = {
 
 
 def attention_section(
-    key: str, *, cursor: str | None = None, now: datetime | None = None
+    key: str,
+    *,
+    cursor: str | None = None,
+    now: datetime | None = None,
+    owner: Q | None = None,
 ) -> AttentionSection:
-    """One section of "needs attention", a page after `cursor` (BadFilter if it is bad)."""
+    """One section of "needs attention", a page after `cursor` (BadFilter if it is bad),
+    of the sessions `owner` (selectors.owner_q) matches when given."""
     now = now or database_clock()
     title, remedy, group_by = ATTENTION_SECTIONS[key]
     sessions = _attention_querysets(now)[key]
+    if owner is not None:
+        sessions = sessions.filter(owner)
     if key == "approvals":
         title += f" (over {format_duration(settings.RESPAWN_APPROVAL_SLA)})"
     count = sessions.values("id")[: ATTENTION_CAP + 1].count()
@@ -835,8 +979,9 @@ def attention_section(
     page = sessions
     if cursor:
         page = page.filter(_beyond(order, cursor, forward=True))
-    page = with_busy_workers(page, now)
+    page = with_busy_workers(page, now).select_related("owner")
     rows, more = first_rows(page.order_by("updated_at", "id"), ATTENTION_PAGE)
+    target = attention_targets()[key]
     return AttentionSection(
         key=key,
         title=title,
@@ -848,7 +993,28 @@ def attention_section(
         group_by=group_by,
         next_cursor=encode_cursor(rows[-1], "updated") if more and rows else None,
         cursor=cursor,
+        target=target,
+        waits=[Waiting(key, s, max(now - s.updated_at, timedelta(0)), target) for s in rows],
     )
+
+
+PAST_TARGET_LIMIT = 100
+
+
+def past_target(now: datetime | None = None, *, limit: int = PAST_TARGET_LIMIT) -> list[Waiting]:
+    """The "needs attention" items waiting past their section's target (what the alert
+    rules alert on): up to `limit` per section, the longest waiting first, each with its
+    section, how long it has waited and its owner (select_related: no query per row). A
+    session in two sections is in both."""
+    now = now or database_clock()
+    targets = attention_targets()
+    found: list[Waiting] = []
+    for key, sessions in _attention_querysets(now).items():
+        target = targets[key]
+        late = sessions.filter(updated_at__lt=now - timedelta(seconds=target))
+        for session in late.select_related("owner").order_by("updated_at", "id")[:limit]:
+            found.append(Waiting(key, session, now - session.updated_at, target))
+    return found
 
 
 # --- Previews ---------------------------------------------------------------------------
@@ -1291,8 +1457,57 @@ def _sessions_per_version(sessions: QuerySet[AgentSession]) -> dict[int, int]:
 
 
 def session_by_id(session_id: Any) -> AgentSession | None:
-    """The session, with its parent (which a page names), or None."""
-    return AgentSession.objects.select_related("parent").filter(id=session_id).first()
+    """The session, with its parent (which a page names) and owner, and whether people
+    left notes on it (`has_notes`: the trace's margin reads them only then), or None."""
+    return (
+        AgentSession.objects.select_related("parent", "owner")
+        .annotate(has_notes=Exists(SessionNote.objects.filter(session=OuterRef("pk"))))
+        .filter(id=session_id)
+        .first()
+    )
+
+
+NOTES_SHOWN = 500  # notes the margin of one page of the trace shows at most
+
+
+def trace_notes(session: AgentSession, *, after: int, upto: int | None) -> list[SessionNote]:
+    """The session's notes written at steps after `after` (every one when it is 0) up
+    to `upto` (None: to the end), in trace order, with their authors: what the margin of a
+    page of the trace shows."""
+    notes = SessionNote.objects.filter(session=session)
+    if after > 0:
+        notes = notes.filter(seq__gt=after)
+    if upto is not None:
+        notes = notes.filter(seq__lte=upto)
+    return list(notes.order_by("seq", "id")[:NOTES_SHOWN])
+
+
+def note_count(session: AgentSession) -> int:
+    return SessionNote.objects.filter(session=session).count()
+
+
+OPERATORS_CACHE_SECONDS = 30
+
+
+def operator_names() -> list[str]:
+    """Who a session may be handed to, as the forms suggest it: the active users who may
+    act on sessions (cached for OPERATORS_CACHE_SECONDS; the service checks the one named)."""
+    from django.contrib.auth import get_user_model
+    from django.core.cache import cache
+
+    from ..permissions import ADMIN_GROUP, OPERATOR_GROUP
+
+    key = "respawn:operator-names"
+    names = cache.get(key)
+    if names is None:
+        users = (
+            get_user_model()
+            .objects.filter(is_active=True)
+            .filter(Q(is_superuser=True) | Q(groups__name__in=[OPERATOR_GROUP, ADMIN_GROUP]))
+        )
+        names = list(users.order_by("username").values_list("username", flat=True).distinct()[:500])
+        cache.set(key, names, OPERATORS_CACHE_SECONDS)
+    return list(names)
 
 
 def sessions_by_ids(ids: list[uuid.UUID]) -> list[AgentSession]:
@@ -1327,11 +1542,15 @@ def api_session_page(
     agent_version: str | None,
     cursor: str | None,
     size: int,
+    owner: Q | None = None,
 ) -> tuple[list[AgentSession], str | None]:
     """The API's list: latest activity first, a keyset page after `cursor` (BadFilter if
     it is not one this list gave), and the cursor of the next page. An agent version of
-    "" is a filter too: the sessions that started before versions were recorded."""
-    sessions = AgentSession.objects.all()
+    "" is a filter too: the sessions that started before versions were recorded. `owner`
+    (api_owner_q): whose sessions; None: anyone's."""
+    sessions = AgentSession.objects.select_related("owner")
+    if owner is not None:
+        sessions = sessions.filter(owner)
     if status is not None:
         sessions = sessions.filter(status=status)
     if agent:

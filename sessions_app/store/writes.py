@@ -29,7 +29,7 @@ from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.store import Lease
 
 from ..fields import READABLE_FROM, READABLE_UNTIL
-from ..models import AgentSession, Checkpoint, ImportedAuditRecord, Reason, Step
+from ..models import AgentSession, Checkpoint, ImportedAuditRecord, Reason, SessionNote, Step
 
 # The session columns the fence moves.
 FENCE_FIELDS = ["fencing_token", "lease_owner", "lease_expires_at"]
@@ -414,13 +414,14 @@ def repair_times(session_id: Any, now: datetime) -> dict[str, int]:
 
 
 def delete_trace(session_ids: Sequence[Any]) -> None:
-    """Retention's delete of whole sessions: their steps, checkpoints and imported history
-    (the caller deletes the rest), without loading them."""
+    """Retention's delete of whole sessions: their steps, checkpoints, imported history
+    and people's notes (the caller deletes the rest), without loading them."""
     Step.objects.filter(session_id__in=session_ids)._raw_delete(Step.objects.db)
     Checkpoint.objects.filter(session_id__in=session_ids)._raw_delete(Checkpoint.objects.db)
     ImportedAuditRecord.objects.filter(session_id__in=session_ids)._raw_delete(
         ImportedAuditRecord.objects.db
     )
+    SessionNote.objects.filter(session_id__in=session_ids)._raw_delete(SessionNote.objects.db)
 
 
 def drop_rows(rows: QuerySet[Any]) -> None:

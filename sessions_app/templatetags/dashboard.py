@@ -32,6 +32,12 @@ def may_operate(user: Any) -> bool:
     return can_operate(user)
 
 
+@register.filter
+def at(mapping: dict[Any, Any] | None, key: Any) -> Any:
+    """mapping[key], or [] when it has none (a step without notes in the margin)."""
+    return (mapping or {}).get(key, [])
+
+
 @register.filter(name="json")
 def as_json(value: Any) -> str:
     """A JSON value as JSON (what a tool receives and an operator reads), indented; not

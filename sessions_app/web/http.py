@@ -43,6 +43,7 @@ ERROR_STATUS = {
     "already_running": 409,
     "exists": 409,
     "busy": 409,
+    "owner_changed": 409,  # the work queue: someone took or handed the session meanwhile
 }
 # The code the API names an HTTP error by when no ActionError named it.
 STATUS_CODE = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found"}

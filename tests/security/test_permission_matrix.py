@@ -230,6 +230,8 @@ def test_every_api_operation_for_every_role(client, world):
                     "hold": True,
                     "note": "case 1",
                     "value": "yes",
+                    "to": "someone",  # the work queue's hand
+                    "text": "a note",
                 }
                 if path.endswith("/budgets"):  # refuses names that are not budgets
                     body = {"max_steps": 500}

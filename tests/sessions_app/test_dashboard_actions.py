@@ -43,6 +43,8 @@ SAMPLE = {
     "max_cost": "",
     "max_seconds": "",
     "resume": "",
+    "seen_owner": "",  # the work queue: the owner the person saw (nobody)
+    "to": "olivia",  # the operator of the `users` fixture
 }
 
 # The session each action succeeds on (the fixtures below), by the action's name.
@@ -61,6 +63,9 @@ SUCCEEDS_ON = {
     "budgets": "done",
     "hold": "done",
     "release": "held",
+    "take": "done",
+    "hand": "done",
+    "note": "done",
 }
 
 
