@@ -721,6 +721,11 @@ class AuditAction(models.TextChoices):
     LATE_TOOL_CALL = "late_tool_call", "a fenced-off worker had started a tool call"
     CREDENTIAL_GUESSING = "credential_guessing", "locked out an address guessing credentials"
     REPAIR_TIMES = "repair_times", "moved times no page could read into range"
+    ALERT_RULE_CREATE = "alert_rule_create", "created an alert rule"
+    ALERT_RULE_ENABLE = "alert_rule_enable", "switched an alert rule on"
+    ALERT_RULE_DISABLE = "alert_rule_disable", "switched an alert rule off"
+    ALERT_RULE_DELETE = "alert_rule_delete", "deleted an alert rule"
+    ALERT_RULE_TEST = "alert_rule_test", "sent a test alert"
 
 
 class AuditEvent(models.Model):
