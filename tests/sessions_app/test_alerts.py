@@ -11,6 +11,7 @@ import threading
 import time
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from io import StringIO
 from pathlib import Path
 
 import pytest
@@ -388,3 +389,15 @@ def test_the_secret_is_stored_encrypted_and_audited_without_it():
     event = AuditEvent.objects.get(action="alert_rule_create")
     assert secret not in json.dumps(event.after)
     assert "abc" not in json.dumps(event.after)  # the query string is masked
+
+
+def test_send_alerts_command(receivers):
+    from django.core.management import call_command
+
+    receiver = receivers()
+    webhook_rule(receiver.url)
+    waiting_for_approval()
+    out = StringIO()
+    call_command("send_alerts", stdout=out)
+    assert out.getvalue().strip() == "raised 0, resolved 0; sent: 1 delivered"
+    assert len(receiver.accepted()) == 1
