@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import transaction
+from django.db.models.functions import Now
 
 from ..models import (
     AlertChannel,
@@ -179,7 +180,10 @@ def alert_rule_send_test(
     """Queue a test message to the rule's channel; the workers send it like any other,
     and it shows in the rule's delivery log."""
     with transaction.atomic():
-        delivery = AlertDelivery.objects.create(rule=rule, kind=DeliveryKind.TEST)
+        delivery = AlertDelivery.objects.create(
+            rule=rule, kind=DeliveryKind.TEST, next_attempt_at=Now()
+        )
+        delivery.refresh_from_db(fields=["next_attempt_at"])
         audit(
             actor=_actor(actor),
             action=AuditAction.ALERT_RULE_TEST,

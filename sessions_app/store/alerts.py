@@ -19,6 +19,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models.functions import Now
 from django.utils import timezone
 
 from agent_runtime.loop import BUDGET_REACHED
@@ -96,7 +97,8 @@ def raise_alert(session_id: Any, reason: str, *, agent: str | None = None, detai
         return 0  # open already: raised once
     AlertDelivery.objects.bulk_create(
         [
-            AlertDelivery(rule_id=rule, event=event, kind=DeliveryKind.FIRED, next_attempt_at=now)
+            # Due on the database's clock, on which the workers claim.
+            AlertDelivery(rule_id=rule, event=event, kind=DeliveryKind.FIRED, next_attempt_at=Now())
             for rule in rules
         ]
     )

@@ -331,7 +331,12 @@ def resolve_event(event_id: int) -> int:
         ).values_list("rule_id", flat=True)
         AlertDelivery.objects.bulk_create(
             [
-                AlertDelivery(rule_id=rule, event_id=event_id, kind=DeliveryKind.RESOLVED)
+                AlertDelivery(
+                    rule_id=rule,
+                    event_id=event_id,
+                    kind=DeliveryKind.RESOLVED,
+                    next_attempt_at=Now(),
+                )
                 for rule in rules
             ],
             ignore_conflicts=True,
