@@ -409,6 +409,38 @@ RESPAWN_RECONCILE_BATCH = int(env_float("RESPAWN_RECONCILE_BATCH", 200))
 # worker at a time does it, off the append path): a step is searchable about this many
 # seconds after it is written. 0: off (run `manage.py index_search` instead).
 RESPAWN_SEARCH_INTERVAL = env_float("RESPAWN_SEARCH_INTERVAL", 2.0)
+# --- Alerts (sessions_app/upkeep/alerts.py; docs/RELIABILITY.md, "Alerts") -------------
+# Each worker process sends due alert deliveries from a thread of its own, looking this
+# often (seconds); 0: off (run `manage.py send_alerts` instead).
+RESPAWN_ALERT_INTERVAL = env_float("RESPAWN_ALERT_INTERVAL", 1.0)
+# How often the alert sweep raises alerts of time-based states (stuck) and of states that
+# no append wrote, and resolves alerts whose session left its state.
+RESPAWN_ALERT_SWEEP_INTERVAL = env_float("RESPAWN_ALERT_SWEEP_INTERVAL", 10.0)
+# A receiver's connect and read timeout: a receiver that hangs holds one sending thread
+# this long at most, never a session.
+RESPAWN_ALERT_TIMEOUT = env_float("RESPAWN_ALERT_TIMEOUT", 5.0)
+# Retries: after the n-th failed attempt, wait BACKOFF * 2**(n-1) seconds (jittered),
+# at most BACKOFF_MAX; after MAX_ATTEMPTS attempts the delivery "gave up".
+RESPAWN_ALERT_BACKOFF = env_float("RESPAWN_ALERT_BACKOFF", 2.0)
+RESPAWN_ALERT_BACKOFF_MAX = env_float("RESPAWN_ALERT_BACKOFF_MAX", 300.0)
+RESPAWN_ALERT_MAX_ATTEMPTS = int(env_float("RESPAWN_ALERT_MAX_ATTEMPTS", 15))
+# Deliveries one worker process sends at once.
+RESPAWN_ALERT_CONCURRENCY = int(env_float("RESPAWN_ALERT_CONCURRENCY", 4))
+# How long a process trusts its "is there any enabled rule?" answer (seconds).
+RESPAWN_ALERT_RULES_CACHE = env_float("RESPAWN_ALERT_RULES_CACHE", 5.0)
+# A session stuck (should be running, no live lease) this many seconds raises "stuck".
+RESPAWN_ALERT_STUCK_AFTER = env_float("RESPAWN_ALERT_STUCK_AFTER", 120.0)
+# The dashboard's address as receivers should link to it.
+RESPAWN_PUBLIC_URL = os.environ.get("RESPAWN_PUBLIC_URL", "http://localhost:8000").rstrip("/")
+# E-mail alerts go through Django's mail settings.
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(env_float("EMAIL_PORT", 25))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_secret("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_float("EMAIL_TIMEOUT", 10.0)
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "respawn@localhost")
 RESPAWN_MODEL = os.environ.get("RESPAWN_MODEL", "")
 OPENAI_BASE_URL = os.environ.get("OPENAI_BASE_URL", "")
 OPENAI_API_KEY = env_secret("OPENAI_API_KEY")

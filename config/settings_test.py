@@ -14,6 +14,14 @@ os.environ.setdefault("RESPAWN_DISPATCH_GRACE", "2")
 os.environ.setdefault("RESPAWN_SLOW_DELAY", "0.2")
 os.environ.setdefault("RESPAWN_MODEL_BACKOFF", "0.01")
 os.environ.setdefault("RESPAWN_PRODUCTION", "0")
+# Alerts: a receiver "down for a minute" is a few seconds here (docs/RELIABILITY.md).
+os.environ.setdefault("RESPAWN_ALERT_INTERVAL", "0.2")
+os.environ.setdefault("RESPAWN_ALERT_SWEEP_INTERVAL", "1")
+os.environ.setdefault("RESPAWN_ALERT_TIMEOUT", "1")
+os.environ.setdefault("RESPAWN_ALERT_BACKOFF", "0.2")
+os.environ.setdefault("RESPAWN_ALERT_BACKOFF_MAX", "1")
+os.environ.setdefault("RESPAWN_ALERT_RULES_CACHE", "0")
+os.environ.setdefault("RESPAWN_ALERT_STUCK_AFTER", "3")
 # Only the agents a test names: a package with a respawn.agents entry point that a developer
 # installed into the virtualenv must not change what the tests see. The entry-point tests
 # switch it on for themselves.

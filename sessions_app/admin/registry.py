@@ -39,6 +39,8 @@ from agent_runtime.state import SCHEMA_VERSION
 
 from ..models import (
     AgentSession,
+    AlertDelivery,
+    AlertRule,
     ApiToken,
     AuditEvent,
     Checkpoint,
@@ -1009,3 +1011,69 @@ class QueueDashboardAdmin(RoleRules, admin.ModelAdmin):
 
     def changelist_view(self, request, extra_context=None):
         return HttpResponseRedirect(reverse(f"{queues_admin.APP_NAME}:home"))
+
+
+# --- Alerts -------------------------------------------------------------------------------
+# Read-only here: rules are managed on the dashboard's Alerts page, through the audited
+# services; the admin never shows a rule's secret, and masks its URL as the pages do.
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(AlertRule)
+class AlertRuleAdmin(ReadOnlyAdmin):
+    list_display = ("name", "agent", "reasons", "channel", "shown_target", "enabled", "created_at")
+    fields = (
+        "name",
+        "agent",
+        "reasons",
+        "channel",
+        "shown_target",
+        "secret",
+        "enabled",
+        "send_resolved",
+        "created_by",
+        "created_at",
+    )
+    readonly_fields = fields
+    show_facets = admin.ShowFacets.NEVER
+
+    @admin.display(description="sends to")
+    def shown_target(self, obj: AlertRule) -> str:
+        return obj.shown_target
+
+    @admin.display(description="secret")
+    def secret(self, obj: AlertRule) -> str:
+        return "•••••••• (shown once, when the rule was created)" if obj.secret_key_id else "–"
+
+
+@admin.register(AlertDelivery)
+class AlertDeliveryAdmin(ReadOnlyAdmin, LargeTableAdmin):
+    list_display = ("created_at", "rule", "kind", "status", "response_code", "attempts", "uid")
+    list_select_related = ("rule",)
+    list_filter = ("status", "kind")
+    ordering = ("-id",)
+    sortable_by = ()
+    fields = (
+        "uid",
+        "rule",
+        "event",
+        "kind",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "response_code",
+        "last_error",
+        "created_at",
+        "delivered_at",
+    )
+    readonly_fields = fields

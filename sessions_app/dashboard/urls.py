@@ -3,7 +3,7 @@ import re
 from django.urls import path, register_converter
 from django.urls.converters import StringConverter
 
-from . import views
+from . import alerts, views
 from .actions import ACTIONS, PREVIEWS
 
 app_name = "sessions"
@@ -32,6 +32,11 @@ urlpatterns = [
     path("operators/", views.operators, name="operators"),
     path("costs/", views.costs, name="costs"),
     path("import/", views.session_import, name="import"),
+    path("alerts/", alerts.alert_rules, name="alerts"),
+    path("alerts/<int:rule_id>/", alerts.alert_rule, name="alert_rule"),
+    path("alerts/<int:rule_id>/test/", alerts.alert_rule_test, name="alert_rule_test"),
+    path("alerts/<int:rule_id>/switch/", alerts.alert_rule_switch, name="alert_rule_switch"),
+    path("alerts/<int:rule_id>/delete/", alerts.alert_rule_delete, name="alert_rule_delete"),
     path("new/", views.session_new, name="new"),
     path("<uuid:session_id>/", views.session_detail, name="detail"),
     path("<uuid:session_id>/panel/", views.session_header, name="panel"),

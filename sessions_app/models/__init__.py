@@ -3,6 +3,15 @@ side effects, API tokens and log-in failures; `graph` the rows LangGraph threads
 them. Models import only Django, the engine's records and the scrubbing fields
 (sessions_app.redaction); every other part of sessions_app may import them."""
 
+from .alerts import (
+    AlertChannel,
+    AlertDelivery,
+    AlertEvent,
+    AlertReason,
+    AlertRule,
+    DeliveryKind,
+    DeliveryStatus,
+)
 from .graph import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
 from .sessions import (
     FINAL,
@@ -35,6 +44,13 @@ from .sessions import (
 )
 
 __all__ = [
+    "AlertChannel",
+    "AlertDelivery",
+    "AlertEvent",
+    "AlertReason",
+    "AlertRule",
+    "DeliveryKind",
+    "DeliveryStatus",
     "AgentSession",
     "ApiToken",
     "AuditAction",

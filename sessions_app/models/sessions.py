@@ -740,6 +740,11 @@ class AuditAction(models.TextChoices):
     HAND = "hand", "handed the session to someone"
     UNASSIGN = "unassign", "put the session back in the queue (no owner)"
     NOTE = "note", "left a note"
+    ALERT_RULE_CREATE = "alert_rule_create", "created an alert rule"
+    ALERT_RULE_ENABLE = "alert_rule_enable", "switched an alert rule on"
+    ALERT_RULE_DISABLE = "alert_rule_disable", "switched an alert rule off"
+    ALERT_RULE_DELETE = "alert_rule_delete", "deleted an alert rule"
+    ALERT_RULE_TEST = "alert_rule_test", "sent a test alert"
 
 
 class AuditEvent(models.Model):

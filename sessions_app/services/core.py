@@ -35,6 +35,7 @@ from agent_runtime.upgraders import IncompatibleSchemaError, load_state
 
 from ..models import (
     AgentSession,
+    AlertReason,
     ApiToken,
     AuditAction,
     AuditEvent,
@@ -46,7 +47,7 @@ from ..models import (
 )
 from ..runtime import agent_registry, agent_version, redactor
 from ..sealing import exact, keep_secrets
-from ..store import graph, writes
+from ..store import alerts, graph, writes
 from ..web.http import status_of
 from . import dispatch
 
@@ -622,12 +623,16 @@ def session_mark_incompatible(*, session_id: Any, reason: str) -> bool:
     leaves the session alone until code with a newer SCHEMA_VERSION, or another version
     of the session's agent, runs it."""
     agent = AgentSession.objects.filter(id=session_id).values_list("agent", flat=True).first()
-    marked = AgentSession.objects.filter(id=session_id).update(
-        incompatible_reason=reason,
-        incompatible_at=timezone.now(),
-        incompatible_code_schema=SCHEMA_VERSION,
-        incompatible_agent_version=agent_version(agent) if agent is not None else "",
-    )
+    with transaction.atomic():
+        marked = AgentSession.objects.filter(id=session_id).update(
+            incompatible_reason=reason,
+            incompatible_at=timezone.now(),
+            incompatible_code_schema=SCHEMA_VERSION,
+            incompatible_agent_version=agent_version(agent) if agent is not None else "",
+        )
+        if marked and agent is not None and alerts.rules_exist():
+            # The alert's outbox rows commit with the mark (sessions_app.store.alerts).
+            alerts.raise_alert(session_id, AlertReason.INCOMPATIBLE, agent=agent, detail=reason)
     log.warning("session %s is incompatible with this code: %s", session_id, reason)
     return bool(marked)
 

@@ -63,6 +63,7 @@ from agent_runtime.upgraders import IncompatibleSchemaError, load_state, load_st
 
 from ..models import (
     AgentSession,
+    AlertReason,
     AuditAction,
     AuditEvent,
     DemoBatch,
@@ -73,6 +74,7 @@ from ..models import (
     payload_q,
 )
 from ..sealing import exact
+from .alerts import append_reason, raise_alert, rules_exist
 
 # How stale a running session's updated_at may get between two of its steps.
 UPDATED_AT_RESOLUTION = timedelta(seconds=1)
@@ -421,11 +423,19 @@ class DjangoSessionStore(abc.ABC):
         for step in steps:
             validate_step_payload(step.kind, step.payload)
         rows = append_rows(steps, checkpoint, status, error, release, final_answer)
-        if status != SessionStatus.COMPLETED:
+        # The alert a status raises is written in the append's transaction (the outbox):
+        # committed together or not at all. Only when some rule exists (cached).
+        reason = append_reason(status, checkpoint, error)
+        alerting = (reason is not None or status == SessionStatus.COMPLETED) and rules_exist()
+        if status != SessionStatus.COMPLETED and not alerting:
             return self._append(lease, rows)
         with transaction.atomic():
             result = self._append(lease, rows)
-            count_failed_calls(lease.session_id)
+            if status == SessionStatus.COMPLETED:
+                if count_failed_calls(lease.session_id) and alerting:
+                    raise_alert(lease.session_id, AlertReason.FAILED_CALLS)
+            elif reason is not None:
+                raise_alert(lease.session_id, reason, detail=error or "")
             return result
 
     def append_branch_result(
@@ -501,13 +511,20 @@ class DjangoSessionStore(abc.ABC):
         """An audit record (the trace is the new holder's), shown on the session's page
         and counted in "needs attention"."""
         try:
-            AuditEvent.objects.create(
-                actor=None,
-                actor_label=f"worker {report.get('worker') or lease.owner}",
-                action=LATE_CALL_ACTION,
-                session_id=lease.session_id,
-                after=report,
-            )
+            with transaction.atomic():
+                AuditEvent.objects.create(
+                    actor=None,
+                    actor_label=f"worker {report.get('worker') or lease.owner}",
+                    action=LATE_CALL_ACTION,
+                    session_id=lease.session_id,
+                    after=report,
+                )
+                if rules_exist():
+                    raise_alert(
+                        lease.session_id,
+                        AlertReason.LATE_CALL,
+                        detail=str(report.get("tool") or report.get("name") or ""),
+                    )
         finally:
             _close_in_tool_thread()
 

@@ -13,7 +13,8 @@ Set RESPAWN_WORKER_SUPERVISE=0 to run the worker without the supervisor (under a
 manager that restarts it, for instance).
 
 The reconciler must not depend on Redis holding a scheduled job (Redis may have lost
-everything), so every worker process runs it from a thread of its own. Several workers
+everything), so every worker process runs it from a thread of its own; alerts are sent the
+same way (AlertSender), from the outbox in PostgreSQL. Several workers
 reconciling at once is safe: each dispatch is a conditional UPDATE that only one wins.
 """
 
@@ -162,6 +163,38 @@ class SearchIndexer(threading.Thread):
         connections.close_all()
 
 
+class AlertSender(threading.Thread):
+    """Sends due alert deliveries every `interval` seconds on threads of its own
+    (sessions_app.upkeep.alerts), and runs the alert sweep every `sweep_interval`. Every
+    worker process runs one: claims skip each other's rows. Independent of Redis."""
+
+    def __init__(self, interval: float, sweep_interval: float, concurrency: int) -> None:
+        super().__init__(name="respawn-alerts", daemon=True)
+        self.interval = interval
+        self.sweep_interval = sweep_interval
+        self.concurrency = max(1, concurrency)
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        from ..upkeep.alerts import Courier, sweep
+
+        courier = Courier(self.concurrency)
+        errors = RepeatedErrors("alert sender")
+        next_sweep = time.monotonic() + self.sweep_interval * random.uniform(0.2, 1.0)
+        while not self.stopped.wait(self.interval * random.uniform(0.8, 1.2)):
+            try:
+                if self.sweep_interval > 0 and time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + self.sweep_interval * random.uniform(0.8, 1.2)
+                    sweep()
+                courier.pass_once()
+                errors.succeeded()
+            except Exception as exc:
+                errors.failed(exc)
+                connections.close_all()
+        courier.shutdown()
+        connections.close_all()
+
+
 class QuietRedisRetries(logging.Filter):
     """RQ logs every retry of a lost Redis connection as an error line (its dequeue loop,
     its pubsub thread every 2 s): the first passes, then one per `interval`."""
@@ -219,6 +252,14 @@ class RespawnWorker(SimpleWorker):
         if settings.RESPAWN_SEARCH_INTERVAL > 0:
             indexer = SearchIndexer(settings.RESPAWN_SEARCH_INTERVAL)
             indexer.start()
+        alerts = None
+        if settings.RESPAWN_ALERT_INTERVAL > 0:
+            alerts = AlertSender(
+                settings.RESPAWN_ALERT_INTERVAL,
+                settings.RESPAWN_ALERT_SWEEP_INTERVAL,
+                settings.RESPAWN_ALERT_CONCURRENCY,
+            )
+            alerts.start()
         try:
             return super().work(*args, **kwargs)
         finally:
@@ -226,6 +267,8 @@ class RespawnWorker(SimpleWorker):
                 reconciler.stopped.set()
             if indexer is not None:
                 indexer.stopped.set()
+            if alerts is not None:
+                alerts.stopped.set()
 
 
 class Supervisor:
