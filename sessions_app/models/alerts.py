@@ -16,7 +16,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils import timezone
 
-from ..redaction import ScrubbedTextField
+from ..redaction import ScrubbedCharField, ScrubbedTextField
 
 
 class AlertReason(models.TextChoices):
@@ -46,7 +46,7 @@ class AlertRule(models.Model):
     (webhooks only) is shown once, when the rule is created, and stored encrypted under the
     project's seal keys (sessions_app.sealing)."""
 
-    name = models.CharField(max_length=100)
+    name = ScrubbedCharField(max_length=100)
     # "" = every agent.
     agent = models.CharField(max_length=100, blank=True, default="")
     # The reasons, comma-separated with a comma at each end (",approval,stuck,"): a rule

@@ -13,7 +13,7 @@ from django.contrib.auth.models import Group, Permission, User
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from sessions_app.dashboard.actions import ACTIONS, PREVIEWS
-from sessions_app.models import ApiToken, AuditEvent, Checkpoint, Step
+from sessions_app.models import AlertRule, ApiToken, AuditEvent, Checkpoint, Step
 from sessions_app.services.core import session_start
 
 from ..conftest import run_inline
@@ -60,6 +60,9 @@ def world(users):
             "staff_admin": staff_with_every_permission("ada", "admin"),
         },
         "session": session,
+        "rule": AlertRule.objects.create(
+            name="approvals", reasons="waiting_approval", channel="email", target="ops@example.com"
+        ),
     }
 
 
@@ -69,6 +72,7 @@ def fill(route: str, world) -> list[str]:
     session = world["session"]
     url = "/" + route
     url = url.replace("<uuid:session_id>", str(session.id))
+    url = url.replace("<int:rule_id>", str(world["rule"].pk))
     for parameter, names in (("<action:action>", ACTIONS), ("<previewed:action>", PREVIEWS)):
         if parameter in url:
             return [url.replace(parameter, name) for name in names]
@@ -91,6 +95,7 @@ def expected_dashboard(url: str, role: str) -> set[int]:
         or "/preview/" in url
         or url.endswith("/import/")
         or url.endswith("/sessions/new/")  # a form that starts a session: operators only
+        or re.search(r"/alerts/\d+/(test|switch|delete)/$", url) is not None
     )
     if role == "anonymous":
         return {302}  # to the login page
@@ -104,7 +109,7 @@ def expected_dashboard(url: str, role: str) -> set[int]:
 def request(client, url: str, role: str, world):
     if role != "anonymous":
         client.force_login(world["users"][role])
-    if "/actions/" in url or url.endswith(("/bulk/", "/export/")):
+    if "/actions/" in url or url.endswith(("/bulk/", "/export/", "/test/", "/switch/", "/delete/")):
         return client.post(
             url, {"checkpoint_seq": 7, "content": "hi", "text": "x", "action": "cancel", "ids": []}
         )
@@ -152,6 +157,7 @@ def admin_urls(world) -> list[str]:
         "apitoken": ApiToken.issue(world["users"]["viewer"])[0].pk,
         "user": world["users"]["viewer"].pk,
         "group": 1,
+        "alertrule": world["rule"].pk,
     }
     urls = []
     for route, _pattern in walk(get_resolver().url_patterns):
@@ -192,7 +198,8 @@ def test_admin_refuses_everyone_but_staff_with_a_role(client, world):
         # and adding or deleting a session's history, audit events or API tokens
         # (sessions_app/admin/registry.py).
         by_design = url.endswith("/autocomplete/") or re.fullmatch(
-            r"/admin/sessions_app/(agentsession|step|checkpoint|auditevent|apitoken)/"
+            r"/admin/sessions_app/"
+            r"(agentsession|step|checkpoint|auditevent|apitoken|alertrule|alertdelivery)/"
             r"(add|[^/]+/delete)/",
             url,
         )

@@ -46,6 +46,12 @@ NOT_FREE_TEXT = {
     # the graph's checkpoint body and metadata, kept as the graph wrote them (it resumes
     # from them; README, Security). The steps and checkpoints Respawn records for a graph
     # are scrubbed like any other.
+    # Alert rules: an agent's name, reason and channel names, a seal key's id; and the
+    # receiver's address, read back exactly to send to it (pages show it without its query
+    # string and a Slack URL's secret path).
+    "sessions_app.AlertRule": {"agent", "reasons", "channel", "target", "secret_key_id"},
+    "sessions_app.AlertEvent": {"agent", "reason"},
+    "sessions_app.AlertDelivery": {"kind", "status"},
     "sessions_app.GraphThread": {"thread_id"},
     "sessions_app.GraphCheckpoint": {"ns", "checkpoint_id", "parent_id", "body", "metadata"},
     "sessions_app.GraphBlob": {"ns", "channel", "version", "type", "base_version"},
