@@ -120,6 +120,7 @@ class OwnConnection:
         with self._use:
             connection, self._connection = self._connection, None
             if connection is not None:
+                _unplan(connection)
                 connection.close()
                 connection.dec_thread_sharing()
 
@@ -132,6 +133,7 @@ class OwnConnection:
         if self._connection is None:
             self._connection = connections.create_connection(self._alias)
             self._connection.inc_thread_sharing()
+            _plan_once(self._connection)
         previous = next(  # the thread's own, when it has one
             (c for c in connections.all(initialized_only=True) if c.alias == self._alias), None
         )
@@ -153,6 +155,50 @@ class OwnConnection:
                     max_workers=1, thread_name_prefix=self._name
                 )
             return self._executor
+
+
+# A connection (a wrapper of Django's) whose prepared statements are planned once.
+PLAN_ONCE = "respawn_plan_once"
+
+
+def _plan_once(wrapper: Any) -> None:
+    """Have PostgreSQL plan each statement prepared on this connection once (a generic
+    plan, `plan_cache_mode = force_generic_plan`), from its first execution on, and never
+    compile one (`jit = off`), on this connection and every one it reconnects with.
+
+    By default PostgreSQL plans a prepared statement afresh at each of its first five
+    executions: a saver's read of a thread (a recursive CTE) took 1.4-5 ms at each of them
+    against 0.6-0.8 ms once planned, and a program, or each of LangGraph's tests, makes a
+    saver and a few calls on a new connection. Its estimate of that read's rows is far
+    too high (jsonb_each is counted as a hundred rows, each level of the recursion as ten
+    times the one before), high enough for JIT compilation, which took 40 ms for a read
+    that runs in 0.3. The connection is the object's own (a saver's, an SDK session's):
+    no other code's statements run on it. Not behind a transaction-mode pooler
+    (RESPAWN_POOLER_SAFE), where statements are not prepared and a SET would reach
+    whichever server connection the pooler picked."""
+    from django.conf import settings
+    from django.db.backends.signals import connection_created
+
+    if wrapper.vendor != "postgresql" or settings.RESPAWN_POOLER_SAFE:
+        return
+    setattr(wrapper, PLAN_ONCE, True)
+    connection_created.connect(_planned_once, dispatch_uid=PLAN_ONCE)
+    if wrapper.connection is not None:  # connected already: the signal was before
+        _planned_once(type(wrapper), wrapper)
+
+
+def _planned_once(sender: Any, connection: Any, **kwargs: Any) -> None:
+    if getattr(connection, PLAN_ONCE, False):
+        with connection.connection.cursor() as cursor:
+            cursor.execute("SET plan_cache_mode = force_generic_plan; SET jit = off")
+
+
+def _unplan(wrapper: Any) -> None:
+    """Back to PostgreSQL's default before the connection is closed: a pooled one goes back
+    to the pool (RESPAWN_DB_POOL), to serve other code next."""
+    if getattr(wrapper, PLAN_ONCE, False) and wrapper.connection is not None:
+        with contextlib.suppress(Exception), wrapper.connection.cursor() as cursor:
+            cursor.execute("RESET plan_cache_mode; RESET jit")
 
 
 def _in_event_loop() -> bool:

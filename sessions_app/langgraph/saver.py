@@ -826,7 +826,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             params.append(checkpoint_id)
         else:
             where += " AND NOT " + _SUPERSEDED.format(t="c")
-        tuples = self._read_at_once(where, params, limit=1)
+        tuples = self._read_at_once(where, params, limit=1, one_thread=True)
         if not tuples:
             return None
         if not checkpoint_id:
@@ -837,45 +837,58 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         return tuples[0]
 
     def _read_at_once(
-        self, where: str, params: builtins.list[Any], *, limit: int | None
+        self,
+        where: str,
+        params: builtins.list[Any],
+        *,
+        limit: int | None,
+        one_thread: bool = False,
     ) -> builtins.list[CheckpointTuple]:
         """The tuples of the graph checkpoints `where` picks (newest first, at most
         `limit`), in one statement on PostgreSQL, as PostgresSaver reads them: the
         checkpoints (with their thread ids and whether a rollback superseded their
         steps), the values they need (with the earlier versions of a list stored as
-        what each version appended, down to a whole one) and their pending writes."""
+        what each version appended, down to a whole one) and their pending writes.
+        `one_thread`: `where` names one session and one ns, whose checkpoint ids are
+        unique (then the newest are read straight off the index, without a sort)."""
         from ..models import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
         from ..store import postgresql
 
         blob = GraphBlob._meta.db_table
+        # Within one thread and ns a checkpoint id is unique (graphcp_session_ns_id): the
+        # index gives them in order, and LIMIT 1 reads one row. Sorting on the id as well
+        # made PostgreSQL read and sort the first 32 rows at least (an incremental sort's
+        # first batch), each joined and checked for a rollback, before returning one.
+        order = "c.checkpoint_id DESC" + ("" if one_thread else ", c.id DESC")
         sql = (
-            "WITH RECURSIVE cp AS (SELECT c.session_id, c.ns, c.checkpoint_id, c.parent_id, c.seq,"
-            f" c.body, c.metadata, t.thread_id, {_SUPERSEDED.format(t='c')} AS superseded,"
-            " row_number() OVER (ORDER BY c.checkpoint_id DESC, c.id DESC) AS ord"
+            "WITH RECURSIVE cp AS (SELECT c.id, c.session_id, c.ns, c.checkpoint_id,"
+            f" c.parent_id, c.seq, c.body, c.metadata, {_SUPERSEDED.format(t='c')} AS superseded"
             f" FROM {GraphCheckpoint._meta.db_table} c"
-            f" JOIN {GraphThread._meta.db_table} t ON t.session_id = c.session_id"
-            f" WHERE {where} ORDER BY c.checkpoint_id DESC, c.id DESC"
-            + (" LIMIT %s" if limit is not None else "")
-            + "),"
+            f" WHERE {where} ORDER BY {order}" + (" LIMIT %s" if limit is not None else "") + "),"
             " wanted AS (SELECT DISTINCT cp.session_id, cp.ns, v.key AS channel,"
             " v.value #>> '{}' AS version"
             " FROM cp, jsonb_each(cp.body -> 'channel_versions') AS v"
             " WHERE NOT coalesce(cp.body -> 'channel_values', '{}'::jsonb) ? v.key),"
             # The versions wanted and, of a list stored as what versions appended, the
-            # versions they build on, down to a whole one.
+            # versions they build on, down to a whole one. Each looked up by its key in
+            # the index (LATERAL ... LIMIT 1: a version is unique): joined as sets, the
+            # planner, counting a hundred rows for jsonb_each, read the whole table.
             " links AS (SELECT b.session_id, b.ns, b.channel, b.version, b.base_version"
-            f" FROM {blob} b JOIN wanted w ON b.session_id = w.session_id AND b.ns = w.ns"
-            " AND b.channel = w.channel AND b.version = w.version"
+            f" FROM wanted w CROSS JOIN LATERAL (SELECT * FROM {blob} b"
+            " WHERE b.session_id = w.session_id AND b.ns = w.ns AND b.channel = w.channel"
+            " AND b.version = w.version LIMIT 1) b"
             " UNION SELECT b.session_id, b.ns, b.channel, b.version, b.base_version"
-            f" FROM links o JOIN {blob} b ON b.session_id = o.session_id AND b.ns = o.ns"
-            " AND b.channel = o.channel AND b.version = o.base_version)"
-            " SELECT 'c', cp.session_id, cp.ns, cp.checkpoint_id, cp.parent_id, cp.thread_id,"
-            " NULL::text, cp.seq, cp.ord, cp.body, cp.metadata, cp.superseded, NULL::text,"
-            " NULL::bytea FROM cp"
+            f" FROM links o CROSS JOIN LATERAL (SELECT * FROM {blob} b"
+            " WHERE b.session_id = o.session_id AND b.ns = o.ns AND b.channel = o.channel"
+            " AND b.version = o.base_version LIMIT 1) b)"
+            " SELECT 'c', cp.session_id, cp.ns, cp.checkpoint_id, cp.parent_id, t.thread_id,"
+            " NULL::text, cp.seq, row_number() OVER (ORDER BY cp.checkpoint_id DESC, cp.id DESC),"
+            " cp.body, cp.metadata, cp.superseded, NULL::text, NULL::bytea"
+            f" FROM cp JOIN {GraphThread._meta.db_table} t ON t.session_id = cp.session_id"
             " UNION ALL SELECT 'b', b.session_id, b.ns, b.channel, b.version, b.base_version,"
-            f" NULL, NULL, NULL, NULL, NULL, NULL, b.type, b.blob FROM links l JOIN {blob} b"
-            " ON b.session_id = l.session_id AND b.ns = l.ns AND b.channel = l.channel"
-            " AND b.version = l.version"
+            " NULL, NULL, NULL, NULL, NULL, NULL, b.type, b.blob FROM links l"
+            f" CROSS JOIN LATERAL (SELECT * FROM {blob} b WHERE b.session_id = l.session_id"
+            " AND b.ns = l.ns AND b.channel = l.channel AND b.version = l.version LIMIT 1) b"
             " UNION ALL SELECT 'w', w.session_id, w.ns, w.task_id, w.channel, w.task_path,"
             f" w.checkpoint_id, w.seq, w.idx, NULL, NULL, {_SUPERSEDED.format(t='w')},"
             f" w.type, w.blob FROM {GraphWrite._meta.db_table} w JOIN cp"
@@ -1022,6 +1035,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         if self._vendor() == "postgresql":
             where = ["TRUE"]
             params: builtins.list[Any] = []
+            one_thread = False
             if config is not None:
                 configurable = config["configurable"]
                 where.append("c.session_id = %s")
@@ -1029,6 +1043,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
                 if configurable.get("checkpoint_ns") is not None:
                     where.append("c.ns = %s")
                     params.append(configurable["checkpoint_ns"])
+                    one_thread = True
                 if configurable.get("checkpoint_id"):
                     where.append("c.checkpoint_id = %s")
                     params.append(configurable["checkpoint_id"])
@@ -1038,7 +1053,9 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             if before is not None and get_checkpoint_id(before):
                 where.append("c.checkpoint_id < %s")
                 params.append(get_checkpoint_id(before))
-            return iter(self._read_at_once(" AND ".join(where), params, limit=limit))
+            return iter(
+                self._read_at_once(" AND ".join(where), params, limit=limit, one_thread=one_thread)
+            )
 
         from ..models import GraphCheckpoint
 

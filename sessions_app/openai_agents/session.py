@@ -438,12 +438,20 @@ class RespawnSession(SessionABC):
         # corrections of the outputs read are among the rows read (the latest one wins).
         corrections = {
             as_operator(payload)["result_seq"]: payload
-            for _, kind, payload in rows
+            for _, kind, _, payload in rows
             if kind == StepKind.OPERATOR
+            and payload is not None
             and step_action(kind, payload) == OperatorAction.CORRECT_RESULT
         }
-        # Each row's payload was decoded for this call: the items are the caller's own.
-        return [item_of(kind, payload, corrections.get(seq)) for seq, kind, payload in rows]
+        # An item stored plainly comes as it is (a row without a payload) unless an
+        # operator corrected it; any other row makes its item from the payload. Each row
+        # was decoded for this call: the items are the caller's own.
+        return [
+            item
+            if payload is None and seq not in corrections
+            else item_of(kind, {ITEM: item} if payload is None else payload, corrections.get(seq))
+            for seq, kind, item, payload in rows
+        ]
 
     def add_items_sync(self, items: list[Any]) -> None:
         """Append items, in order, as steps; a consistent point (no tool call without its
@@ -670,8 +678,10 @@ class RespawnSession(SessionABC):
         )
         return pending.get("call_id") if isinstance(pending, dict) else None
 
-    def _item_rows(self, limit: int | None) -> list[tuple[int, str, dict[str, Any]]]:
-        """(seq, kind, payload) of the live item steps, oldest first; the latest `limit`."""
+    def _item_rows(self, limit: int | None) -> list[tuple[int, str, Any, dict[str, Any] | None]]:
+        """(seq, kind, item, payload) of the live item steps, oldest first; the latest
+        `limit`. A step holding its item plainly comes as its item and no payload, any
+        other as its payload (opened when sealed) and no item."""
         from django.db import connections
 
         if self._db == "default" and connections[self._db].vendor == "postgresql":
@@ -684,15 +694,18 @@ class RespawnSession(SessionABC):
                 actions=sorted(NEW_INPUT_ACTIONS),
                 limit=limit,
             )
+            # An item with a secret in it is stored sealed: the run gets it back exactly.
+            return [
+                (seq, kind, item, None if payload is None else exact(payload))
+                for seq, kind, item, payload in rows
+            ]
+        steps = self._item_steps().values_list("seq", "kind", "payload")
+        if limit is None:
+            found = list(steps.order_by("seq"))
         else:
-            steps = self._item_steps().values_list("seq", "kind", "payload")
-            if limit is None:
-                rows = list(steps.order_by("seq"))
-            else:
-                rows = list(steps.order_by("-seq")[:limit])
-                rows.reverse()
-        # An item with a secret in it is stored sealed: the run gets it back exactly.
-        return [(seq, kind, exact(payload)) for seq, kind, payload in rows]
+            found = list(steps.order_by("-seq")[:limit])
+            found.reverse()
+        return [(seq, kind, None, exact(payload)) for seq, kind, payload in found]
 
     def _item_steps(self) -> Any:
         from django.db.models import Q

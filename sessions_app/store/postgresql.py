@@ -6,7 +6,6 @@ loads without ORM instances. The rules it writes by are DjangoSessionStore's
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -64,8 +63,16 @@ def _raw_connection(using: str = "default") -> psycopg.Connection[Any]:
 
 
 # 19 digits in a row: maybe an integer beyond 64 bits, which orjson turns into a float
-# without a word (-2**63 - 1 comes back as -9.223372036854776e+18, 10**30 as 1e+30).
-_WIDE_NUMBER = re.compile(rb"[0-9]{19}")
+# without a word (-2**63 - 1 comes back as -9.223372036854776e+18, 10**30 as 1e+30). Found
+# by mapping every digit to "0" and anything else to " " (bytes.translate) and looking for
+# 19 zeros: over a long history 15 times faster than the regular expression [0-9]{19},
+# which cost more than decoding the document.
+_DIGITS_AS_ZERO = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_WIDE_DIGITS = b"0" * 19
+
+
+def _has_wide_number(raw: bytes) -> bool:
+    return _WIDE_DIGITS in raw.translate(_DIGITS_AS_ZERO)
 
 
 def _loads(data: bytes | str) -> Any:
@@ -74,7 +81,7 @@ def _loads(data: bytes | str) -> Any:
     bits (PostgreSQL keeps it exactly, and so must what reads it back) or that orjson
     refuses."""
     raw = data.encode() if isinstance(data, str) else data
-    if _WIDE_NUMBER.search(raw):
+    if _has_wide_number(raw):
         return json.loads(data)
     try:
         return orjson.loads(raw)
@@ -360,26 +367,33 @@ def item_rows(
     escaped_key: str,
     actions: Sequence[str],
     limit: int | None = None,
-) -> list[tuple[int, str, dict[str, Any]]]:
+) -> list[tuple[int, str, Any, dict[str, Any] | None]]:
     """An SDK session's item steps (sessions_app.openai_agents: live steps holding an item
     under `item_key`, user steps, operator steps whose action is one of `actions`), oldest
-    first, the latest `limit` of them when given: (seq, kind, payload). A step that holds
-    its item plainly (not escaped: no `escaped_key`, not sealed) comes with a payload of that item
-    alone ({item_key: item}): half the JSON to send and decode. One prepared statement,
-    binary results, orjson."""
+    first, the latest `limit` of them when given: (seq, kind, item, payload). A step that
+    holds its item plainly (not escaped: no `escaped_key`, not sealed, not an operator's)
+    comes with its item and no payload: the item alone to send and decode, and nothing
+    more to do with it; any other step with its payload whole and no item. One prepared
+    statement whose JSON comes as text, each value decoded once by orjson (psycopg's jsonb
+    loader, one Python call per value on top, took twice as long)."""
     plain = (
         f"(payload ? '{item_key}' AND kind <> 'operator' AND NOT payload ? '{escaped_key}'"
         f" AND NOT payload ? '{SEALED}')"
     )
     sql = (
-        f"SELECT seq, kind, CASE WHEN {plain} THEN jsonb_build_object('{item_key}',"
-        f" payload -> '{item_key}') ELSE payload END FROM {STEP_TABLE}"
+        f"SELECT seq, kind, CASE WHEN {plain} THEN (payload -> '{item_key}')::text END,"
+        f" CASE WHEN NOT {plain} THEN payload::text END FROM {STEP_TABLE}"
         " WHERE session_id = %s AND superseded_at IS NULL"
         f" AND (payload ? '{item_key}' OR kind = 'user'"
         " OR (kind = 'operator' AND payload ->> 'action' = ANY(%s)))"
     )
     params: list[Any] = [session_id, list(actions)]
     if limit is None:
-        return [tuple(row) for row in _fetch_all(sql + " ORDER BY seq", params)]
-    rows = _fetch_all(sql + " ORDER BY seq DESC LIMIT %s", [*params, limit])
-    return [tuple(row) for row in reversed(rows)]
+        rows = _fetch_all(sql + " ORDER BY seq", params)
+    else:
+        rows = _fetch_all(sql + " ORDER BY seq DESC LIMIT %s", [*params, limit])
+        rows.reverse()
+    return [
+        (seq, kind, None, _loads(payload)) if item is None else (seq, kind, _loads(item), None)
+        for seq, kind, item, payload in rows
+    ]

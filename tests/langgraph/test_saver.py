@@ -315,6 +315,30 @@ def test_a_saver_writes_on_its_own_connection_whichever_thread_calls(make_saver)
     assert latest is not None and latest.checkpoint["channel_values"]["messages"]
 
 
+def test_a_savers_own_connection_plans_once_and_never_compiles(make_saver):
+    """The saver's connection has PostgreSQL plan its prepared statements once and never
+    JIT-compile them, again after it reconnects; the caller's connection keeps the
+    server's defaults."""
+    from django.db import connection
+
+    def settings_of(wrapper) -> tuple[str, str]:
+        with wrapper.cursor() as cursor:
+            cursor.execute("SELECT current_setting('plan_cache_mode'), current_setting('jit')")
+            return cursor.fetchone()
+
+    defaults = settings_of(connection)
+    assert defaults[0] == "auto"
+    saver = make_saver()
+    graph = builder().compile(checkpointer=saver)
+    graph.invoke(_say("loop 1"), _config("planned"))
+    own = saver._own._connection
+    assert saver._own.call(settings_of, own) == ("force_generic_plan", "off")
+    own.close()  # the next call connects again
+    assert saver.get_tuple(_config("planned")) is not None
+    assert saver._own.call(settings_of, own) == ("force_generic_plan", "off")
+    assert settings_of(connection) == defaults
+
+
 def test_a_worker_running_the_thread_keeps_other_writers_out(settings, make_saver):
     from agent_runtime.store import Lease
 
