@@ -38,6 +38,7 @@ class Migration(migrations.Migration):
                             ("failed_calls", "completed with failed calls"),
                             ("late_call", "late tool call"),
                             ("incompatible", "incompatible after a deploy"),
+                            ("past_target", "waiting for a person past its target"),
                         ],
                         max_length=20,
                     ),

@@ -29,6 +29,7 @@ class AlertReason(models.TextChoices):
     FAILED_CALLS = "failed_calls", "completed with failed calls"
     LATE_CALL = "late_call", "late tool call"
     INCOMPATIBLE = "incompatible", "incompatible after a deploy"
+    PAST_TARGET = "past_target", "waiting for a person past its target"
 
 
 # Reasons that are a one-off notice, not a state a session stays in: no "resolved" follows.

@@ -19,7 +19,7 @@ from ..models import (
     DeliveryStatus,
     Status,
 )
-from .core import program_agents
+from .core import past_target_q, program_agents
 
 DELIVERY_PAGE = 50
 
@@ -62,6 +62,8 @@ def reason_sessions(reason: str, now: datetime) -> QuerySet[AgentSession]:
         return AgentSession.objects.filter(status=Status.COMPLETED, failed_calls__gt=0)
     if reason == AlertReason.INCOMPATIBLE:
         return AgentSession.objects.filter(incompatible_at__isnull=False)
+    if reason == AlertReason.PAST_TARGET:
+        return AgentSession.objects.filter(past_target_q(now))
     return AgentSession.objects.none()
 
 

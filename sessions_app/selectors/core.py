@@ -1001,6 +1001,17 @@ def attention_section(
 PAST_TARGET_LIMIT = 100
 
 
+def past_target_q(now: datetime) -> Q:
+    """Sessions in any "needs attention" section that have waited past its target (what
+    the alert rules' "past its target" reason alerts on, and resolves once it is not)."""
+    targets = attention_targets()
+    late = Q(pk__in=[])
+    for key, sessions in _attention_querysets(now).items():
+        since = now - timedelta(seconds=targets[key])
+        late |= Q(id__in=sessions.filter(updated_at__lt=since).values("id"))
+    return late
+
+
 def past_target(now: datetime | None = None, *, limit: int = PAST_TARGET_LIMIT) -> list[Waiting]:
     """The "needs attention" items waiting past their section's target (what the alert
     rules alert on): up to `limit` per section, the longest waiting first, each with its

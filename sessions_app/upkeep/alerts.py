@@ -296,7 +296,7 @@ def sweep(now: datetime | None = None) -> tuple[int, int]:
                     "session_id"
                 )
             )
-            if reason != AlertReason.STUCK:
+            if reason not in (AlertReason.STUCK, AlertReason.PAST_TARGET):
                 # Only what happened since the first rule for it (less the time a
                 # process may have missed it, RESPAWN_ALERT_RULES_CACHE, and a margin): a
                 # new rule does not alert about every session that failed last year.

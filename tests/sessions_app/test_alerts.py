@@ -222,6 +222,26 @@ def test_stuck_is_raised_by_the_sweep(settings):
     assert alerts.sweep() == (0, 1)
 
 
+def test_a_session_waiting_past_its_target_is_raised_and_resolved_once_someone_acts(settings):
+    """The work queue's targets (RESPAWN_ATTENTION_TARGETS): a session that has waited for
+    a person longer than its section's target is raised by the sweep, however long ago it
+    began waiting; it is resolved once it is no longer past target (someone acted)."""
+    settings.RESPAWN_ATTENTION_TARGETS = '{"approvals": 600}'
+    webhook_rule("http://127.0.0.1:1/hook", reasons=["past_target"])
+    fresh = waiting_for_approval()
+    late = waiting_for_approval()
+    long_ago = timezone.now() - timedelta(hours=3)
+    AgentSession.objects.filter(id=late.id).update(updated_at=long_ago)
+    assert alerts.sweep() == (1, 0)
+    event = AlertEvent.objects.get()
+    assert (event.session_id, event.reason) == (late.id, "past_target")
+    assert AlertDelivery.objects.filter(event=event).count() == 1
+    assert alerts.sweep() == (0, 0)  # raised once
+    AgentSession.objects.filter(id=late.id).update(updated_at=timezone.now())  # acted on
+    assert alerts.sweep() == (0, 1)
+    assert not AlertEvent.objects.filter(session_id=fresh.id).exists()
+
+
 def test_a_disabled_rule_sends_nothing():
     rule, _ = webhook_rule("http://127.0.0.1:1/hook")
     alert_rule_set_enabled(rule=rule, enabled=False)
