@@ -339,6 +339,23 @@ def test_a_savers_own_connection_plans_once_and_never_compiles(make_saver):
     assert settings_of(connection) == defaults
 
 
+def test_behind_a_transaction_pooler_a_savers_connection_sets_nothing(settings, make_saver):
+    """With RESPAWN_POOLER_SAFE a SET would stay on whichever server connection the pooler
+    picked, for other clients: the saver leaves the server's defaults alone."""
+    settings.RESPAWN_POOLER_SAFE = True
+
+    def settings_of(wrapper) -> tuple[str, str]:
+        with wrapper.cursor() as cursor:
+            cursor.execute("SELECT current_setting('plan_cache_mode'), current_setting('jit')")
+            return cursor.fetchone()
+
+    saver = make_saver()
+    graph = builder().compile(checkpointer=saver)
+    graph.invoke(_say("loop 1"), _config("pooled"))
+    own = saver._own._connection
+    assert saver._own.call(settings_of, own)[0] == "auto"
+
+
 def test_a_worker_running_the_thread_keeps_other_writers_out(settings, make_saver):
     from agent_runtime.store import Lease
 
