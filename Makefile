@@ -38,6 +38,11 @@ services:
 POOLER_TESTS ?= tests/contract tests/integration/test_workers.py tests/fault/test_faults.py \
 	tests/scale/test_pooler.py
 
+# The suite runs in this many pytest processes (pytest-xdist, a test file to a process at a
+# time), each on a test database and a Redis database of its own (config/settings_test.py):
+# its tests wait on servers, workers and browsers far more than they compute. 0: one process.
+TEST_PROCESSES ?= 3
+
 # The type checker (mypy with django-stubs, configured in pyproject.toml). Its Django plugin
 # imports the settings: development settings, whatever the environment says, so it needs no
 # database, no Redis and no network.
@@ -47,7 +52,8 @@ test: $(STAMP) services
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(MYPY)
-	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(BIN)/python -m pytest $(PYTEST_ARGS)
+	DATABASE_URL="$(TEST_DATABASE_URL)" REDIS_URL="$(TEST_REDIS_URL)" $(BIN)/python -m pytest \
+		-n $(TEST_PROCESSES) --dist loadfile $(PYTEST_ARGS)
 	@echo "The store contract again, on SQLite (the portable path make run uses):"
 	DATABASE_URL="sqlite:///$(CURDIR)/var/contract.sqlite3" REDIS_URL="$(TEST_REDIS_URL)" \
 		$(BIN)/python -m pytest tests/contract -q -p no:cacheprovider

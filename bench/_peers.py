@@ -1,6 +1,9 @@
 """The floor and the peers, each running the same workload as Respawn (`_workload.py`).
 
 - floor: raw psycopg, one JSONB row INSERT + COMMIT (autocommit) per step;
+- fenced floor: the same, fenced as every durable step of Respawn's is: one statement
+  that advances a session row's sequence only where its fencing token matches and inserts
+  the step at it;
 - LangGraph + PostgresSaver, durability="sync": a model node and a tools node in a loop,
   the conversation in a list channel, a checkpoint committed after every node;
 - DBOS: one workflow per session, the model call and the tool call as steps, each
@@ -9,10 +12,16 @@
 The peers are the installed packages of the `bench` extra (`pip install -e .[bench]`);
 nothing of theirs is copied here. Each contender has a database of its own, its tables
 emptied (TRUNCATE) before every run.
+
+A peer may run sessions in several threads at once (bench.concurrency): the `timings` a
+session's steps mark are its own (a context variable, which LangGraph's and DBOS's own
+threads inherit), and LangGraph's saver then takes its connections from a pool.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import operator
 import uuid
@@ -34,6 +43,61 @@ def floor_setup(url: str) -> None:
             " session_id uuid NOT NULL, seq integer NOT NULL, payload jsonb NOT NULL,"
             " PRIMARY KEY (session_id, seq))"
         )
+
+
+FENCED_SESSIONS = "fenced_floor_session"
+FENCED_STEPS = "fenced_floor_step"
+
+
+def fenced_floor_setup(url: str) -> None:
+    """The fenced floor's tables: a session row with its sequence and fencing token, and
+    its steps."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {FENCED_SESSIONS} (id uuid PRIMARY KEY,"
+            " last_seq integer NOT NULL, fencing_token bigint NOT NULL, lease_owner text)"
+        )
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {FENCED_STEPS} ("
+            " session_id uuid NOT NULL, seq integer NOT NULL, payload jsonb NOT NULL,"
+            " PRIMARY KEY (session_id, seq))"
+        )
+
+
+def fenced_floor_run(
+    url: str, turns: int, payload_bytes: int, timings: Timings, sessions: int = 1
+) -> tuple[int, int]:
+    """The least a fenced durable step costs on this server: one statement, one commit
+    (autocommit), that advances the session row's sequence only where the fencing token
+    and the lease holder match, and inserts the step at the sequence it returns; the same
+    payloads as the floor. (steps written, bytes the tables grew by)."""
+    payloads = [json.dumps(p) for p in floor_payloads(turns, payload_bytes)]
+    tables = [FENCED_SESSIONS, FENCED_STEPS]
+    sql = (
+        f"WITH fenced AS (UPDATE {FENCED_SESSIONS} SET last_seq = last_seq + 1"
+        " WHERE id = %s AND fencing_token = %s AND lease_owner = %s RETURNING last_seq)"
+        f" INSERT INTO {FENCED_STEPS} (session_id, seq, payload)"
+        " SELECT %s, last_seq, %s::jsonb FROM fenced"
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"TRUNCATE {', '.join(tables)}")
+        before = table_bytes(conn, tables)
+        timings.start()
+        for _ in range(sessions):
+            session_id = uuid.uuid4()
+            conn.execute(
+                f"INSERT INTO {FENCED_SESSIONS} (id, last_seq, fencing_token, lease_owner)"
+                " VALUES (%s, 0, 1, 'bench')",
+                (session_id,),
+            )
+            for payload in payloads:
+                cursor = conn.execute(
+                    sql, (session_id, 1, "bench", session_id, payload), prepare=True
+                )
+                assert cursor.rowcount == 1  # the fence held
+                timings.mark()
+        grown = table_bytes(conn, tables) - before
+    return len(payloads) * sessions, grown
 
 
 def floor_payloads(turns: int, payload_bytes: int) -> list[dict[str, Any]]:
@@ -83,6 +147,25 @@ def floor_run(
 
 # --- LangGraph + PostgresSaver -----------------------------------------------------------
 
+
+class _SessionTimings:
+    """`timings`: the Timings of the session the calling thread (or a thread it started)
+    runs."""
+
+    def __init__(self) -> None:
+        self._timings: contextvars.ContextVar[Timings | None] = contextvars.ContextVar(
+            f"timings-{id(self)}", default=None
+        )
+
+    @property
+    def timings(self) -> Timings | None:
+        return self._timings.get()
+
+    @timings.setter
+    def timings(self, value: Timings | None) -> None:
+        self._timings.set(value)
+
+
 LANGGRAPH_TABLES = ["checkpoints", "checkpoint_blobs", "checkpoint_writes"]
 
 
@@ -92,15 +175,34 @@ class _GraphState(TypedDict):
     turns: int
 
 
-class LangGraphPeer:
-    def __init__(self, url: str, payload_bytes: int) -> None:
+class LangGraphPeer(_SessionTimings):
+    """`pool_size`: the saver on a psycopg pool of that many connections (opened at once)
+    instead of one connection, for sessions run in threads at once. The connections are
+    set up as `PostgresSaver.from_conn_string` sets up its own."""
+
+    def __init__(self, url: str, payload_bytes: int, pool_size: int = 0) -> None:
         from langgraph.checkpoint.postgres import PostgresSaver
         from langgraph.graph import END, START, StateGraph
 
+        super().__init__()
         self.url = url
         self.payload_bytes = payload_bytes
-        self.timings: Timings | None = None
-        self._saver_cm = PostgresSaver.from_conn_string(url)
+        if pool_size:
+            from psycopg.rows import dict_row
+            from psycopg_pool import ConnectionPool
+
+            self._pool = ConnectionPool(
+                url,
+                min_size=pool_size,
+                max_size=pool_size,
+                kwargs={"autocommit": True, "prepare_threshold": 0, "row_factory": dict_row},
+                open=True,
+            )
+            self._pool.wait()
+            self._saver_cm = contextlib.nullcontext(PostgresSaver(self._pool))
+        else:
+            self._pool = None
+            self._saver_cm = PostgresSaver.from_conn_string(url)
         self.saver = self._saver_cm.__enter__()
         self.saver.setup()
 
@@ -167,24 +269,31 @@ class LangGraphPeer:
 
     def close(self) -> None:
         self._saver_cm.__exit__(None, None, None)
+        if self._pool is not None:
+            self._pool.close()
 
 
 # --- DBOS ---------------------------------------------------------------------------------
 
 
-class DBOSPeer:
-    def __init__(self, url: str, payload_bytes: int) -> None:
+class DBOSPeer(_SessionTimings):
+    """`executor_id`: DBOS's name for this process. Processes that share a database need
+    names of their own: at launch DBOS takes over the unfinished workflows of its name,
+    which would be another process's running ones (DBOS's default name is "local")."""
+
+    def __init__(self, url: str, payload_bytes: int, executor_id: str | None = None) -> None:
         from dbos import DBOS
 
+        super().__init__()
         self.url = url
         self.payload_bytes = payload_bytes
-        self.timings: Timings | None = None
         DBOS(
             config={
                 "name": "respawn-bench",
                 "system_database_url": url.replace("postgres://", "postgresql://", 1),
                 "log_level": "WARNING",
                 "run_admin_server": False,
+                "executor_id": executor_id,
             }
         )
         peer = self

@@ -14,7 +14,16 @@ floor's p50 of the same round. The table shows the median over the rounds. The l
 
 Respawn runs `agent_runtime.loop.run_session` in process (no RQ) with DjangoSessionStore.
 Its steps per turn are three (model, tool call recorded before the tool runs, tool result
-with the turn's checkpoint); the peers write two (model node/step, tool node/step).
+with the turn's checkpoint) in two commits (the model's answer with the record of the call
+it asks for, then the result with the checkpoint); the peers write two steps a turn (model
+node/step, tool node/step), each its own commit.
+
+Two floors: `floor`, a bare INSERT + COMMIT per step, and `fenced floor`, the least a
+fenced durable step costs (one statement that advances a session row's sequence only where
+its fencing token matches, and inserts the step). Each contender is reported against both
+per step (p50), and per turn against two fenced-floor commits (x 2F: the turn's wall time
+over twice the fenced floor's mean step): the least a turn that commits the model's answer
+with its call, then the result with the checkpoint, can cost.
 """
 
 from __future__ import annotations
@@ -55,6 +64,25 @@ class Floor(Contender):
         timings = Timings()
         started = time.perf_counter()
         steps, grown = floor_run(self.url, turns, self.payload_bytes, timings, sessions)
+        return timings, steps, grown, time.perf_counter() - started
+
+
+class FencedFloor(Contender):
+    name = "fenced floor (UPDATE fence+INSERT)"
+
+    def __init__(self, url: str, payload_bytes: int) -> None:
+        from ._peers import fenced_floor_setup
+
+        self.url = url
+        self.payload_bytes = payload_bytes
+        fenced_floor_setup(url)
+
+    def run(self, turns, sessions=1):
+        from ._peers import fenced_floor_run
+
+        timings = Timings()
+        started = time.perf_counter()
+        steps, grown = fenced_floor_run(self.url, turns, self.payload_bytes, timings, sessions)
         return timings, steps, grown, time.perf_counter() - started
 
 
@@ -121,7 +149,11 @@ def setup(payload_bytes: int, peers: bool, database: str = DB_NAME) -> list[Cont
     that runs them, bench.storage, names its own)."""
     url = fresh_database(database)
     setup_django(url)
-    contenders: list[Contender] = [Floor(url, payload_bytes), Respawn(url, payload_bytes)]
+    contenders: list[Contender] = [
+        Floor(url, payload_bytes),
+        FencedFloor(url, payload_bytes),
+        Respawn(url, payload_bytes),
+    ]
     if peers:
         from ._peers import DBOSPeer, LangGraphPeer
 
@@ -157,8 +189,15 @@ def rounds(contenders: list[Contender], steps: int, n_rounds: int) -> dict[str, 
                 }
             )
         floor = results[contenders[0].name][-1]["p50"]
+        fenced = results[contenders[1].name][-1]
+        # A turn of two fenced commits: the least a durable turn (the model's answer and
+        # the call it asks for, then the result with the checkpoint) can cost.
+        two_commits = 2 * fenced["mean"]
         for c in contenders:
-            results[c.name][-1]["ratio"] = results[c.name][-1]["p50"] / floor
+            row = results[c.name][-1]
+            row["ratio"] = row["p50"] / floor
+            row["ratio_fenced"] = row["p50"] / fenced["p50"]
+            row["turn_ratio"] = row["turn_ms"] / two_commits
         line = "  ".join(
             f"{c.name.split()[0]} {results[c.name][-1]['p50']:.3f}" for c in contenders
         )
@@ -172,19 +211,41 @@ def report(results: dict[str, list[dict]], respawn: str) -> float:
 
     print(
         f"\n{'contender':36} {'steps':>6} {'p50 ms':>8} {'p99 ms':>8} {'mean ms':>8} "
-        f"{'ms/turn':>8} {'x floor':>8} {'B/step':>8}"
+        f"{'x floor':>8} {'x fenced':>8} {'ms/turn':>8} {'x 2F':>6} {'B/step':>8}"
     )
+    names = list(results)
+    floors = names[:2]
     for name in results:
+        # The floors write every step apart: a turn of theirs is three commits, not a turn.
+        turn_ratio = f"{'-':>6}" if name in floors else f"{med(name, 'turn_ratio'):6.2f}"
         print(
             f"{name:36} {int(med(name, 'steps')):6d} {med(name, 'p50'):8.3f} "
-            f"{med(name, 'p99'):8.3f} {med(name, 'mean'):8.3f} {med(name, 'turn_ms'):8.3f} "
-            f"{med(name, 'ratio'):8.2f} {med(name, 'bytes_per_step'):8.0f}"
+            f"{med(name, 'p99'):8.3f} {med(name, 'mean'):8.3f} {med(name, 'ratio'):8.2f} "
+            f"{med(name, 'ratio_fenced'):8.2f} {med(name, 'turn_ms'):8.3f} "
+            f"{turn_ratio} {med(name, 'bytes_per_step'):8.0f}"
         )
-    names = list(results)
-    for peer in names[2:]:
-        ratios = [p["p50"] / r["p50"] for p, r in zip(results[peer], results[respawn], strict=True)]
-        print(f"{peer} / Respawn, per step (median of rounds): {statistics.median(ratios):.1f}x")
+    print(
+        "x floor, x fenced: p50 per step over the floor's and the fenced floor's; x 2F: the"
+        " time of a turn over two fenced-floor commits (its mean step, twice)"
+    )
+    for peer in names[3:]:
+        per_step = [
+            p["p50"] / r["p50"] for p, r in zip(results[peer], results[respawn], strict=True)
+        ]
+        per_turn = [
+            p["turn_ms"] / r["turn_ms"]
+            for p, r in zip(results[peer], results[respawn], strict=True)
+        ]
+        print(
+            f"{peer} / Respawn (median of rounds): per step {statistics.median(per_step):.1f}x,"
+            f" per turn {statistics.median(per_turn):.1f}x"
+        )
+    for floor in floors:
+        bytes_ratio = med(respawn, "bytes_per_step") / med(floor, "bytes_per_step")
+        print(f"Respawn's bytes per step over the {floor.split(' (')[0]}'s: {bytes_ratio:.2f}x")
     ratio = med(respawn, "ratio")
+    print(f"turn_ratio_to_two_fenced_commits: {med(respawn, 'turn_ratio'):.2f}")
+    print(f"ratio_to_fenced_floor: {med(respawn, 'ratio_fenced'):.2f}")
     print(f"ratio_to_floor: {ratio:.2f}")
     return ratio
 

@@ -63,9 +63,10 @@ def v1_state(n: int) -> dict:
 class LongestTransaction(threading.Thread):
     """Samples pg_stat_activity: the oldest open transaction on the bench database."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, database: str = BENCH_DB) -> None:
         super().__init__(daemon=True)
         self.url = url
+        self.database = database
         self.longest = 0.0
         self.stopped = threading.Event()
 
@@ -76,7 +77,7 @@ class LongestTransaction(threading.Thread):
                     "SELECT coalesce(max(extract(epoch FROM clock_timestamp() - xact_start)), 0)"
                     " FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()"
                     " AND xact_start IS NOT NULL",
-                    (database_name(BENCH_DB),),
+                    (database_name(self.database),),
                 ).fetchone()[0]
                 self.longest = max(self.longest, float(age))
 

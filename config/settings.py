@@ -402,6 +402,11 @@ def _json_setting(name: str) -> object:
 # named keeps its default (sessions_app.selectors.ATTENTION_TARGETS); checked at start
 # (sessions_app.checks).
 RESPAWN_ATTENTION_TARGETS = _json_setting("RESPAWN_ATTENTION_TARGETS")
+# Teams declared in settings, as JSON: {"support": {"name": "Support", "agents":
+# ["support-bot"], "members": {"alice": "operator"}}} (slug: name, the agents the team owns
+# and its members' roles: viewer, operator or team_admin). `manage.py sync_teams` writes
+# them into the tables the admin edits (sessions_app.services.teams); {} declares none.
+RESPAWN_TEAMS = _json_setting("RESPAWN_TEAMS")
 # The reconciler dispatches at most this many sessions per pass: bulk resumes of
 # thousands reach the workers (and the model provider) in waves, not all at once.
 RESPAWN_RECONCILE_BATCH = int(env_float("RESPAWN_RECONCILE_BATCH", 200))
@@ -510,8 +515,65 @@ LOGIN_URL = "login"
 # account or an address is locked, before a password is checked (sessions_app/web/auth.py).
 AUTHENTICATION_BACKENDS = [
     "sessions_app.web.auth.LoginThrottleBackend",
-    "django.contrib.auth.backends.ModelBackend",
+    # Django's password check, refusing what RESPAWN_PASSWORD_LOGIN does not allow.
+    "sessions_app.web.sso.PasswordBackend",
+    # Single sign-on over OpenID Connect (authenticates nobody unless configured).
+    "sessions_app.web.sso.SsoBackend",
 ]
+# Password log-in (the dashboard's and the admin's log-in pages). Off: only the superusers
+# RESPAWN_BREAK_GLASS_USERS names may log in with a password; everyone else through single
+# sign-on. API tokens are unaffected.
+RESPAWN_PASSWORD_LOGIN = env_bool("RESPAWN_PASSWORD_LOGIN", True)
+RESPAWN_BREAK_GLASS_USERS = env_list("RESPAWN_BREAK_GLASS_USERS", [])
+
+# --- Single sign-on over OpenID Connect (sessions_app/web/sso.py; docs/DEPLOY.md) ---------
+# On when RESPAWN_OIDC_CLIENT_ID and the authorization endpoint are set. The endpoints are
+# the provider's (its /.well-known/openid-configuration lists them): Respawn fetches
+# nothing at start.
+RESPAWN_OIDC_PROVIDER_NAME = os.environ.get("RESPAWN_OIDC_PROVIDER_NAME", "")
+RESPAWN_OIDC_ISSUER = os.environ.get("RESPAWN_OIDC_ISSUER", "")
+OIDC_RP_CLIENT_ID = os.environ.get("RESPAWN_OIDC_CLIENT_ID", "")
+OIDC_RP_CLIENT_SECRET = env_secret("RESPAWN_OIDC_CLIENT_SECRET")
+OIDC_OP_AUTHORIZATION_ENDPOINT = os.environ.get("RESPAWN_OIDC_AUTHORIZATION_ENDPOINT", "")
+OIDC_OP_TOKEN_ENDPOINT = os.environ.get("RESPAWN_OIDC_TOKEN_ENDPOINT", "")
+OIDC_OP_USER_ENDPOINT = os.environ.get("RESPAWN_OIDC_USERINFO_ENDPOINT", "")
+OIDC_OP_JWKS_ENDPOINT = os.environ.get("RESPAWN_OIDC_JWKS_ENDPOINT", "")
+RESPAWN_OIDC_END_SESSION_ENDPOINT = os.environ.get("RESPAWN_OIDC_END_SESSION_ENDPOINT", "")
+OIDC_RP_SIGN_ALGO = os.environ.get("RESPAWN_OIDC_SIGN_ALGO", "RS256")
+OIDC_RP_SCOPES = os.environ.get("RESPAWN_OIDC_SCOPES", "openid email profile")
+OIDC_USE_PKCE = True
+OIDC_PKCE_CODE_CHALLENGE_METHOD = "S256"
+OIDC_USE_NONCE = True
+OIDC_STORE_ID_TOKEN = True  # the hint of the provider's logout
+OIDC_TIMEOUT = env_float("RESPAWN_OIDC_TIMEOUT", 10)
+OIDC_AUTHENTICATION_CALLBACK_URL = "sso-callback"
+# The claims that name a person and list their groups, and what each group is here:
+# RESPAWN_OIDC_ROLE_MAP=respawn-viewers:viewer,respawn-operators:operator,respawn-admins:admin
+RESPAWN_OIDC_USERNAME_CLAIM = os.environ.get("RESPAWN_OIDC_USERNAME_CLAIM", "preferred_username")
+RESPAWN_OIDC_GROUPS_CLAIM = os.environ.get("RESPAWN_OIDC_GROUPS_CLAIM", "groups")
+
+
+def env_role_map(name: str) -> dict[str, str]:
+    mapping = {}
+    for item in env_list(name, []):
+        group, _, role = item.rpartition(":")
+        team, _, team_role = role.rpartition("/")
+        known = (
+            team_role in {"viewer", "operator", "team_admin"}
+            if team
+            else role in {"viewer", "operator", "admin"}
+        )
+        if not group or not known:
+            raise SystemExit(
+                f"{name}: {item!r} is not <provider group>:<role> (viewer, operator or admin"
+                " in every team) or <provider group>:<team slug>/<role> (viewer, operator or"
+                " team_admin in that team)"
+            )
+        mapping[group] = role
+    return mapping
+
+
+RESPAWN_OIDC_ROLE_MAP = env_role_map("RESPAWN_OIDC_ROLE_MAP")
 # Log-in throttling: this many failures per account / per address within the window
 # (seconds) lock further attempts until the window has passed.
 RESPAWN_LOGIN_MAX_PER_ACCOUNT = int(env_float("RESPAWN_LOGIN_MAX_PER_ACCOUNT", 5))

@@ -3,9 +3,23 @@ leases and a fast reconciler so fault tests finish in seconds. Worker processes 
 the tests use these settings too, with the same environment."""
 
 import os
+from urllib.parse import urlsplit, urlunsplit
 
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/respawn")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/15")
+# Run in parallel (pytest -n N), each test process has a Redis database of its own, counted
+# down from the one given (some tests flush theirs); pytest-django gives each its own test
+# database (test_respawn_gw0, ...), and the worker processes a test starts use both.
+# Once: the processes the tests start inherit the environment, already adjusted.
+_parallel = os.environ.get("PYTEST_XDIST_WORKER")
+if _parallel and os.environ.get("RESPAWN_TEST_PROCESS") != _parallel:
+    _redis = urlsplit(os.environ["REDIS_URL"])
+    _base = int(_redis.path.strip("/") or 0)
+    _index = int(_parallel.removeprefix("gw"))
+    if _index > _base:
+        raise RuntimeError(f"too many test processes for Redis database {_base} (REDIS_URL)")
+    os.environ["REDIS_URL"] = urlunsplit(_redis._replace(path=f"/{_base - _index}"))
+    os.environ["RESPAWN_TEST_PROCESS"] = _parallel
 # One queue per test run, so a developer's own worker never takes the tests' jobs.
 os.environ.setdefault("RESPAWN_QUEUE", f"respawn-test-{os.getpid()}")
 os.environ.setdefault("RESPAWN_LEASE_TTL", "2")

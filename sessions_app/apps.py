@@ -17,15 +17,21 @@ class SessionsAppConfig(AppConfig):
 
     def ready(self) -> None:
         from django.contrib.auth.signals import user_logged_in, user_login_failed
+        from django.db.models.signals import post_migrate
 
         from . import checks  # noqa: F401 - registers the agent check
         from .redaction import scrub_admin_history
+        from .services.teams import sync_declared_teams_after_migrate
         from .web import auth
 
         # The log-in throttle (sessions_app/web/auth.py) counts failures and forgives them.
         user_login_failed.connect(auth.record_failure, dispatch_uid="respawn-login-failed")
         user_logged_in.connect(auth.clear_failures, dispatch_uid="respawn-logged-in")
         scrub_admin_history()
+        # The teams settings declare are written by every migrate (as by sync_teams).
+        post_migrate.connect(
+            sync_declared_teams_after_migrate, sender=self, dispatch_uid="respawn-sync-teams"
+        )
         # Python's warnings become log records (logger "py.warnings"), so they go through
         # the root's redacting handler as every other line (config/settings.py LOGGING).
         logging.captureWarnings(True)

@@ -28,7 +28,7 @@ from typing import Any
 
 from django.db import models
 
-from .fields import compact_json
+from .fields import JSONTextField, compact_json
 from .sealing import (
     SEALED,
     Sealed,
@@ -213,6 +213,12 @@ class ScrubbedJSONField(_Scrubbed, models.JSONField):
 
     def from_db_value(self, value, expression, connection):
         return opened(super().from_db_value(value, expression, connection))
+
+
+class ScrubbedJSONTextField(ScrubbedJSONField, JSONTextField):
+    """A ScrubbedJSONField kept as compact JSON text on PostgreSQL (a checkpoint's state)."""
+
+    plain_path = "sessions_app.fields.JSONTextField"
 
 
 def scrub_admin_history() -> None:

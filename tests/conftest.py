@@ -3,6 +3,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -189,6 +190,24 @@ def _tools_share_the_test_transaction(request, monkeypatch):
         )
 
 
+@pytest.fixture(autouse=True)
+def _role_groups_as_migrated(request):
+    """The role groups every migrated database has (migrations 0002 and 0021). The flush
+    after a transactional test empties every table, these rows too, so whichever test
+    comes next in that process would find them gone; which one that is depends on how the
+    suite is dealt to its processes. Each database test starts with them, as after migrate."""
+    uses_db = request.node.get_closest_marker("django_db") is not None or any(
+        name in request.fixturenames for name in ("db", "transactional_db", "live_server")
+    )
+    if uses_db:
+        request.getfixturevalue("_django_db_helper")
+        from sessions_app.permissions import ADMIN_GROUP, OPERATOR_GROUP, VIEWER_GROUP
+
+        for name in (VIEWER_GROUP, OPERATOR_GROUP, ADMIN_GROUP):
+            Group.objects.get_or_create(name=name)
+    yield
+
+
 @pytest.fixture
 def users(db):
     """The trio every view test needs: an operator, a viewer and an outsider."""
@@ -287,11 +306,55 @@ def start_worker(worker_env, rq_queue, tmp_path, request):
             print(f"--- log of worker {worker.name} ---\n{worker.log()}")
 
 
+def pytest_collection_modifyitems(session, config, items):
+    """Every test has an id of its own. The suite's processes (pytest-xdist) are dealt tests
+    by id, so of several tests sharing one, all but one would silently not run. Schemathesis
+    makes a test per API operation whose id, under this pytest, is its function's alone
+    (test_api_schemathesis.py): each takes its full name, the operation in brackets. Any
+    other repeated id stops the run, naming it."""
+    from collections import Counter
+
+    counts = Counter(item.nodeid for item in items)
+    for item in items:
+        if counts[item.nodeid] > 1 and item.name != item.nodeid.rpartition("::")[2]:
+            item._id = type(item._id).parse(f"{item.parent.nodeid}::{item.name}")
+    repeated = sorted(n for n, c in Counter(item.nodeid for item in items).items() if c > 1)
+    if repeated:
+        raise pytest.UsageError(f"tests sharing an id (one would not run in parallel): {repeated}")
+
+
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture(autouse=True)
+def _live_server_idle_before_flush(request):
+    """A test against the live server ends while a request it caused may still be running
+    on the server's thread (an action's answer still rendering, a poll). The flush after the
+    test truncates every table in one statement while that request's queries take their
+    locks table by table: PostgreSQL may end the TRUNCATE as a deadlock, the tables are not
+    emptied and the next test finds the last one's rows. So the flush waits for the server's
+    request threads to end (the browser's pages are closed by then: no new requests)."""
+    if "live_server" not in request.fixturenames:
+        yield
+        return
+    # Set up after the flushing fixture, so torn down before it.
+    request.getfixturevalue("transactional_db")
+    yield
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        serving = [
+            t
+            for t in threading.enumerate()
+            if "process_request_thread" in t.name and t is not threading.current_thread()
+        ]
+        if not serving:
+            return
+        for thread in serving:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 @pytest.fixture(scope="session", autouse=True)

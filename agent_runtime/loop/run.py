@@ -132,6 +132,9 @@ class _Run:
         self.deadline = head.deadline
         self.record = RunRecord(head.session_id, agent.name, agent.version, config.worker_id)
         self.state = replay(head, agent)
+        # The seq of a tool call this run recorded with the model's answer (one commit)
+        # and has not started yet: recorded, but not by a run that crashed.
+        self.recorded_now: int | None = None
 
     # -- writing -------------------------------------------------------------------------
     def append(
@@ -399,8 +402,28 @@ class _Run:
         if not turn.tool_calls:
             self.append(step, checkpoint=True, status=SessionStatus.COMPLETED, release=True)
             return RunResult(self.session_id, Outcome.COMPLETED, final_answer=turn.text)
-        self.append(step)
+        first = self.runs_at_once(turn.tool_calls)
+        if first is None:
+            self.append(step)
+            return None
+        # The answer and the record of the call that runs next are known together: one
+        # commit. The call's seq and key are what they would be recorded apart (the seq
+        # after the answer's), so a crash anywhere leaves a trace a run resumes the same.
+        call_seq = self.last_seq + 2
+        self.append_all([step, call_step(first, call_key(self.session_id, call_seq))])
+        self.recorded_now = call_seq
         return None
+
+    def runs_at_once(self, calls: list[ToolCall]) -> ToolCall | None:
+        """The call run_tools records and runs right after the model's answer, if any: the
+        first of a sequential turn, unless it waits for a person's approval. (A fan-out
+        records its calls together, apart from the answer.)"""
+        tool = self.agent.tool_registry.get(calls[0].name)
+        if tool is not None and tool.needs_approval:
+            return None
+        if self.fans_out(calls):
+            return None
+        return calls[0]
 
     def _complete_with_retries(
         self, provider: Provider, messages: list[Message], settings: ModelSettings, spec: str
@@ -444,19 +467,24 @@ class _Run:
             )
             time.sleep(delay)
 
-    def can_fan_out(self, action: RunTools) -> bool:
+    def fans_out(self, calls: list[ToolCall]) -> bool:
         """Several calls, an agent that allows parallel branches, and nothing a person must
         decide: only tools that may simply run again (idempotent, no approval) fan out, so a
-        branch re-run after a crash is as safe as a sequential re-run."""
-        if self.agent.limits.max_parallel_tools <= 1 or len(action.calls) <= 1:
+        branch re-run after a crash is as safe as a sequential re-run. (One rule for the
+        model's answer, which records a fan-out's calls apart, and for running them.)"""
+        if self.agent.limits.max_parallel_tools <= 1 or len(calls) <= 1:
             return False
-        for pending in action.calls:
-            tool = self.agent.tool_registry.get(pending.call.name)
+        for call in calls:
+            tool = self.agent.tool_registry.get(call.name)
             if tool is None or tool.needs_approval or not tool.idempotent:
                 return False
-            if pending.decision is not None:
-                return False
         return True
+
+    def can_fan_out(self, action: RunTools) -> bool:
+        """The turn's calls fan out (fans_out), and none already has a person's decision."""
+        if any(pending.decision is not None for pending in action.calls):
+            return False
+        return self.fans_out([pending.call for pending in action.calls])
 
     def fan_out(self, action: RunTools) -> RunResult | None:
         """Record every call of the turn (one append) and a `fan_out` step naming them and
@@ -588,7 +616,19 @@ class _Run:
                 self.record_result(call, outcome, started=utcnow(), checkpoint=boundary)
                 continue
             resolution = uncertain_resolution(pending)
-            if pending.tool_call_step is not None and tool is not None and not tool.idempotent:
+            # Recorded with the model's answer by this very run, moments ago: not started,
+            # so not uncertain, whatever the tool.
+            recorded_now = (
+                pending.tool_call_step is not None
+                and pending.tool_call_step.seq == self.recorded_now
+            )
+            self.recorded_now = None
+            if (
+                pending.tool_call_step is not None
+                and not recorded_now
+                and tool is not None
+                and not tool.idempotent
+            ):
                 if resolution is None:
                     # It may or may not have happened, and running it again could do it
                     # twice: a person decides (run again, record what happened, or fail).
@@ -614,26 +654,14 @@ class _Run:
                     continue
                 # "rerun": a person said it did not happen; run it again with its key.
             if pending.tool_call_step is not None:
-                # Recorded before a crash, result never committed: run again, same key.
+                # Recorded with the answer, or before a crash with its result never
+                # committed: run (again) with the same key.
                 key = recorded_key(self.session_id, pending.tool_call_step)
                 call_seq = pending.tool_call_step.seq
             else:
                 call_seq = self.last_seq + 1
                 key = call_key(self.session_id, call_seq)
-                self.append(
-                    NewStep(
-                        kind=StepKind.TOOL_CALL,
-                        # The key lives in the step's own column: it is derived from the seq,
-                        # and payloads stay identical between a resumed and a straight run.
-                        payload=stored(
-                            ToolCallPayload(
-                                call_id=call.id, name=call.name, arguments=call.arguments
-                            )
-                        ),
-                        started_at=utcnow(),
-                        idempotency_key=key,
-                    )
-                )
+                self.append(call_step(call, key))
             started = utcnow()
             if tool is None:
                 known = ", ".join(self.agent.tool_registry.names()) or "none"
@@ -813,6 +841,18 @@ def report_late_call(
         )
     except Exception:  # the log line above is the report of last resort
         log.exception("session %s: the late call could not be recorded", lease.session_id)
+
+
+def call_step(call: ToolCall, key: str) -> NewStep:
+    """The record of a call about to run. The key lives in the step's own column: it is
+    derived from the seq, and payloads stay identical between a resumed and a straight
+    run."""
+    return NewStep(
+        kind=StepKind.TOOL_CALL,
+        payload=stored(ToolCallPayload(call_id=call.id, name=call.name, arguments=call.arguments)),
+        started_at=utcnow(),
+        idempotency_key=key,
+    )
 
 
 def call_key(session_id: str, seq: int) -> str:

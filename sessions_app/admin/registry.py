@@ -31,6 +31,7 @@ from django.db.models.functions import Cast, Left
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse, reverse_lazy
+from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.html import format_html
 from django_rq.models import Dashboard as RqDashboard
@@ -44,7 +45,10 @@ from ..models import (
     ApiToken,
     AuditEvent,
     Checkpoint,
+    Membership,
     Step,
+    Team,
+    TeamAgent,
 )
 from ..permissions import can_administer, can_operate, can_view
 from ..runtime import agent_registry
@@ -350,13 +354,17 @@ class TokenStateFilter(admin.SimpleListFilter):
     parameter_name = "state"
 
     def lookups(self, request, model_admin):
-        return [("active", "Active"), ("revoked", "Revoked")]
+        return [("active", "Active"), ("revoked", "Revoked or expired")]
 
     def queryset(self, request, queryset):
+        # Active: not revoked and not expired (a team token has an expiry).
+        live = Q(revoked_at__isnull=True) & (
+            Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())
+        )
         if self.value() == "active":
-            return queryset.filter(revoked_at__isnull=True)
+            return queryset.filter(live)
         if self.value() == "revoked":
-            return queryset.filter(revoked_at__isnull=False)
+            return queryset.exclude(live)
         return queryset
 
 
@@ -889,14 +897,42 @@ class ApiTokenAdmin(admin.ModelAdmin):
     """Issue (the secret is shown once, on the page that answers the add), list, revoke.
     A token is never edited or deleted: revoked tokens stay, with their last use."""
 
-    list_display = ("key_prefix", "name", "user", "active", "created_at", "last_used_at")
+    list_display = (
+        "key_prefix",
+        "name",
+        "user",
+        "team",
+        "role",
+        "active",
+        "created_at",
+        "expires_at",
+        "last_used_at",
+    )
     list_filter = (TokenStateFilter,)
-    list_select_related = ("user",)
+    list_select_related = ("user", "team")
     search_fields = ("name", "key_prefix", "user__username")
     date_hierarchy = "created_at"
     autocomplete_fields = ("user",)
-    fields = ("user", "name", "key_prefix", "created_at", "last_used_at", "revoked_at")
-    readonly_fields = ("key_prefix", "created_at", "last_used_at", "revoked_at")
+    fields = (
+        "user",
+        "name",
+        "team",
+        "role",
+        "expires_at",
+        "key_prefix",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
+    readonly_fields = (
+        "team",
+        "role",
+        "expires_at",
+        "key_prefix",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    )
     actions = ("revoke_tokens",)
     show_facets = admin.ShowFacets.NEVER
     paginator = LargeTablePaginator  # few rows, but no list here counts a whole table
@@ -975,6 +1011,34 @@ class ApiTokenAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{prefix}…: revoked", messages.SUCCESS)
             except services.ActionError as exc:
                 self.message_user(request, f"{prefix}…: {exc}", messages.WARNING)
+
+
+# --- Teams ------------------------------------------------------------------------------
+
+
+class TeamAgentInline(admin.TabularInline):
+    model = TeamAgent
+    extra = 1
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 1
+
+
+@admin.register(Team)
+class TeamAdmin(RoleRules, admin.ModelAdmin):
+    """Teams, the agents each owns and its members' roles: for admins (who may see every
+    team). RESPAWN_TEAMS declares teams in settings too (manage.py sync_teams). A team's
+    API tokens are issued and revoked on the dashboard's team page, by its team admins."""
+
+    list_display = ("name", "slug")
+    search_fields = ("name", "slug", "agents__agent")
+    prepopulated_fields = {"slug": ("name",)}
+    inlines = (TeamAgentInline, MembershipInline)
+
+    def role_allows(self, request, *, write: bool) -> bool:
+        return can_administer(request.user)
 
 
 # --- The queue dashboard ------------------------------------------------------------------

@@ -19,7 +19,13 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import ValidationError
 from django.urls import reverse
 
-from ..permissions import can_administer, can_operate, can_view
+from ..permissions import (
+    can_administer,
+    can_operate,
+    can_view,
+    operate_scope,
+    sees_every_team,
+)
 from ..services import credentials
 from ..validation import MAX_DATE, MIN_DATE, InvalidInput, client_address, parse_int
 from ..web.auth import THROTTLED_MESSAGE, ThrottledAdminAuthenticationForm, is_locked, window
@@ -79,7 +85,11 @@ class RoleRules(admin.ModelAdmin):
         user = request.user
         if self.opts.app_label != RESPAWN_APP:
             return can_administer(user)
-        return can_operate(user) if write else can_view(user)
+        if not sees_every_team(user):
+            return False  # the admin's tables span every team (see has_permission)
+        if write:
+            return can_operate(user) and operate_scope(user).everything
+        return can_view(user)
 
     def get_changelist(self, request, **kwargs):
         # Every list checks the date parts in its query string (Django's User list too).
@@ -145,7 +155,9 @@ class RespawnAdminSite(admin.AdminSite):
 
     def has_permission(self, request) -> bool:
         user = request.user
-        return user.is_active and user.is_staff and can_view(user)
+        # The admin's tables hold every team's sessions, and its pages are not narrowed to
+        # a team: it is for global roles (a person with team roles only uses the dashboard).
+        return user.is_active and user.is_staff and sees_every_team(user)
 
     def register(self, model_or_iterable, admin_class=None, **options) -> None:
         admin_class = admin_class or admin.ModelAdmin

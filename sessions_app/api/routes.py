@@ -26,7 +26,7 @@ from agent_runtime.state import SCHEMA_VERSION
 from agent_runtime.upgraders import IncompatibleSchemaError, load_step_payload
 
 from ..models import AgentSession, SessionNote, Status, Step
-from ..permissions import can_operate, can_view
+from ..permissions import can_operate, can_view, session_scope, with_token
 from ..runtime import agent_registry
 from ..selectors import core as selectors
 from ..services import core as services
@@ -63,17 +63,22 @@ class BearerToken(HttpBearer):
         if credentials.locked(request):  # right or wrong, until the window has passed
             raise CredentialsLocked
         user = self.authenticate(request, token)
-        if user is None:
+        if user is None and not hasattr(request, "_respawn_token_refused"):
             credentials.failed(request, credentials.API_TOKEN)
         return user
 
     def authenticate(self, request: HttpRequest, token: str) -> Any:
-        found = selectors.active_api_token(token)
-        if found is None or not found.user.is_active:
+        found, refused = selectors.api_token(token)
+        if refused is not None:
+            # A real token, no longer valid: said so (auth_error), and not a guess.
+            request._respawn_token_refused = refused  # type: ignore[attr-defined]
+        if found is None:
             return None
         services.api_token_used(token=found)
-        request.user = found.user
-        return found.user
+        # What the request may do is the token's, within its user's (permissions.access).
+        user = with_token(found.user, found)
+        request.user = user
+        return user
 
 
 class RespawnAPI(NinjaAPI):
@@ -592,8 +597,9 @@ def _pending(state: dict[str, Any]) -> dict | None:
     return {k: pending.get(k) for k in ("call_id", "tool", "arguments", "requested_at")}
 
 
-def _get(session_id: UUID) -> AgentSession:
-    session = selectors.session_by_id(session_id)
+def _get(request: ApiRequest, session_id: UUID) -> AgentSession:
+    """The session, if the token may read it; 404 otherwise, whether it exists or not."""
+    session = selectors.session_by_id(session_id, session_scope(request.auth))
     if session is None:
         raise services.ActionError(f"no session with id {session_id}", code="not_found")
     return session
@@ -695,11 +701,14 @@ def credentials_locked(request: HttpRequest, exc: CredentialsLocked):
 
 @api.exception_handler(AuthenticationError)
 def auth_error(request: HttpRequest, exc: AuthenticationError):
+    refused = getattr(request, "_respawn_token_refused", None)
     return api.create_response(
         request,
         {
             "error": "unauthorized",
-            "detail": "send a valid API token: Authorization: Bearer <token>",
+            "detail": f"{refused}: send a valid API token"
+            if refused
+            else "send a valid API token: Authorization: Bearer <token>",
         },
         status=401,
     )
@@ -783,6 +792,7 @@ def list_sessions(
             cursor=cursor,
             size=limit,
             owner=owned,
+            scope=session_scope(request.auth),
         )
     except selectors.BadFilter:
         raise HttpError(400, "cursor is not one this API returned") from None
@@ -797,7 +807,7 @@ def list_agents(request: ApiRequest):
     _require_view(request)
     registry = agent_registry()
     out = []
-    for view in agents_overview().agents:
+    for view in agents_overview(session_scope(request.auth)).agents:
         agent = registry.get(view.name)
         out.append(
             {
@@ -837,7 +847,7 @@ def list_agents(request: ApiRequest):
 @api.get("/sessions/{session_id}", response={200: SessionOut, **ERRORS}, summary="A session")
 def get_session(request: ApiRequest, session_id: UUID):
     _require_view(request)
-    return _detail(_get(session_id))
+    return _detail(_get(request, session_id))
 
 
 @api.get("/sessions/{session_id}/steps", response={200: StepPage, **ERRORS}, summary="Its steps")
@@ -850,7 +860,7 @@ def list_steps(
 ):
     _require_view(request)
     page, following = selectors.steps_page(
-        _get(session_id), after=after, size=limit, include_superseded=include_superseded
+        _get(request, session_id), after=after, size=limit, include_superseded=include_superseded
     )
     return {
         "items": [
@@ -999,7 +1009,8 @@ def _note_out(note: SessionNote) -> dict[str, Any]:
 def list_notes(request: ApiRequest, session_id: UUID):
     """People's notes on the session, in trace order (at most 500)."""
     _require_view(request)
-    return [_note_out(n) for n in selectors.trace_notes(_get(session_id), after=0, upto=None)]
+    notes = selectors.trace_notes(_get(request, session_id), after=0, upto=None)
+    return [_note_out(n) for n in notes]
 
 
 @api.post("/sessions/{session_id}/notes", response={201: NoteOut, **ERRORS}, summary="Leave a note")
@@ -1036,7 +1047,7 @@ def _budgets_out(session: AgentSession) -> dict[str, Any]:
 def budgets(request: ApiRequest, session_id: UUID):
     """The session's limits as its next run sees them, beside what it has used."""
     _require_view(request)
-    return _budgets_out(_get(session_id))
+    return _budgets_out(_get(request, session_id))
 
 
 @api.post(
@@ -1079,6 +1090,7 @@ def usage(
             since=parse_date(since, "since") if since is not None else None,
             until=parse_date(until, "until") if until is not None else None,
             agent=agent,
+            scope=session_scope(request.auth),
         )
     except (BadFilter, InvalidInput) as exc:
         raise HttpError(400, str(exc)) from None
@@ -1104,7 +1116,7 @@ def export(request: ApiRequest, session_id: UUID):
     from ..upkeep.transfer import export_bytes
 
     _require_view(request)
-    session = _get(session_id)
+    session = _get(request, session_id)
     data = export_bytes(session, actor=request.auth, request_meta=_meta(request))
     response = HttpResponse(data, content_type="application/gzip")
     response["Content-Disposition"] = f'attachment; filename="session-{session.id}.jsonl.gz"'

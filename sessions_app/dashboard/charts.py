@@ -4,6 +4,7 @@ GROUP BY queries cached for a minute: every open list asks."""
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -16,6 +17,7 @@ from django.db.models.functions import TruncDay, TruncHour
 from django.utils import timezone
 
 from ..models import AgentSession, Status, Step
+from ..permissions import EVERYTHING, Scope
 from .presenters import format_count, format_ms, rounded
 
 CACHE_SECONDS = 60
@@ -60,9 +62,17 @@ WIDTH, HEIGHT, LEFT, TOP = 560, 150, 44, 14
 PLOT_W, PLOT_H = WIDTH - LEFT - 8, HEIGHT - TOP - 26
 
 
-def activity(span_name: str) -> dict[str, Any]:
-    """Sessions started, completed and failed per bucket over the span."""
-    cached = cache.get(f"respawn:chart:activity:{span_name}")
+def _cache_key(chart: str, span_name: str, scope: Scope) -> str:
+    """One cached chart per span and per scope: a team's chart counts its sessions only."""
+    agents = "*" if scope.agents is None else ",".join(sorted(scope.agents))
+    digest = hashlib.sha256(agents.encode()).hexdigest()[:16]
+    return f"respawn:chart:{chart}:{span_name}:{digest}"
+
+
+def activity(span_name: str, scope: Scope = EVERYTHING) -> dict[str, Any]:
+    """Sessions started, completed and failed per bucket over the span, of `scope`."""
+    key = _cache_key("activity", span_name, scope)
+    cached = cache.get(key)
     if cached is not None:
         return cached
     span = SPANS[span_name]
@@ -71,7 +81,7 @@ def activity(span_name: str) -> dict[str, Any]:
     since = buckets[0]
     started = {
         _key(k, span): n
-        for k, n in AgentSession.objects.filter(created_at__gte=since)
+        for k, n in AgentSession.objects.filter(scope.q(), created_at__gte=since)
         .annotate(b=span.trunc("created_at"))
         .values("b")
         .annotate(n=Count("id"))
@@ -80,7 +90,7 @@ def activity(span_name: str) -> dict[str, Any]:
     ended: dict[str, dict[datetime, int]] = {Status.COMPLETED: {}, Status.FAILED: {}}
     for status, k, n in (
         AgentSession.objects.filter(
-            updated_at__gte=since, status__in=(Status.COMPLETED, Status.FAILED)
+            scope.q(), updated_at__gte=since, status__in=(Status.COMPLETED, Status.FAILED)
         )
         .annotate(b=span.trunc("updated_at"))
         .values("status", "b")
@@ -97,7 +107,7 @@ def activity(span_name: str) -> dict[str, Any]:
     chart = _lines(buckets, series, peak, span, value=format_count)
     chart["totals"] = {k: format_count(sum(v)) for k, v in series.items()}
     chart["peak"] = format_count(peak)
-    cache.set(f"respawn:chart:activity:{span_name}", chart, CACHE_SECONDS)
+    cache.set(key, chart, CACHE_SECONDS)
     return chart
 
 
@@ -112,15 +122,17 @@ class Percentile(Aggregate):
         super().__init__(expression, p=float(p), **extra)
 
 
-def latency(span_name: str) -> dict[str, Any]:
-    """p50 and p95 of model calls and tool runs per bucket, in milliseconds."""
-    cached = cache.get(f"respawn:chart:latency:{span_name}")
+def latency(span_name: str, scope: Scope = EVERYTHING) -> dict[str, Any]:
+    """p50 and p95 of model calls and tool runs per bucket, in milliseconds, of `scope`."""
+    key = _cache_key("latency", span_name, scope)
+    cached = cache.get(key)
     if cached is not None:
         return cached
     span = SPANS[span_name]
     buckets = _buckets(span, timezone.now())
     newest = Step.objects.aggregate(m=Max("id"))["m"] or 0
     steps = Step.objects.filter(
+        scope.q("session__agent"),
         id__gt=newest - LATENCY_SAMPLE,
         kind__in=("model", "tool_result"),
         started_at__gte=buckets[0],
@@ -159,7 +171,7 @@ def latency(span_name: str) -> dict[str, Any]:
     chart = _lines(buckets, series, peak, span, value=format_ms)
     chart["peak"] = format_ms(peak)
     chart["empty"] = all(v is None for s in series.values() for v in s)
-    cache.set(f"respawn:chart:latency:{span_name}", chart, CACHE_SECONDS)
+    cache.set(key, chart, CACHE_SECONDS)
     return chart
 
 

@@ -18,7 +18,7 @@ from django.utils import timezone
 from agent_runtime.state import SCHEMA_VERSION
 
 from ..models import FINAL, AgentSession, AuditAction
-from ..permissions import can_operate
+from ..permissions import can_operate_session
 from ..selectors import core as selectors
 from ..services import workqueue
 from ..services.graphs import pending_interrupts
@@ -62,7 +62,7 @@ class SessionPage:
     def __init__(self, request: HtmxRequest, session: AgentSession) -> None:
         self.request = request
         self.session = session
-        self.operate = can_operate(request.user)
+        self.operate = can_operate_session(request.user, session)
         self._found_failures: trace.Failures | None = None
 
     def context(self, part: str = "page") -> dict[str, Any]:

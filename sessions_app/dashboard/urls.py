@@ -3,7 +3,7 @@ import re
 from django.urls import path, register_converter
 from django.urls.converters import StringConverter
 
-from . import alerts, views
+from . import alerts, teams, views
 from .actions import ACTIONS, PREVIEWS
 
 app_name = "sessions"
@@ -29,7 +29,6 @@ urlpatterns = [
     path("charts/", views.list_charts, name="charts"),
     path("attention/", views.attention, name="attention"),
     path("agents/", views.agents, name="agents"),
-    path("operators/", views.operators, name="operators"),
     path("costs/", views.costs, name="costs"),
     path("import/", views.session_import, name="import"),
     path("alerts/", alerts.alert_rules, name="alerts"),
@@ -37,6 +36,8 @@ urlpatterns = [
     path("alerts/<int:rule_id>/test/", alerts.alert_rule_test, name="alert_rule_test"),
     path("alerts/<int:rule_id>/switch/", alerts.alert_rule_switch, name="alert_rule_switch"),
     path("alerts/<int:rule_id>/delete/", alerts.alert_rule_delete, name="alert_rule_delete"),
+    path("teams/", teams.teams, name="teams"),
+    path("teams/tokens/<int:token_id>/revoke/", teams.team_token_revoke, name="team_token_revoke"),
     path("new/", views.session_new, name="new"),
     path("<uuid:session_id>/", views.session_detail, name="detail"),
     path("<uuid:session_id>/panel/", views.session_header, name="panel"),
@@ -46,6 +47,7 @@ urlpatterns = [
     path("<uuid:session_id>/usage/", views.session_usage, name="usage"),
     path("<uuid:session_id>/diff/", views.checkpoint_diff, name="diff"),
     path("<uuid:session_id>/export/", views.session_export, name="export"),
+    path("<uuid:session_id>/operators/", views.operators, name="operators"),
     path("<uuid:session_id>/preview/<previewed:action>/", views.action_preview, name="preview"),
     path("<uuid:session_id>/actions/<action:action>/", views.session_action, name="action"),
 ]

@@ -37,7 +37,16 @@ from django_htmx.http import (
 
 from ..models import AgentSession, AuditAction, Checkpoint, Status
 from ..models.clock import database_clock
-from ..permissions import can_operate, can_view
+from ..permissions import (
+    administered_teams,
+    can_operate,
+    can_operate_session,
+    can_view,
+    operate_scope,
+    sees_every_team,
+    session_scope,
+    with_token,
+)
 from ..selectors import core as selectors
 from ..services import core as services
 from ..services import credentials
@@ -82,11 +91,19 @@ def _require_operate(request: HtmxRequest) -> None:
 
 
 def _get_session(request: HtmxRequest, session_id: UUID) -> AgentSession:
+    """The session, if the user may see it; a 404 otherwise, whether it exists or not (a
+    403 would tell another team's staff that the id is a session)."""
     _require_view(request)
-    session = selectors.session_by_id(session_id)
+    session = selectors.session_by_id(session_id, session_scope(request.user))
     if session is None:
         raise Http404("no such session")
     return session
+
+
+def _require_operate_session(request: HtmxRequest, session: AgentSession) -> None:
+    """Someone who reads the session (a team viewer) but may not change it."""
+    if not can_operate_session(request.user, session):
+        raise PermissionDenied("your role in this session's team does not act on sessions")
 
 
 def _meta(request: HtmxRequest) -> dict[str, Any]:
@@ -159,7 +176,7 @@ def _list_context(request: HtmxRequest) -> dict[str, Any]:
         "position": {"start": page.start, "end": end},
         **_counts_context(filters, totals),
         "statuses": Status.choices,
-        "agents": selectors.agent_names(),
+        "agents": selectors.agent_names(filters.scope),
         "sorts": [
             ("-updated", "latest activity"),
             ("updated", "oldest activity"),
@@ -236,7 +253,7 @@ def status_counts(request: HtmxRequest) -> HttpResponse:
 @require_GET
 def session_row(request: HtmxRequest, session_id: UUID) -> HttpResponse:
     _require_view(request)
-    session = selectors.session_by_id(session_id)
+    session = selectors.session_by_id(session_id, session_scope(request.user))
     context = {
         "s": session,
         "gone_id": session_id,
@@ -275,7 +292,9 @@ def bulk_action(request: HtmxRequest) -> HttpResponse:
     for raw, session_id in zip(raw_ids, ids, strict=True):
         if session_id is None:
             return _error(request, f"not a session id: {raw[:60]!r}", 400)
-    sessions = selectors.sessions_by_ids([i for i in ids if i is not None])
+    sessions = selectors.sessions_by_ids(
+        [i for i in ids if i is not None], session_scope(request.user)
+    )
     if not sessions:
         return _error(request, "select at least one session first", 400)
     if request.POST.get("confirm") != "yes":
@@ -433,8 +452,8 @@ def list_charts(request: HtmxRequest) -> HttpResponse:
         request,
         "sessions/charts.html",
         {
-            "activity": charts.activity(span),
-            "latency": charts.latency(span),
+            "activity": charts.activity(span, session_scope(request.user)),
+            "latency": charts.latency(span, session_scope(request.user)),
             "span": span,
             "spans": list(charts.SPANS),
         },
@@ -602,6 +621,8 @@ def action_preview(request: HtmxRequest, session_id: UUID, action: str) -> HttpR
     session = _get_session(request, session_id)
     previewed = PREVIEWS[action]  # the URL admits no other name
     _require(request, previewed.permission)
+    if previewed.permission == OPERATE:
+        _require_operate_session(request, session)
     assert previewed.preview is not None
     try:
         preview = previewed.preview(session, request.GET)
@@ -642,6 +663,8 @@ def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpR
     session = _get_session(request, session_id)
     taken = ACTIONS[action]  # the URL admits no other name
     _require(request, taken.permission)
+    if taken.permission == OPERATE:
+        _require_operate_session(request, session)
     given = ActionInput(session=session, form=request.POST, actor=request.user, meta=_meta(request))
     try:
         done = taken.run(given)
@@ -655,13 +678,16 @@ def session_action(request: HtmxRequest, session_id: UUID, action: str) -> HttpR
 
 @login_required
 @require_GET
-def operators(request: HtmxRequest) -> HttpResponse:
-    """Whom a session may be handed to: the <option>s of the hand form's suggestions,
-    loaded when the form is opened (not with every session page). Anyone with a role may
-    read it: the pages show every owner's name to viewers too."""
-    _require_view(request)
+def operators(request: HtmxRequest, session_id: UUID) -> HttpResponse:
+    """Whom this session may be handed to: the <option>s of the hand form's suggestions,
+    loaded when the form is opened (not with every session page). Everyone who may act on
+    the session, whether by a global role or in the team that owns its agent. Anyone who
+    reads the session may read it: the pages show every owner's name to viewers too."""
+    session = _get_session(request, session_id)
     return render(
-        request, "sessions/detail.html#operators", {"operators": selectors.operator_names()}
+        request,
+        "sessions/detail.html#operators",
+        {"operators": selectors.operator_names(session.agent)},
     )
 
 
@@ -698,6 +724,8 @@ def audit_log(request: HtmxRequest) -> HttpResponse:
             session_ids=session_ids,
             before=before,
             size=PAGE_SIZE,
+            scope=session_scope(request.user),
+            token_teams=administered_teams(request.user),
         )
     query = {k: v for k, v in {"actor": actor, "action": action, "session": session_q}.items() if v}
     return render(
@@ -735,7 +763,7 @@ def session_new(request: HtmxRequest) -> HttpResponse:
     about, with what was typed kept."""
     _require_view(request)
     _require_operate(request)
-    agents = selectors.startable_agents()
+    agents = selectors.startable_agents(operate_scope(request.user))
     form = {
         "agent": request.POST.get("agent", request.GET.get("agent", "")),
         "input": request.POST.get("input", ""),
@@ -860,7 +888,7 @@ def agents(request: HtmxRequest) -> HttpResponse:
         request,
         "sessions/agents.html",
         {
-            "overview": selectors.agents_overview(),
+            "overview": selectors.agents_overview(session_scope(request.user)),
             "model_override": settings.RESPAWN_MODEL,
         },
     )
@@ -884,7 +912,11 @@ def costs(request: HtmxRequest) -> HttpResponse:
         if since is None:
             since = (until or today) - timedelta(days=COST_WINDOW_DAYS - 1)
         rows, total = selectors.usage_totals(
-            group=group, since=since, until=until, agent=request.GET.get("agent") or None
+            group=group,
+            since=since,
+            until=until,
+            agent=request.GET.get("agent") or None,
+            scope=session_scope(request.user),
         )
     except (InvalidInput, selectors.BadFilter) as exc:
         error, rows, total, since, until = str(exc), [], {}, None, None
@@ -916,6 +948,7 @@ def attention(request: HtmxRequest) -> HttpResponse:
     """Sessions a person should look at, in sections, each paged on its own (`?<key>=cursor`);
     an htmx request for one section (`?section=key`) gets just that section."""
     _require_view(request)
+    scope = session_scope(request.user)
     now = database_clock()  # leases and updates are stamped on the database's clock
     errors = []
     sections = {}
@@ -928,16 +961,19 @@ def attention(request: HtmxRequest) -> HttpResponse:
         except selectors.BadFilter as exc:
             errors.append(str(exc))
             owner = ""
-    only = request.GET.get("section")
-    keys = [only] if only in selectors.ATTENTION_SECTIONS else list(selectors.ATTENTION_SECTIONS)
+    only = request.GET.get("section") or ""
+    # htmx asks for one section (its next page); a browser that opens that address itself
+    # (a new tab, no script) gets the whole page, that section at the page asked for.
+    one = bool(only in selectors.ATTENTION_SECTIONS and request.htmx)
+    keys = [only] if one else list(selectors.ATTENTION_SECTIONS)
     for key in keys:
         try:
             sections[key] = selectors.attention_section(
-                key, cursor=request.GET.get(key), now=now, owner=owned
+                key, cursor=request.GET.get(key), now=now, owner=owned, scope=scope
             )
         except selectors.BadFilter as exc:
             errors.append(f"{key}: {exc}")
-            sections[key] = selectors.attention_section(key, now=now, owner=owned)
+            sections[key] = selectors.attention_section(key, now=now, owner=owned, scope=scope)
     context = {
         "owner": owner,
         "owner_query": f"owner={quote(owner)}&" if owner else "",
@@ -946,27 +982,27 @@ def attention(request: HtmxRequest) -> HttpResponse:
         "can_operate": can_operate(request.user),
         "now": now,
     }
-    if only in sections and request.htmx:
+    if one:
         extra: dict[str, Any] = {}
         if only == "failed":
-            extra["failures"] = selectors.repeated_failures()
+            extra["failures"] = selectors.repeated_failures(scope=scope)
         if only == "incompatible":
-            extra["old_schema"] = selectors.old_schema_sessions()
+            extra["old_schema"] = selectors.old_schema_sessions(scope=scope)
         return render(
             request,
             "sessions/attention.html#section",
             {**context, **extra, "sec": sections[only]},
         )
-    counts = selectors.status_counts()
-    activity = selectors.activity_last_24h()
+    counts = selectors.status_counts(scope)
+    activity = selectors.activity_last_24h(scope)
     context.update(
         {
             "stuck": sections["stuck"].rows,
             "approvals": sections["approvals"].rows,
             "uncertain": sections["uncertain"].rows,
             "incompatible": sections["incompatible"].rows,
-            "failures": selectors.repeated_failures(),
-            "old_schema": selectors.old_schema_sessions(),
+            "failures": selectors.repeated_failures(scope=scope),
+            "old_schema": selectors.old_schema_sessions(scope=scope),
             "counts": [(value, label, counts[value]) for value, label in Status.choices],
             "chart": charts.activity_chart(activity),
         }
@@ -1038,13 +1074,14 @@ def csrf_failure(request: HtmxRequest, reason: str = "") -> HttpResponse:
 def metrics(request: HtmxRequest) -> HttpResponse:
     """The deployment's metrics for Prometheus (sessions_app.telemetry). Scraped with
     `Authorization: Bearer <RESPAWN_METRICS_TOKEN>` or an API token of a user who may view
-    sessions; a logged-in viewer may read it in a browser."""
+    sessions; a logged-in viewer may read it in a browser. The metrics count every team's
+    sessions: only someone who reads every session (a global role) gets them."""
     from prometheus_client import CONTENT_TYPE_LATEST
 
     from .metrics import deployment_metrics
 
-    if request.user.is_authenticated and not can_view(request.user):
-        raise PermissionDenied("metrics are for users who may view sessions")
+    if request.user.is_authenticated and not sees_every_team(request.user):
+        raise PermissionDenied("metrics are for users who may view every team's sessions")
     if bearer_token(request) is not None and credentials.locked(request):
         response = HttpResponse(
             "too many wrong credentials from this address: try again later\n",
@@ -1053,9 +1090,12 @@ def metrics(request: HtmxRequest) -> HttpResponse:
         )
         response["Retry-After"] = str(credentials.retry_after())
         return response
-    if not _may_scrape(request):
+    may, refused = _may_scrape(request)
+    if not may:
         response = HttpResponse(
-            "metrics need a bearer token (RESPAWN_METRICS_TOKEN or an API token)\n",
+            f"{refused}: send a valid token\n"
+            if refused
+            else "metrics need a bearer token (RESPAWN_METRICS_TOKEN or an API token)\n",
             status=401,
             content_type="text/plain",
         )
@@ -1064,19 +1104,26 @@ def metrics(request: HtmxRequest) -> HttpResponse:
     return HttpResponse(deployment_metrics(), content_type=CONTENT_TYPE_LATEST)
 
 
-def _may_scrape(request: HtmxRequest) -> bool:
+def _may_scrape(request: HtmxRequest) -> tuple[bool, str | None]:
+    """Whether the request may read the metrics, and why a real token it sent may not."""
     from hmac import compare_digest
 
-    if request.user.is_authenticated and can_view(request.user):
-        return True
+    if request.user.is_authenticated and sees_every_team(request.user):
+        return True, None
     token = bearer_token(request)
     if token is None:
-        return False
+        return False, None
     configured = settings.RESPAWN_METRICS_TOKEN
     if configured and compare_digest(configured.encode(), token.encode()):
-        return True
-    found = selectors.active_api_token(token)
-    if found is None or not found.user.is_active:
-        credentials.failed(request, credentials.METRICS_TOKEN)
-        return False
-    return can_view(found.user)
+        return True, None
+    found, refused = selectors.api_token(token)
+    if found is None:
+        if refused is None:  # a real token no longer valid is not a guess (as in the API)
+            credentials.failed(request, credentials.METRICS_TOKEN)
+        return False, refused
+    scraper = with_token(found.user, found)
+    if can_view(scraper) and not sees_every_team(scraper):
+        # A good token that reads one team's sessions (a team token, or a team member's):
+        # a refusal that says why, not a 401 asking for the token that was given.
+        raise PermissionDenied("metrics are for API tokens that may view every team's sessions")
+    return sees_every_team(scraper), None

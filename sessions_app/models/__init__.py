@@ -3,6 +3,7 @@ side effects, API tokens and log-in failures; `graph` the rows LangGraph threads
 them. Models import only Django, the engine's records and the scrubbing fields
 (sessions_app.redaction); every other part of sessions_app may import them."""
 
+from .accounts import SsoIdentity
 from .alerts import (
     AlertChannel,
     AlertDelivery,
@@ -42,6 +43,7 @@ from .sessions import (
     payload_key,
     payload_q,
 )
+from .teams import OPERATING_ROLES, GlobalRole, Membership, Team, TeamAgent, TeamRole
 
 __all__ = [
     "AlertChannel",
@@ -67,6 +69,9 @@ __all__ = [
     "Kind",
     "LOADABLE",
     "LoginFailure",
+    "Membership",
+    "OPERATING_ROLES",
+    "GlobalRole",
     "ModelUsage",
     "RUNNABLE",
     "RUN_STARTED",
@@ -75,10 +80,14 @@ __all__ = [
     "SearchCursor",
     "SessionNote",
     "SideEffect",
+    "SsoIdentity",
     "Status",
     "Step",
     "StepSearch",
     "TAKES_INPUT",
+    "Team",
+    "TeamAgent",
+    "TeamRole",
     "current_schema_version",
     "payload_key",
     "payload_q",

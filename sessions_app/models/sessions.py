@@ -25,7 +25,12 @@ from agent_runtime.state import (
 )
 
 from ..fields import UNREADABLE_TIMES
-from ..redaction import ScrubbedCharField, ScrubbedJSONField, ScrubbedTextField
+from ..redaction import (
+    ScrubbedCharField,
+    ScrubbedJSONField,
+    ScrubbedJSONTextField,
+    ScrubbedTextField,
+)
 from ..sdk_glue import PROGRAM_AGENTS
 from .clock import database_clock
 
@@ -271,6 +276,11 @@ class AgentSession(models.Model):
         )
         overdue = Q(status=Status.RUNNING) | (Q(status=Status.QUEUED) & waited)
         return Q(status__in=RUNNABLE, incompatible_at__isnull=True) & no_live_lease & overdue
+
+    @property
+    def is_final(self) -> bool:
+        """Completed, failed or cancelled: nothing will run it unless a person does."""
+        return self.status in FINAL
 
     def is_stuck(self, now=None) -> bool:
         """Should be running, but nobody holds a live lease and nothing will run it: a
@@ -602,7 +612,8 @@ class Checkpoint(models.Model):
         AgentSession, on_delete=models.CASCADE, related_name="checkpoints", db_index=False
     )
     seq = models.PositiveIntegerField()
-    state = ScrubbedJSONField()
+    # Compact JSON text on PostgreSQL (migration 0028): written once a turn, read whole.
+    state = ScrubbedJSONTextField()
     schema_version = models.PositiveSmallIntegerField(default=current_schema_version)
     reason = models.CharField(max_length=20, choices=Reason.choices, default=Reason.AUTO)
     created_at = models.DateTimeField(default=timezone.now)
@@ -744,6 +755,8 @@ class AuditAction(models.TextChoices):
     ALERT_RULE_ENABLE = "alert_rule_enable", "switched an alert rule on"
     ALERT_RULE_DISABLE = "alert_rule_disable", "switched an alert rule off"
     ALERT_RULE_DELETE = "alert_rule_delete", "deleted an alert rule"
+    TEAM_ISSUE_TOKEN = "team_issue_token", "issued a team API token"
+    TEAM_REVOKE_TOKEN = "team_revoke_token", "revoked a team API token"
     ALERT_RULE_TEST = "alert_rule_test", "sent a test alert"
 
 
@@ -923,6 +936,23 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(default=timezone.now, editable=False)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # A team token reads and acts on its team's sessions only, with its own role there,
+    # and never more than its user may (sessions_app.permissions). Without a team it acts
+    # with its user's roles, capped to `role` when one is given.
+    team = models.ForeignKey(
+        "sessions_app.Team",
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="api_tokens",
+    )
+    role = models.CharField(
+        max_length=20,
+        blank=True,
+        choices=[("viewer", "viewer"), ("operator", "operator"), ("team_admin", "team admin")],
+        help_text="Caps what the token may do; empty: its user's roles.",
+    )
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never expires.")
 
     def __str__(self) -> str:
         return f"{self.key_prefix}… ({self.user})"
@@ -934,19 +964,32 @@ class ApiToken(models.Model):
         return hashlib.sha256(raw.encode()).hexdigest()
 
     @classmethod
-    def issue(cls, user, name: str = "") -> tuple[ApiToken, str]:
-        """Create a token; returns it with the raw secret (never stored)."""
+    def issue(
+        cls, user, name: str = "", *, team=None, role: str = "", expires_at=None
+    ) -> tuple[ApiToken, str]:
+        """Create a token (a team's, with its role, when `team` is given); returns it with
+        the raw secret (never stored)."""
         import secrets
 
         raw = cls.PREFIX + secrets.token_urlsafe(30)
         token = cls.objects.create(
-            user=user, name=name, key_hash=cls.hash(raw), key_prefix=raw[:10]
+            user=user,
+            name=name,
+            key_hash=cls.hash(raw),
+            key_prefix=raw[:10],
+            team=team,
+            role=role,
+            expires_at=expires_at,
         )
         return token, raw
 
     @property
     def is_active(self) -> bool:
-        return self.revoked_at is None
+        return self.revoked_at is None and not self.is_expired
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
 
 
 class LoginFailure(models.Model):

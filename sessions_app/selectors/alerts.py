@@ -19,6 +19,7 @@ from ..models import (
     DeliveryStatus,
     Status,
 )
+from ..permissions import EVERYTHING, Scope
 from .core import past_target_q, program_agents
 
 DELIVERY_PAGE = 50
@@ -67,9 +68,15 @@ def reason_sessions(reason: str, now: datetime) -> QuerySet[AgentSession]:
     return AgentSession.objects.none()
 
 
-def alert_rules() -> list[AlertRule]:
-    """Every rule, with its deliveries counted by status."""
-    rules = list(AlertRule.objects.all())
+def _rules(scope: Scope) -> QuerySet[AlertRule]:
+    """The rules of the agents in `scope`. A rule for every agent ("") is in a scope that
+    is everything only: it speaks of every team's sessions."""
+    return AlertRule.objects.filter(scope.q("agent"))
+
+
+def alert_rules(scope: Scope = EVERYTHING) -> list[AlertRule]:
+    """The rules in `scope`, with their deliveries counted by status."""
+    rules = list(_rules(scope))
     counts: dict[int, dict[str, int]] = {}
     for row in (
         AlertDelivery.objects.filter(rule__in=rules)
@@ -90,8 +97,9 @@ def alert_rules() -> list[AlertRule]:
     return rules
 
 
-def alert_rule(rule_id: int) -> AlertRule | None:
-    return AlertRule.objects.filter(id=rule_id).first()
+def alert_rule(rule_id: int, scope: Scope = EVERYTHING) -> AlertRule | None:
+    """The rule, if it is in `scope` (None otherwise, whether it exists or not)."""
+    return _rules(scope).filter(id=rule_id).first()
 
 
 def delivery_log(

@@ -54,10 +54,12 @@ from ..models import (
     Status,
     Step,
     StepSearch,
+    Team,
     payload_key,
     payload_q,
 )
 from ..models.clock import database_clock
+from ..permissions import EVERYTHING, Scope, session_scope
 from ..runtime import agent_registry
 from ..sdk_glue import PROGRAM_AGENTS
 from ..store import LATE_CALL_ACTION, session_store
@@ -97,12 +99,17 @@ class SessionFilters:
     owner: str = ""
     owner_id: int | None = None
     errors: list[str] = field(default_factory=list)
+    # The sessions the reader may see (permissions.session_scope): from_query sets it from
+    # the user it is given.
+    scope: Scope = EVERYTHING
 
     @classmethod
     def from_query(cls, params: Any, user: Any = None) -> SessionFilters:
         """Every filter of the list, checked the same way: a bad value is named in an error
-        and dropped, and the others still apply. `user` is who "owner=me" means."""
+        and dropped, and the others still apply. `user` is who reads (their scope) and
+        who "owner=me" means."""
         f = cls(
+            scope=session_scope(user) if user is not None else EVERYTHING,
             q=" ".join((params.get("q") or "").split()),
             status=params.get("status") or "",
             agent=(params.get("agent") or "").strip(),
@@ -115,9 +122,10 @@ class SessionFilters:
         if f.status and f.status not in Status.values:
             f.errors.append(f"unknown status {f.status!r}")
             f.status = ""
-        if f.agent and f.agent not in agent_names():
+        if f.agent and (f.agent not in agent_names() or not f.scope.allows(f.agent)):
             # An agent no longer registered still has its sessions: unknown only if none.
-            if len(f.agent) > 100 or not AgentSession.objects.filter(agent=f.agent).exists():
+            visible = AgentSession.objects.filter(f.scope.q(), agent=f.agent)
+            if len(f.agent) > 100 or not visible.exists():
                 f.errors.append(f"unknown agent {f.agent[:100]!r}")
                 f.agent = ""
         if f.sort not in SORTS:
@@ -247,8 +255,14 @@ def step_search_matches(q: str) -> QuerySet:
     return Step.objects.annotate(text=Cast("payload", TextField())).filter(text__icontains=q)
 
 
+def visible_sessions(scope: Scope) -> QuerySet[AgentSession]:
+    """Every session `scope` (permissions.session_scope) lets its reader see: where every
+    read of sessions on someone's behalf starts."""
+    return AgentSession.objects.filter(scope.q())
+
+
 def filtered_sessions(f: SessionFilters, *, with_status: bool = True) -> QuerySet[AgentSession]:
-    sessions = AgentSession.objects.all()
+    sessions = visible_sessions(f.scope)
     if f.status and with_status:
         sessions = sessions.filter(status=f.status)
     if f.agent:
@@ -389,7 +403,9 @@ def status_totals(
 
     f = f or SessionFilters()
     # "owner=me" is someone else's list for each person: keyed by whom it names.
-    filters = repr((sorted(f.as_query(status="", sort="").items()), f.owner_id)).encode()
+    # So is a team's: keyed by the agents its scope holds.
+    agents = None if f.scope.agents is None else sorted(f.scope.agents)
+    filters = repr((sorted(f.as_query(status="", sort="").items()), f.owner_id, agents)).encode()
     key = "respawn:status-totals:" + hashlib.sha256(filters).hexdigest()[:32]
     cached = None if fresh else cache.get(key)
     if cached is not None or cached_only:
@@ -405,15 +421,21 @@ def status_totals(
     return totals
 
 
-def status_counts() -> dict[str, int]:
-    """Sessions per status, over every session (cached for a few seconds)."""
-    totals = status_totals()
+def status_counts(scope: Scope = EVERYTHING) -> dict[str, int]:
+    """Sessions per status, over every session in scope (cached for a few seconds)."""
+    totals = status_totals(SessionFilters(scope=scope))
     assert totals is not None
     return dict(totals.counts)
 
 
-def agent_names() -> list[str]:
-    return agent_registry().names()
+def agent_names(scope: Scope = EVERYTHING) -> list[str]:
+    """The agents `scope` covers, for choices and filters: this process's registry, and for
+    a team's scope every agent its teams own too (a LangGraph graph's or an SDK agent's
+    name, or an imported one, is in no registry but is still that team's)."""
+    names = {name for name in agent_registry().names() if scope.allows(name)}
+    if scope.agents is not None:
+        names |= scope.agents
+    return sorted(names)
 
 
 @dataclass(frozen=True)
@@ -430,8 +452,9 @@ class AgentChoice:
     max_seconds: float | None
 
 
-def startable_agents() -> list[AgentChoice]:
-    """The registered agents, by name: what a new session may run."""
+def startable_agents(scope: Scope = EVERYTHING) -> list[AgentChoice]:
+    """The registered agents, by name: what a new session may run (those of `scope`,
+    permissions.operate_scope, for someone who may act on some agents only)."""
     return [
         AgentChoice(
             name=agent.name,
@@ -443,6 +466,7 @@ def startable_agents() -> list[AgentChoice]:
             max_seconds=agent.limits.max_seconds,
         )
         for agent in agent_registry()
+        if scope.allows(agent.name)
     ]
 
 
@@ -578,7 +602,7 @@ def session_model(session: AgentSession, configured: str) -> str:
     return recorded or "not recorded"
 
 
-def agents_overview() -> AgentsOverview:
+def agents_overview(scope: Scope = EVERYTHING) -> AgentsOverview:
     """Every agent this deployment runs (RESPAWN_AGENTS and installed packages), with its
     tools and how many live sessions started on each of its versions; and the agents of
     live sessions that it no longer has. One query, whatever the number of agents: live
@@ -588,7 +612,8 @@ def agents_overview() -> AgentsOverview:
 
     found = discovered()
     live_rows = (
-        AgentSession.objects.exclude(status__in=FINAL)
+        visible_sessions(scope)
+        .exclude(status__in=FINAL)
         .values_list("agent", "agent_version")
         .annotate(n=Count("id"))
         .order_by()
@@ -598,6 +623,8 @@ def agents_overview() -> AgentsOverview:
         live.setdefault(agent, []).append((version, n))
     views = []
     for agent in agent_registry():
+        if not scope.allows(agent.name):
+            continue
         described = runner_description(agent)
         instructions = agent.instructions
         if not isinstance(instructions, str):
@@ -659,9 +686,13 @@ class RepeatedFailure:
     times: int
 
 
-def repeated_failures(limit: int = 50, threshold: int = 2) -> list[RepeatedFailure]:
+def repeated_failures(
+    limit: int = 50, threshold: int = 2, scope: Scope = EVERYTHING
+) -> list[RepeatedFailure]:
     """Failed sessions whose latest error happened at least `threshold` times."""
-    failed = list(AgentSession.objects.filter(status=Status.FAILED).order_by("-updated_at")[:500])
+    failed = list(
+        visible_sessions(scope).filter(status=Status.FAILED).order_by("-updated_at")[:500]
+    )
     if not failed:
         return []
     error_key = payload_key(PayloadField.ERROR)
@@ -703,11 +734,12 @@ def uncertain_call(session: AgentSession, state: dict[str, Any]) -> dict[str, An
     return {**step.payload, "seq": step.seq}
 
 
-def old_schema_sessions(cap: int = 1000) -> tuple[int, bool]:
+def old_schema_sessions(cap: int = 1000, scope: Scope = EVERYTHING) -> tuple[int, bool]:
     """How many live sessions still have their head checkpoint in an older schema version
     (counted up to `cap`): `upgrade_state` rewrites them ahead of time."""
     rows = list(
         Checkpoint.objects.filter(
+            scope.q("session__agent"),
             session__status__in=LOADABLE,
             seq=F("session__head"),
             schema_version__lt=SCHEMA_VERSION,
@@ -718,19 +750,21 @@ def old_schema_sessions(cap: int = 1000) -> tuple[int, bool]:
     return min(len(rows), cap), len(rows) > cap
 
 
-def activity_last_24h() -> list[dict[str, Any]]:
+def activity_last_24h(scope: Scope = EVERYTHING) -> list[dict[str, Any]]:
     """Sessions started and finished per hour over the last 24 hours."""
     now = timezone.now()
     start = (now - timedelta(hours=23)).replace(minute=0, second=0, microsecond=0)
     started = dict(
-        AgentSession.objects.filter(created_at__gte=start)
+        visible_sessions(scope)
+        .filter(created_at__gte=start)
         .annotate(hour=TruncHour("created_at"))
         .values("hour")
         .annotate(n=Count("id"))
         .values_list("hour", "n")
     )
     finished = dict(
-        AgentSession.objects.filter(updated_at__gte=start, status__in=FINAL)
+        visible_sessions(scope)
+        .filter(updated_at__gte=start, status__in=FINAL)
         .annotate(hour=TruncHour("updated_at"))
         .values("hour")
         .annotate(n=Count("id"))
@@ -957,12 +991,13 @@ def attention_section(
     cursor: str | None = None,
     now: datetime | None = None,
     owner: Q | None = None,
+    scope: Scope = EVERYTHING,
 ) -> AttentionSection:
     """One section of "needs attention", a page after `cursor` (BadFilter if it is bad),
-    of the sessions `owner` (selectors.owner_q) matches when given."""
+    of the sessions in `scope` that `owner` (selectors.owner_q) matches when given."""
     now = now or database_clock()
     title, remedy, group_by = ATTENTION_SECTIONS[key]
-    sessions = _attention_querysets(now)[key]
+    sessions = _attention_querysets(now)[key].filter(scope.q())
     if owner is not None:
         sessions = sessions.filter(owner)
     if key == "approvals":
@@ -1279,12 +1314,14 @@ def usage_totals(
     since: date | None = None,
     until: date | None = None,
     agent: str | None = None,
+    scope: Scope = EVERYTHING,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """What model calls used and cost, summed by day, agent or model (rows, newest day or
-    largest cost first) and in all, between two days (inclusive)."""
+    largest cost first) and in all, between two days (inclusive), for the agents of
+    `scope`."""
     if group not in USAGE_GROUPS:
         raise BadFilter(f"group must be one of {', '.join(USAGE_GROUPS)}, got {group!r}")
-    rows = ModelUsage.objects.all()
+    rows = ModelUsage.objects.filter(scope.q())
     if since is not None:
         rows = rows.filter(day__gte=since)
     if until is not None:
@@ -1467,11 +1504,14 @@ def _sessions_per_version(sessions: QuerySet[AgentSession]) -> dict[int, int]:
 # --- What the faces read (dashboard, API, admin) ---------------------------------------
 
 
-def session_by_id(session_id: Any) -> AgentSession | None:
+def session_by_id(session_id: Any, scope: Scope = EVERYTHING) -> AgentSession | None:
     """The session, with its parent (which a page names) and owner, and whether people
-    left notes on it (`has_notes`: the trace's margin reads them only then), or None."""
+    left notes on it (`has_notes`: the trace's margin reads them only then), or None
+    (also when it is outside `scope`: a session someone may not see does not exist for
+    them)."""
     return (
-        AgentSession.objects.select_related("parent", "owner")
+        visible_sessions(scope)
+        .select_related("parent", "owner")
         .annotate(has_notes=Exists(SessionNote.objects.filter(session=OuterRef("pk"))))
         .filter(id=session_id)
         .first()
@@ -1500,30 +1540,31 @@ def note_count(session: AgentSession) -> int:
 OPERATORS_CACHE_SECONDS = 30
 
 
-def operator_names() -> list[str]:
-    """Who a session may be handed to, as the forms suggest it: the active users who may
-    act on sessions (cached for OPERATORS_CACHE_SECONDS; the service checks the one named)."""
+def operator_names(agent: str) -> list[str]:
+    """Whom a session of `agent` may be handed to, as the forms suggest it: the active users
+    who may act on that agent's sessions (global operators and admins, and the operators and
+    team admins of the team that owns it; permissions.operators_of_agent_q). Cached for
+    OPERATORS_CACHE_SECONDS per agent; the service checks the one named."""
+    from hashlib import sha256
+
     from django.contrib.auth import get_user_model
     from django.core.cache import cache
 
-    from ..permissions import ADMIN_GROUP, OPERATOR_GROUP
+    from ..permissions import operators_of_agent_q
 
-    key = "respawn:operator-names"
+    # Hashed: an agent's name may hold what a cache key may not (spaces, length).
+    key = "respawn:operator-names:" + sha256(agent.encode()).hexdigest()[:32]
     names = cache.get(key)
     if names is None:
-        users = (
-            get_user_model()
-            .objects.filter(is_active=True)
-            .filter(Q(is_superuser=True) | Q(groups__name__in=[OPERATOR_GROUP, ADMIN_GROUP]))
-        )
+        users = get_user_model().objects.filter(operators_of_agent_q(agent))
         names = list(users.order_by("username").values_list("username", flat=True).distinct()[:500])
         cache.set(key, names, OPERATORS_CACHE_SECONDS)
     return list(names)
 
 
-def sessions_by_ids(ids: list[uuid.UUID]) -> list[AgentSession]:
-    """The sessions of a bulk selection, latest activity first."""
-    sessions = AgentSession.objects.filter(id__in=ids)
+def sessions_by_ids(ids: list[uuid.UUID], scope: Scope = EVERYTHING) -> list[AgentSession]:
+    """The sessions of a bulk selection in `scope`, latest activity first."""
+    sessions = visible_sessions(scope).filter(id__in=ids)
     return list(with_busy_workers(sessions).order_by("-updated_at"))
 
 
@@ -1554,12 +1595,13 @@ def api_session_page(
     cursor: str | None,
     size: int,
     owner: Q | None = None,
+    scope: Scope = EVERYTHING,
 ) -> tuple[list[AgentSession], str | None]:
     """The API's list: latest activity first, a keyset page after `cursor` (BadFilter if
     it is not one this list gave), and the cursor of the next page. An agent version of
     "" is a filter too: the sessions that started before versions were recorded. `owner`
     (api_owner_q): whose sessions; None: anyone's."""
-    sessions = AgentSession.objects.select_related("owner")
+    sessions = visible_sessions(scope).select_related("owner")
     if owner is not None:
         sessions = sessions.filter(owner)
     if status is not None:
@@ -1635,11 +1677,25 @@ def audit_page(
     session_ids: tuple[uuid.UUID, uuid.UUID] | None = None,
     before: int | None = None,
     size: int,
+    scope: Scope = EVERYTHING,
+    token_teams: frozenset[int] | None = None,
 ) -> tuple[list[AuditEvent], bool]:
     """The audit log, newest first, filtered; a page before event id `before`, and
     whether older events follow. `session_ids`: sessions whose ids lie in this range
-    (both ends included: the ids a prefix stands for; a range on the session index)."""
+    (both ends included: the ids a prefix stands for; a range on the session index). A
+    reader whose scope is not everything sees the events of their sessions only, and the
+    issue and revocation of the API tokens of `token_teams` (the teams they administer)."""
     events = AuditEvent.objects.select_related("session").order_by("-id")
+    if not scope.everything:
+        seen = scope.q("session__agent")
+        if token_teams:
+            slugs = list(Team.objects.filter(pk__in=token_teams).values_list("slug", flat=True))
+            seen |= Q(
+                session__isnull=True,
+                action__in=(AuditAction.TEAM_ISSUE_TOKEN, AuditAction.TEAM_REVOKE_TOKEN),
+                after__team__in=slugs,
+            )
+        events = events.filter(seen)
     if actor:
         events = events.filter(actor_label__iexact=actor)
     if action:
@@ -1660,10 +1716,18 @@ def recent_audit_actions(limit: int) -> set[str]:
     return set(latest[:limit])
 
 
-def active_api_token(raw: str) -> ApiToken | None:
-    """The unrevoked token a bearer secret names, with its user, or None."""
-    return (
-        ApiToken.objects.select_related("user")
-        .filter(key_hash=ApiToken.hash(raw), revoked_at__isnull=True)
-        .first()
-    )
+def api_token(raw: str) -> tuple[ApiToken | None, str | None]:
+    """What a bearer secret names, for every face that takes one (the API, /metrics):
+    (the token, with its user, None) when it may be used; (None, why) for a real token
+    that no longer may (revoked, expired, its account disabled): not a guess, and said
+    so; (None, None) for no token at all: a wrong credential."""
+    found = ApiToken.objects.select_related("user").filter(key_hash=ApiToken.hash(raw)).first()
+    if found is None:
+        return None, None
+    if found.revoked_at is not None:
+        return None, f"this API token was revoked at {found.revoked_at.isoformat()}"
+    if found.expires_at is not None and found.is_expired:
+        return None, f"this API token expired at {found.expires_at.isoformat()}"
+    if not found.user.is_active:
+        return None, "this API token's account is disabled"
+    return found, None

@@ -1,6 +1,10 @@
 """Managing alert rules (an operator's or an admin's action, audited): create one (its
 webhook secret generated here and returned once), switch it on or off, delete it, queue a
-test message. The messages themselves are sent by the workers (sessions_app.upkeep.alerts)."""
+test message. The messages themselves are sent by the workers (sessions_app.upkeep.alerts).
+
+A person manages the rules of the agents whose sessions they may act on (a team's
+operators their team's agents); a rule for every agent takes a global role
+(permissions.can_manage_alert_rule). Each service checks it for the person it is given."""
 
 from __future__ import annotations
 
@@ -21,11 +25,33 @@ from ..models import (
     AuditAction,
     DeliveryKind,
 )
+from ..permissions import can_manage_alert_rule, can_operate
 from ..sealing import encrypt_bytes
 from ..store.alerts import forget_rules
 from .core import ActionError, Actor, _actor, audit
 
 MAX_RECIPIENTS = 20
+
+
+def _check_manage(actor: Actor, agent: str) -> None:
+    """Refuse a person who may not manage rules for `agent` (the system may)."""
+    user = _actor(actor).user
+    if user is None or can_manage_alert_rule(user, agent):
+        return
+    if not can_operate(user):
+        raise ActionError("only operators and admins can manage alert rules", code="forbidden")
+    if not agent:
+        raise ActionError(
+            "a rule for every agent covers every team: it needs a global operator or admin; "
+            "name one of your team's agents",
+            code="forbidden",
+            field="agent",
+        )
+    raise ActionError(
+        f"you may not manage alert rules for the agent {agent[:100]!r}",
+        code="forbidden",
+        field="agent",
+    )
 
 
 def _url(target: str) -> str:
@@ -86,6 +112,7 @@ def alert_rule_create(
     agent = (agent or "").strip()
     if len(agent) > 100:
         raise ActionError("the agent name is longer than 100 characters", field="agent")
+    _check_manage(actor, agent)
     unknown = [r for r in reasons if r not in AlertReason.values]
     if unknown:
         raise ActionError(f"unknown reason {unknown[0][:50]!r}", field="reasons")
@@ -141,6 +168,7 @@ def _rule_summary(rule: AlertRule) -> dict[str, Any]:
 def alert_rule_set_enabled(
     *, rule: AlertRule, enabled: bool, actor: Actor = None, request_meta: dict | None = None
 ) -> AlertRule:
+    _check_manage(actor, rule.agent)
     with transaction.atomic():
         before = _rule_summary(rule)
         AlertRule.objects.filter(id=rule.id).update(enabled=enabled)
@@ -161,6 +189,7 @@ def alert_rule_delete(
     *, rule: AlertRule, actor: Actor = None, request_meta: dict | None = None
 ) -> None:
     """Delete the rule and its delivery log (undelivered messages are dropped with it)."""
+    _check_manage(actor, rule.agent)
     with transaction.atomic():
         before = _rule_summary(rule)
         AlertRule.objects.filter(id=rule.id).delete()
@@ -179,6 +208,7 @@ def alert_rule_send_test(
 ) -> AlertDelivery:
     """Queue a test message to the rule's channel; the workers send it like any other,
     and it shows in the rule's delivery log."""
+    _check_manage(actor, rule.agent)
     with transaction.atomic():
         delivery = AlertDelivery.objects.create(
             rule=rule, kind=DeliveryKind.TEST, next_attempt_at=Now()

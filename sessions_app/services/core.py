@@ -45,6 +45,7 @@ from ..models import (
     Status,
     Step,
 )
+from ..permissions import can_operate_agent, can_operate_session, can_view_session
 from ..runtime import agent_registry, agent_version, redactor
 from ..sealing import exact, keep_secrets
 from ..store import alerts, graph, writes
@@ -130,10 +131,25 @@ def audit(
     )
 
 
-def _locked(session_id: Any) -> AgentSession:
-    """The session row, locked for this transaction. On PostgreSQL the wait for it is
-    bounded (RESPAWN_LOCK_WAIT): a worker stopped inside a tool's fenced write holds the
-    row, and a request must not hang on it (nor hold a web thread): "busy", try again."""
+def _locked(session_id: Any, actor: Any = None) -> AgentSession:
+    """The session row, locked for this transaction, for `actor` to change (a person:
+    ActionError unless they may act on it; None: the system). On PostgreSQL the wait for
+    it is bounded (RESPAWN_LOCK_WAIT): a worker stopped inside a tool's fenced write holds
+    the row, and a request must not hang on it (nor hold a web thread): "busy", try
+    again."""
+    session = _locked_row_of(session_id)
+    if actor is not None and getattr(actor, "is_authenticated", False):
+        if not can_view_session(actor, session):
+            # Another team's session does not exist for them (not a 403 that confirms it).
+            raise ActionError(f"no session with id {session_id}", code="not_found")
+        if not can_operate_session(actor, session):
+            raise ActionError(
+                "your role does not act on this session (its team's viewer)", code="forbidden"
+            )
+    return session
+
+
+def _locked_row_of(session_id: Any) -> AgentSession:
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute(
@@ -154,6 +170,19 @@ def _locked(session_id: Any) -> AgentSession:
         raise ActionError(f"no session with id {session_id}", code="not_found") from None
     except (ValueError, TypeError):
         raise ActionError(f"not a session id: {session_id!r}", code="not_found") from None
+
+
+def refuse_foreign_agent(actor: Actor, agent: str) -> None:
+    """A person may start (or import) a session only of an agent they act on: one of their
+    teams' agents, or any with a global operator role."""
+    if actor is not None and getattr(actor, "is_authenticated", False):
+        if not can_operate_agent(actor, agent):
+            raise ActionError(
+                f"agent {agent!r} is not one your teams act on: start sessions of your "
+                "teams' agents",
+                code="forbidden",
+                field="agent",
+            )
 
 
 def _refuse(refusal: tuple[str, str] | None) -> None:
@@ -244,7 +273,7 @@ def _operator_edit(
     the transaction commits."""
     who = _actor(actor)
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
         edit = prepare(session, who)
         before = {**_summary(session), **edit.before}
         seq = _append_operator_step(session, edit.payload, kind=edit.kind)
@@ -370,6 +399,7 @@ def session_start(
         raise ActionError(
             f"unknown agent {agent!r} (known: {known})", code="unknown_agent", field="agent"
         ) from None
+    refuse_foreign_agent(actor, agent)
     text = (input or "").strip()
     if not text:
         raise ActionError("input must not be empty", code="empty_input", field="input")
@@ -422,7 +452,7 @@ def session_resume(
     RESPAWN_RECONCILE_BATCH sessions per pass: how bulk resumes are throttled."""
     who = _actor(actor)
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
         _refuse(session.resume_refusal())
         before = _summary(session)
         session.status = Status.QUEUED
@@ -479,7 +509,7 @@ def session_cancel(
     refused and it stops (a tool already running finishes, its result is not recorded)."""
     who = _actor(actor)
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
         _refuse(session.cancel_refusal())
         before = _summary(session)
         was_running = session.has_live_worker()
@@ -510,7 +540,7 @@ def _decide(
 ) -> AgentSession:
     who = _actor(actor)
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
         _refuse(session.decision_refusal())
         state = _head_state(session)
         pending = state.pending_approval if state else None
@@ -565,7 +595,7 @@ def checkpoint_rollback(
     session waits, paused, until someone resumes it."""
     who = _actor(actor)
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
         _refuse(session.rollback_refusal())
         target = _resume_point(session, checkpoint_seq)
         target_state = _load_checkpoint_state(target)
@@ -674,7 +704,7 @@ def session_fork(
     send it a message."""
     who = _actor(actor)
     with transaction.atomic():
-        parent = _locked(session_id)
+        parent = _locked(session_id, who.user)
         target = _resume_point(parent, checkpoint_seq)
         steps = list(
             Step.objects.filter(
@@ -883,7 +913,7 @@ def session_set_legal_hold(
         raise ActionError("say why the session is held (a case or ticket)", code="empty_input")
     who = _actor(actor)
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
         before = {"legal_hold": session.legal_hold, "note": session.legal_hold_note}
         session.legal_hold = hold
         session.legal_hold_note = redactor().text(note) if hold else ""
@@ -907,7 +937,7 @@ def session_repair_times(
     import) to now; audited with what moved. Returns it ({} when nothing was out of range)."""
     who = _actor(actor)
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
         moved = writes.repair_times(session.pk, timezone.now())
         if moved:
             audit(

@@ -69,7 +69,7 @@ def session_answer_interrupt(
     if len(json.dumps(value, default=str)) > MAX_ANSWER_CHARS:
         raise ActionError(f"the answer is longer than {MAX_ANSWER_CHARS} characters")
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
         if not is_graph_session(session):
             raise ActionError("this session is not a LangGraph thread", code="bad_status")
         interrupts = pending_interrupts(session)

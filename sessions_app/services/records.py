@@ -5,6 +5,7 @@ directly, like the dashboard and the API."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from django.core.exceptions import ValidationError
@@ -42,13 +43,13 @@ def _refuse_if_running(session: AgentSession) -> None:
 Row = TypeVar("Row", Step, Checkpoint)
 
 
-def _locked_row(model: type[Row], pk: int, what: str) -> tuple[AgentSession, Row]:
+def _locked_row(model: type[Row], pk: int, what: str, actor: Any) -> tuple[AgentSession, Row]:
     """A step or checkpoint to edit, locked after its session (the lock a worker's append
     waits on), and refused while a worker holds the session's lease."""
     session_id = model.objects.filter(pk=pk).values_list("session_id", flat=True).first()
     if session_id is None:
         raise ActionError(f"no {what} with id {pk}", code="not_found")
-    session = _locked(session_id)
+    session = _locked(session_id, actor)
     _refuse_if_running(session)
     return session, model.objects.select_for_update().get(pk=pk)
 
@@ -75,7 +76,7 @@ def session_edit_title(
     writing at the same time is overwritten."""
     who = _actor(actor)
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
         new = redactor().text((title or "").strip())[:300]
         if new == session.title:
             return session
@@ -100,7 +101,7 @@ def step_edit_payload(
     must load at the step's schema version; the audit event keeps the old one whole."""
     who = _actor(actor)
     with transaction.atomic():
-        session, step = _locked_row(Step, step_id, "step")
+        session, step = _locked_row(Step, step_id, "step", who.user)
         try:
             validate_step_payload_json(step.kind, payload, step.schema_version)
         except ValidationError as exc:
@@ -137,7 +138,7 @@ def checkpoint_edit_state(
     updates the session's copy of it, as a rollback does."""
     who = _actor(actor)
     with transaction.atomic():
-        session, checkpoint = _locked_row(Checkpoint, checkpoint_id, "checkpoint")
+        session, checkpoint = _locked_row(Checkpoint, checkpoint_id, "checkpoint", who.user)
         try:
             validate_checkpoint_state_json(state, checkpoint.schema_version)
         except ValidationError as exc:
@@ -174,7 +175,7 @@ def session_rollback_to_latest(
     """Roll back to the latest checkpoint at or before the head that is not a
     `before-rollback` record; returns the session and the seq rolled back to."""
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, actor)
         seq = (
             Checkpoint.objects.filter(session=session, seq__lte=session.head)
             .exclude(reason=Reason.BEFORE_ROLLBACK)
@@ -197,6 +198,7 @@ def api_token_issue(
     (not in the token row, not in the audit event). A token acts with its user's role, so
     only admins issue tokens for someone else."""
     who = _actor(actor)
+    token_name(name)
     _refuse_unless_own_or_admin(who, user, "issue API tokens")
     with transaction.atomic():
         token, raw = ApiToken.issue(user, name)
@@ -215,25 +217,63 @@ def api_token_issue(
     return token, raw
 
 
+def token_name(name: str) -> str:
+    """A token's name as given, or ActionError naming what is wrong with it (never cut
+    short without a word)."""
+    limit = ApiToken._meta.get_field("name").max_length or 0
+    if len(name) > limit:
+        raise ActionError(f"name: at most {limit} characters ({len(name)} given)", field="name")
+    return name
+
+
 def api_token_revoke(
     *, token_id: int, actor: Actor = None, request_meta: dict | None = None
 ) -> ApiToken:
-    who = _actor(actor)
-    with transaction.atomic():
-        token = (
-            ApiToken.objects.select_for_update().select_related("user").filter(pk=token_id).first()
-        )
+    def refuse_unless_allowed(who: ActorInfo, token: ApiToken | None) -> ApiToken:
         if token is None:
             raise ActionError(f"no API token with id {token_id}", code="not_found")
         _refuse_unless_own_or_admin(who, token.user, "revoke API tokens")
+        return token
+
+    return revoke_token(
+        token_id,
+        allowed=refuse_unless_allowed,
+        action=AuditAction.ADMIN_REVOKE_TOKEN,
+        actor=actor,
+        request_meta=request_meta,
+    )
+
+
+def revoke_token(
+    token_id: int,
+    *,
+    allowed: Callable[[ActorInfo, ApiToken | None], ApiToken],
+    action: AuditAction,
+    actor: Actor = None,
+    request_meta: dict | None = None,
+) -> ApiToken:
+    """Revoke token `token_id` (locked for the change) once `allowed`, the face's rule
+    (its permission check, and what counts as not found: it raises ActionError or returns
+    the token), passed; audited as `action`, with the token's team when it has one."""
+    who = _actor(actor)
+    with transaction.atomic():
+        found = (
+            ApiToken.objects.select_for_update(of=("self",))
+            .select_related("user", "team")
+            .filter(pk=token_id)
+            .first()
+        )
+        token = allowed(who, found)
         if token.revoked_at is not None:
             raise ActionError("the token is already revoked", code="bad_status")
         token.revoked_at = timezone.now()
         token.save(update_fields=["revoked_at"])
         where = {"token": token.pk, "user": token.user.get_username(), "name": token.name}
+        if token.team is not None:
+            where["team"] = token.team.slug
         audit(
             actor=who,
-            action=AuditAction.ADMIN_REVOKE_TOKEN,
+            action=action,
             session=None,
             before={**where, "revoked_at": None},
             after={**where, "revoked_at": token.revoked_at.isoformat()},

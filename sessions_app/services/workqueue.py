@@ -19,7 +19,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from ..models import AgentSession, AuditAction, SessionNote
-from ..permissions import can_operate
+from ..permissions import can_operate, can_operate_session
 from ..runtime import redactor
 from ..validation import InvalidInput, check_text
 from .core import ActionError, Actor, ActorInfo, _actor, _bounded, _locked, audit
@@ -107,7 +107,7 @@ def session_take(
     if not can_operate(who.user):
         raise ActionError("only operators can take sessions", code="forbidden")
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
         if session.owner_id == who.user.pk:
             return session
         _check_seen(session, seen_owner)
@@ -140,9 +140,16 @@ def session_hand(
     _person(who, "hand a session on")
     if not can_operate(who.user):
         raise ActionError("only operators can hand sessions on", code="forbidden")
-    target = _operator_named(to) if to and to.strip() else None
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
+        target = _operator_named(to) if to and to.strip() else None
+        if target is not None and not can_operate_session(target, session):
+            raise ActionError(
+                f"{target.get_username()} does not act on this session's team: a session is "
+                "handed to someone who can",
+                code="bad_status",
+                field="to",
+            )
         if session.owner_id == (target.pk if target is not None else None):
             return session
         _check_seen(session, seen_owner)
@@ -182,7 +189,7 @@ def session_add_note(
         raise ActionError(str(exc), field="note") from None
     text = redactor().text(text)
     with transaction.atomic():
-        session = _locked(session_id)
+        session = _locked(session_id, who.user)
         note = SessionNote.objects.create(
             session=session,
             author=who.user,

@@ -307,7 +307,7 @@ class PostgreSQLSessionStore(DjangoSessionStore):
             sql.append(
                 f", new_checkpoint AS (INSERT INTO {CHECKPOINT_TABLE} (session_id, seq, state,"
                 " schema_version, reason, created_at)"
-                " SELECT %s::uuid, fenced.last_seq, %s::jsonb, %s, %s, %s::timestamptz"
+                " SELECT %s::uuid, fenced.last_seq, %s::json, %s, %s, %s::timestamptz"
                 " FROM fenced)"
             )
             params += [

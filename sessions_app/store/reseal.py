@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.db import models, transaction
+from django.db.models.fields.json import KT
 
 from ..models import (
     AuditEvent,
@@ -53,8 +54,12 @@ def _batches(queryset: models.QuerySet[Any], fields: tuple[str, ...], size: int)
 
 
 def stale_json(model: type[models.Model], column: str, key: str) -> models.QuerySet[Any]:
-    return model._default_manager.filter(**{f"{column}__has_key": SEALED}).exclude(
-        **{f"{column}__{SEALED}__key": key}
+    # The envelope's key id as text (`#>>`): a read that json text columns (a checkpoint's
+    # state) have as well as jsonb ones, where has_key's `?` is jsonb's alone.
+    return (
+        model._default_manager.alias(sealed_under=KT(f"{column}__{SEALED}__key"))
+        .filter(sealed_under__isnull=False)
+        .exclude(sealed_under=key)
     )
 
 

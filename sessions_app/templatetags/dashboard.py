@@ -20,7 +20,13 @@ from ..dashboard.presenters import (
     pretty,
 )
 from ..models import Status
-from ..permissions import can_operate
+from ..permissions import (
+    can_manage_teams,
+    can_operate,
+    can_operate_agent,
+    can_operate_session,
+    can_view_session,
+)
 from ..selectors import core as selectors
 
 register = template.Library()
@@ -30,6 +36,45 @@ register = template.Library()
 def may_operate(user: Any) -> bool:
     """Whether the user may change sessions (the operator role): what to offer them."""
     return can_operate(user)
+
+
+@register.filter
+def may_operate_session(user: Any, session: Any) -> bool:
+    """Whether the user may change this session (a row's buttons): someone who acts on one
+    team's sessions and reads another's is offered no button the action would refuse."""
+    return can_operate_session(user, session)
+
+
+@register.filter
+def may_start(user: Any, agent: str) -> bool:
+    """Whether the user may start a session of `agent` (the new-session form offers it)."""
+    return can_operate_agent(user, agent)
+
+
+@register.filter
+def may_read_session(user: Any, session: Any) -> bool:
+    """Whether the user may read `session` (a fork's parent, say): what the session's own
+    page asks, so a link never shows what that page would answer with a 404."""
+    return session is not None and can_view_session(user, session)
+
+
+# The menu shows a link only to those its page admits: each filter below is the very
+# function that page's guard asks, so the two cannot drift apart.
+
+
+@register.filter
+def may_manage_teams(user: Any) -> bool:
+    """Opens the team page (an admin, or the team admin of some team)."""
+    return can_manage_teams(user)
+
+
+@register.filter
+def may_use_admin(request: Any) -> bool:
+    """Opens the Django admin: what the admin site itself asks of a request (an active staff
+    account with a global role; team-only staff are sent to its log-in)."""
+    from django.contrib import admin
+
+    return getattr(request, "user", None) is not None and admin.site.has_permission(request)
 
 
 @register.filter

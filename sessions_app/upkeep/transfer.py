@@ -58,8 +58,9 @@ from ..models import (
     Status,
     Step,
 )
+from ..permissions import Scope, session_scope
 from ..runtime import redactor
-from ..services.core import ActionError, Actor, _actor, audit
+from ..services.core import ActionError, Actor, _actor, audit, refuse_foreign_agent
 from ..store import writes
 
 FORMAT = 1
@@ -472,6 +473,25 @@ class Imported:
     remapped_from: str | None
 
 
+def _may_read(actor: Actor) -> Scope | None:
+    """The sessions a person importing may read; None for the system (a command)."""
+    if actor is not None and getattr(actor, "is_authenticated", False):
+        return session_scope(actor)
+    return None
+
+
+def _importable_agent(actor: Actor, agent: Any) -> str:
+    """The file's agent, when `actor` may start its sessions (a team's agent: its
+    operators); TransferError otherwise."""
+    if not isinstance(agent, str) or not agent:
+        raise TransferError("session agent: missing")
+    try:
+        refuse_foreign_agent(actor, agent)
+    except ActionError as exc:
+        raise TransferError(str(exc), code=exc.code) from None
+    return agent
+
+
 def import_session(
     raw: bytes,
     *,
@@ -490,6 +510,9 @@ def import_session(
         uuid.UUID(old_id)
     except ValueError:
         raise TransferError(f"the session id {old_id!r} is not a UUID") from None
+    # Whose agent first: someone who may not import it learns nothing more of this
+    # deployment (not whether the file's session id is taken).
+    agent = _importable_agent(actor, parsed.session.get("agent"))
     session_id = str(uuid.uuid4()) if new_ids else old_id
     if new_ids:
         parsed = _renamed(parsed, old_id, session_id)
@@ -505,8 +528,8 @@ def import_session(
     fields["id"] = uuid.UUID(session_id)
     if fields.get("status") not in Status.values:
         raise TransferError(f"session status: unknown status {fields.get('status')!r}")
-    if not isinstance(fields.get("agent"), str) or not fields["agent"]:
-        raise TransferError("session agent: missing")
+    if fields.get("agent") != agent:  # a name that held the old id, renamed with it
+        _importable_agent(actor, fields.get("agent"))
     if fields["status"] in RUNNABLE:
         fields["status"] = Status.PAUSED
     for column in _RUN_COLUMNS:
@@ -599,8 +622,15 @@ def import_session(
     with transaction.atomic():
         session = AgentSession(**fields)
         session.created_by = user.objects.filter(username=username).first() if username else None
-        if parent and AgentSession.objects.filter(id=parent).exists():
-            session.parent_id = parent
+        # The fork's parent is linked only when the importer may read it: a file that names
+        # another team's session would otherwise show its title on this one's page.
+        if parent:
+            parents = AgentSession.objects.filter(id=parent)
+            scope = _may_read(actor)
+            if scope is not None:
+                parents = parents.filter(scope.q())
+            if parents.exists():
+                session.parent_id = parent
         counts = writes.insert_imported(session, steps, checkpoints, events)
         result = Imported(
             session=session,

@@ -118,3 +118,13 @@ class ThrottledAdminAuthenticationForm(ThrottledAuthenticationForm, AdminAuthent
 
 class ThrottledLoginView(LoginView):
     authentication_form = ThrottledAuthenticationForm
+
+    def get_context_data(self, **kwargs: Any) -> dict[str, Any]:
+        from . import sso
+
+        context = super().get_context_data(**kwargs)
+        context["sso_enabled"] = sso.enabled()
+        context["sso_name"] = sso.provider_name()
+        context["sso_failed"] = self.request.GET.get("sso") == "failed"
+        context["password_login"] = settings.RESPAWN_PASSWORD_LOGIN
+        return context

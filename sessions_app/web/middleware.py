@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -22,8 +23,36 @@ class ContentSecurityPolicyMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         response = self.get_response(request)
         if self.policy and "Content-Security-Policy" not in response:
-            response["Content-Security-Policy"] = self.policy
+            policy = self._with_provider(self.policy)
+            if _debug_page(response):
+                # Django's own error pages under DEBUG (make run) style and script
+                # themselves inline; the policy blocked that, the console said so.
+                policy = re.sub(r"\b(style-src|script-src)\b", r"\1 'unsafe-inline'", policy)
+            response["Content-Security-Policy"] = policy
         return response
+
+    @staticmethod
+    def _with_provider(policy: str) -> str:
+        """The log-in and log-out forms lead to the single sign-on provider (browsers
+        check form-action on a form's redirects too): its origins join form-action."""
+        from . import sso
+
+        origins = sso.provider_origins()
+        if not origins:
+            return policy
+        return re.sub(
+            r"(form-action [^;]*)", lambda m: " ".join([m.group(1).rstrip(), *origins]), policy
+        )
+
+
+def _debug_page(response: HttpResponse) -> bool:
+    """A page of Django's own for an error, which only DEBUG shows (a development server:
+    in production the project's own error pages are served, with no inline code)."""
+    return (
+        settings.DEBUG
+        and response.status_code in (404, 500)
+        and response.get("Content-Type", "").startswith("text/html")
+    )
 
 
 def database_unavailable(exc: BaseException | None) -> bool:

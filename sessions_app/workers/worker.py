@@ -50,22 +50,28 @@ REPEAT_LOG_INTERVAL = 60.0
 
 
 class RepeatedErrors:
-    """Logs a failing background pass without flooding the log: the first failure with its
-    traceback, the same error (type and message) again at most once per `interval` with a
-    count, another error at once, and the recovery in one line."""
+    """Logs a failing background pass without flooding the log: each distinct error (type
+    and message) of one outage once, with its traceback; repeats as one line at most once
+    per `interval`, with a count; the recovery in one line, which ends the outage.
+
+    An outage shows several errors in turn (a restarting PostgreSQL answers "terminating
+    connection", "shutting down", "connection refused", "starting up"), and a pass may meet
+    them in any order: an error already logged in this outage is a repeat, not news."""
 
     def __init__(self, what: str, interval: float = REPEAT_LOG_INTERVAL) -> None:
         self.what = what
         self.interval = interval
-        self._key: tuple[str, str] | None = None
+        self._seen: set[tuple[str, str]] = set()
         self._since = self._logged = 0.0
         self._repeats = 0
 
     def failed(self, exc: BaseException) -> None:
         key = (type(exc).__name__, str(exc).strip())
         now = time.monotonic()
-        if key != self._key:
-            self._key, self._since, self._logged, self._repeats = key, now, now, 0
+        if not self._seen:
+            self._since, self._logged, self._repeats = now, now, 0
+        if key not in self._seen:
+            self._seen.add(key)
             log.error("%s failed: %s: %s", self.what, key[0], key[1], exc_info=exc)
             return
         self._repeats += 1
@@ -81,13 +87,13 @@ class RepeatedErrors:
             self._logged, self._repeats = now, 0
 
     def succeeded(self) -> None:
-        if self._key is not None:
+        if self._seen:
             log.warning(
                 "%s works again (it had failed for %.0fs)",
                 self.what,
                 time.monotonic() - self._since,
             )
-            self._key = None
+            self._seen.clear()
 
 
 class Reconciler(threading.Thread):

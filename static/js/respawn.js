@@ -198,10 +198,20 @@
   document.addEventListener("keydown", (event) => {
     if (event.key !== "Escape") return;
     document.querySelectorAll(".preview-box").forEach((box) => box.remove());
+    hideNotice();
   });
 
   // --- Notices after an action (HX-Trigger: respawn-notice) -------------------------------
+  // A tap or Escape dismisses it at once: on a narrow screen it covers what is below it.
   let toastTimer = null;
+  function hideNotice() {
+    const toast = document.getElementById("toast");
+    if (toast) toast.hidden = true;
+    clearTimeout(toastTimer);
+  }
+  document.addEventListener("click", (event) => {
+    if (event.target instanceof Element && event.target.closest("#toast")) hideNotice();
+  });
   function showNotice(text) {
     const toast = document.getElementById("toast");
     if (!toast || !text) return;

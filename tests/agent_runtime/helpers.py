@@ -17,22 +17,59 @@ class Crash(BaseException):
 
 
 class CrashingStore:
-    """Wraps a store; the n-th append dies before (or after) it commits."""
+    """Wraps a store; the n-th append (`crash_at`), or the append that writes step `at_seq`,
+    dies before (or after) it commits. An append may write several steps (the model's
+    answer with the call it asks for): `at_seq` names a crash point by what was written."""
 
-    def __init__(self, inner: InMemoryStore, crash_at: int, after_commit: bool = False) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        crash_at: int | None = None,
+        after_commit: bool = False,
+        *,
+        at_seq: int | None = None,
+    ) -> None:
+        assert (crash_at is None) != (at_seq is None), "crash_at or at_seq"
         self.inner = inner
         self.crash_at = crash_at
+        self.at_seq = at_seq
         self.after_commit = after_commit
         self.appends = 0
+        self.next_seq: int | None = None
 
     def append(self, lease, steps, **kwargs):
         self.appends += 1
-        if self.appends == self.crash_at and not self.after_commit:
+        if self.next_seq is None:
+            self.next_seq = self.inner.load_head(lease.session_id).last_seq + 1
+        if self.at_seq is None:
+            hit = self.appends == self.crash_at
+        else:
+            hit = self.next_seq <= self.at_seq < self.next_seq + len(steps)
+        if hit and not self.after_commit:
             raise Crash(f"killed before append {self.appends}")
         result = self.inner.append(lease, steps, **kwargs)
-        if self.appends == self.crash_at:
+        if result.seqs:
+            self.next_seq = result.seqs[-1] + 1
+        if hit:
             raise Crash(f"killed after append {self.appends}")
         return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class CountingStore:
+    """Wraps a store and counts its appends (the crash points of a run)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.appends = 0
+        self.kinds: list[list[str]] = []  # the kinds of the steps of each append
+
+    def append(self, lease, steps, **kwargs):
+        self.appends += 1
+        self.kinds.append([str(s.kind) for s in steps])
+        return self.inner.append(lease, steps, **kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

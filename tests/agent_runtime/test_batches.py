@@ -50,10 +50,10 @@ def test_last_batch_may_be_short():
 def test_crash_mid_batch_resumes_at_that_batch_and_migrates_nothing_twice(after_commit):
     store, records = InMemoryStore(), InMemoryRecords()
     session_id = new_session(store, "migrate", "migrate 1000 records in batches of 100")
-    # Appends: run_started, then per batch model, tool_call, tool_result. The 13th is the
-    # result of batch 4, whose records the tool has already migrated.
+    # Steps: the user's, run_started, then per batch model, tool_call, tool_result. Step 14
+    # is the result of batch 4, whose records the tool has already migrated.
     with pytest.raises(Crash):
-        run(CrashingStore(store, 13, after_commit), session_id, records)
+        run(CrashingStore(store, at_seq=14, after_commit=after_commit), session_id, records)
     store.expire_lease(session_id)
     before = len(store.session(session_id).steps)
     assert run(store, session_id, records).outcome == Outcome.COMPLETED

@@ -131,7 +131,7 @@ def test_a_resumed_run_starts_from_the_tail_and_loads_the_conversation_for_the_m
     agents = demo_agents(slow_delay=0)
     sid = new_session(store, "demo", "what is (12*7)+3, then save it as a note")
     try:  # dies in the second turn, after its model step and tool call were committed
-        run(CrashingStore(store, crash_at=6, after_commit=True), sid, agents=agents)
+        run(CrashingStore(store, at_seq=7, after_commit=True), sid, agents=agents)
     except Crash:
         pass
     store.expire_lease(sid)

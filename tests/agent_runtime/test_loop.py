@@ -12,7 +12,7 @@ from agent_runtime.store import InMemoryEffects, InMemoryStore
 from agent_runtime.tools import ToolContext, tool
 from demo_agents import demo_agents
 
-from .helpers import Crash, CrashingStore, conversation, new_session, run
+from .helpers import CountingStore, Crash, CrashingStore, conversation, new_session, run
 
 DEMO_TASK = "what is (12*7)+3, then save it as a note"
 
@@ -81,9 +81,14 @@ def test_crash_at_any_append_resumes_to_the_same_trace(after_commit):
     """Kill the run at every write in turn; each resumed run ends in the uninterrupted trace."""
     reference_store = InMemoryStore()
     reference = new_session(reference_store, "demo", DEMO_TASK)
-    run(reference_store, reference)
+    counting = CountingStore(reference_store)
+    run(reference_store, counting, reference)
     expected = conversation(reference_store, reference)
-    total_appends = len(reference_store.session(reference).steps) - 1  # all but the user step
+    total_appends = counting.appends  # every write of the run but the user's first step
+    # The model's answer and the call it runs next are one commit, its result another
+    # (each of the demo's two turns runs two calls in a row: the second is recorded on
+    # its own): run_started, 4 per turn, the answer.
+    assert total_appends == 10 and len(reference_store.session(reference).steps) == 13
 
     for crash_at in range(1, total_appends + 1):
         store = InMemoryStore()
@@ -106,10 +111,47 @@ def test_crash_at_any_append_resumes_to_the_same_trace(after_commit):
         assert len(effects.rows) == 1, crash_at
 
 
+def test_a_turn_is_two_commits():
+    """The model's answer and the call it asks for are one commit; the call's result, with
+    the turn's checkpoint, the other."""
+    store = InMemoryStore()
+    session_id = new_session(store, "slow", "count to 3")
+    counting = CountingStore(store)
+    assert run(store, counting, session_id).outcome == Outcome.COMPLETED
+    assert counting.kinds == [
+        ["system"],
+        *[["model", "tool_call"], ["tool_result"]] * 3,
+        ["model"],
+    ]
+    steps = store.session(session_id).steps
+    calls = [s for s in steps if s.kind == StepKind.TOOL_CALL]
+    # Each call's seq and key are the ones it had when recorded in a commit of its own.
+    assert [c.seq for c in calls] == [4, 7, 10]
+    assert [c.idempotency_key for c in calls] == [f"{session_id}:{c.seq}" for c in calls]
+    assert [c.seq for c in store.session(session_id).checkpoints] == [5, 8, 11, 12]
+
+
+def test_a_call_that_waits_for_approval_is_not_recorded_with_the_answer():
+    """Recorded only once a person approved it, just before it runs."""
+    store, effects = InMemoryStore(), InMemoryEffects()
+    session_id = new_session(store, "approval", "pay invoice 7")
+    counting = CountingStore(store)
+    assert run(store, counting, session_id, effects).outcome == Outcome.WAITING_INPUT
+    assert counting.kinds == [["system"], ["model"], ["system"]]
+    store.add_operator_step(
+        session_id,
+        {"action": "approve", "call_id": "call_0_0", "actor": "alice"},
+        status=SessionStatus.QUEUED,
+    )
+    counting = CountingStore(store)
+    assert run(store, counting, session_id, effects).outcome == Outcome.COMPLETED
+    assert counting.kinds[:3] == [["system"], ["tool_call"], ["tool_result"]]
+
+
 def run(store, session_or_crashing, *args, **kwargs):  # noqa: F811 - the crash-aware runner
     from .helpers import run as plain_run
 
-    if isinstance(session_or_crashing, CrashingStore):
+    if isinstance(session_or_crashing, CrashingStore | CountingStore):
         crashing, session_id = session_or_crashing, args[0]
         return plain_run(crashing, session_id, *args[1:], **kwargs)
     return plain_run(store, session_or_crashing, *args, **kwargs)
@@ -438,7 +480,8 @@ def _crash_inside_notify(store, effects):
     """A notify session whose worker died between the tool call and its result."""
     session_id = new_session(store, "notify", "deploy finished")
     with pytest.raises(Crash):
-        run(store, CrashingStore(store, crash_at=4), session_id, effects)  # 4th write: the result
+        # The result's write (seq 5: the user, run_started, the model's answer, the call).
+        run(store, CrashingStore(store, at_seq=5), session_id, effects)
     store.expire_lease(session_id)
     return session_id
 
@@ -505,7 +548,7 @@ def test_idempotent_tools_are_simply_run_again_after_a_crash():
     store, effects = InMemoryStore(), InMemoryEffects()
     session_id = new_session(store, "slow", "count to 2")
     with pytest.raises(Crash):
-        run(store, CrashingStore(store, crash_at=4), session_id, effects)
+        run(store, CrashingStore(store, at_seq=5), session_id, effects)  # the first result
     store.expire_lease(session_id)
     assert run(store, session_id, effects, worker="w2").outcome == Outcome.COMPLETED
 

@@ -315,9 +315,9 @@ def test_resumed_session_sends_what_an_uninterrupted_one_would(kit):
     kit.server.script(*replies)
     store = InMemoryStore()
     session_id = new_session(store, "calc", task)
-    # Every write but the user's first step is an append: die right after the one that
-    # committed the first tool result (the second call has not run yet).
-    crashing = CrashingStore(store, crash_at=first_result.seq - 1, after_commit=True)
+    # Die right after the append that committed the first tool result (the second call
+    # has not run yet).
+    crashing = CrashingStore(store, at_seq=first_result.seq, after_commit=True)
     with pytest.raises(Crash):
         run_agent(crashing, session_id, kit.model, kit.options())
     assert len(kit.server.requests) == 1

@@ -44,10 +44,16 @@ CASES = [
      rf"^respawn_x_payload: {NUMBER}$"),
     ("admin", ["--sessions", "40", "--steps", "400", "--rounds", "1"],
      rf"^sessions: first page +{NUMBER} +{NUMBER} +\d+$"),
+    ("state_text", ["--steps", "900", "--appenders", "1", "--batch", "100"],
+     rf"^longest_wait_ms: {NUMBER}$"),
     ("upgrade", ["--rows", "40", "--batch-size", "20"],
      rf"^  upgrade_state \(to v\d+\) +40 rows in +{NUMBER}s = +{NUMBER} rows/s"),
+    ("concurrency", ["--turns", "3", "--sessions", "1,2", "--rounds", "1"],
+     rf"^respawn_vs_peers_at_2: langgraph {NUMBER}x \(p99 {NUMBER}x\)"
+     rf"  dbos {NUMBER}x \(p99 {NUMBER}x\)$"),
     ("steps", ["--steps", "60", "--rounds", "1", "--peers"],
-     rf"^DBOS workflow \+ steps / Respawn, per step \(median of rounds\): {NUMBER}x$"),
+     rf"^DBOS workflow \+ steps / Respawn \(median of rounds\): per step {NUMBER}x,"
+     rf" per turn {NUMBER}x$"),
     ("langgraph", ["--steps", "12", "--threads", "3"],
      rf"^ +\d+ +RespawnSaver +{NUMBER} +{NUMBER} +{NUMBER}$"),
     ("throughput", ["--workers", "1", "--sessions", "2", "--turns", "2", "--latency", "2"],
@@ -82,8 +88,29 @@ def new_thread_costs_printed(out: str) -> None:
         assert re.search(rf"^{saver} +{NUMBER} +{NUMBER} +{NUMBER}$", out, re.MULTILINE), out
 
 
+def concurrency_rows_sane(out: str) -> None:
+    """bench.concurrency's table (run with --turns 3 --sessions 1,2): a row for every level
+    and contender, with every turn of every session done, turns/s above zero and p50 <= p99
+    (then a session's time, its own and PostgreSQL's CPU per turn, the machine's busy
+    share); and the ratios at each level."""
+    for sessions in (1, 2):
+        for name in ("Respawn", "LangGraph", "DBOS"):
+            found = re.search(
+                rf"^ +{sessions}  {name}\b.*? +(\d+) +({NUMBER}) +({NUMBER}) +({NUMBER})"
+                rf" +{NUMBER} +{NUMBER} +{NUMBER} +\d+%$",
+                out,
+                re.MULTILINE,
+            )
+            assert found, f"no row for {name} at {sessions} sessions:\n{out}"
+            turns, per_second, p50, p99 = (float(x.replace(",", "")) for x in found.groups())
+            assert turns == 3 * sessions, found.group(0)
+            assert per_second > 0 and 0 < p50 <= p99, found.group(0)
+        assert re.search(rf"^respawn_vs_peers_at_{sessions}: langgraph {NUMBER}x", out, re.M)
+
+
 # What some benches print is checked further than one figure line.
 FURTHER_CHECKS = {
+    "concurrency": concurrency_rows_sane,
     "throughput": latency_percentiles_in_order,
     "langgraph": new_thread_costs_printed,
 }

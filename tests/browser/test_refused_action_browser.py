@@ -29,4 +29,13 @@ def test_a_refused_cancel_is_told_after_the_page_redrew_its_button(make_page, us
     page.locator("#actions button:has-text('Cancel')").wait_for(state="detached", timeout=10_000)
     assert toast.is_visible() and "already cancelled" in toast.inner_text()
     screenshot(page, f"refused-cancel-{width}", full_page=False)
+    # It covers what is below it: a tap dismisses it, and so does Escape.
+    toast.click()
+    toast.wait_for(state="hidden", timeout=2000)
+    page.evaluate(
+        "document.body.dispatchEvent(new CustomEvent('respawn-notice', {detail: {text: 'again'}}))"
+    )
+    toast.wait_for(state="visible", timeout=2000)
+    page.keyboard.press("Escape")
+    toast.wait_for(state="hidden", timeout=2000)
     assert console_errors(page, allow_http_errors=True) == []

@@ -86,3 +86,37 @@ def test_a_stale_take_in_the_browser_is_refused_with_who_owns_it_now(make_page, 
     session.refresh_from_db()
     assert session.owner == users["operator"]
     assert console_errors(b, allow_http_errors=True) == []
+
+
+def test_a_team_operator_hands_a_session_to_someone_the_form_offers(make_page, users):
+    """The hand form's suggestions are the people who may act on this session: its team's
+    operators and team admins and the global operators, not another team's; handing it to
+    one of them through the form makes it theirs."""
+    from sessions_app.models import AgentSession, Membership, Team, TeamAgent
+
+    support = Team.objects.create(name="Support", slug="support")
+    billing = Team.objects.create(name="Billing", slug="billing")
+    TeamAgent.objects.create(team=support, agent="demo")
+    TeamAgent.objects.create(team=billing, agent="approval")
+    for team, role in ((support, "operator"), (support, "team_admin"), (billing, "operator")):
+        user = User.objects.create_user(f"{team.slug}-{role}", password="pw")
+        Membership.objects.create(user=user, team=team, role=role)
+    session = run_inline(session_start(agent="demo", input="what is 2+2"))
+
+    page = make_page(1300, 900)
+    login(page, "support-operator", "pw")
+    page.goto(f"/sessions/{session.id}/")
+    page.click("#hand summary")
+    options = page.locator("datalist#operators option")
+    options.first.wait_for(state="attached", timeout=10_000)
+    offered = set(options.evaluate_all("els => els.map(e => e.value)"))
+    assert offered == {"support-operator", "support-team_admin", "olivia"}
+    # The suggestions went into the list, not over the panel that holds the form.
+    assert page.locator("#hand input[name=to]").is_visible()
+    page.fill("#hand input[name=to]", "support-team_admin")
+    page.click("#hand button[type=submit]")
+    page.locator("#owner-badge").filter(has_text="owned by support-team_admin").wait_for(
+        timeout=10_000
+    )
+    assert AgentSession.objects.get(pk=session.pk).owner.username == "support-team_admin"
+    assert console_errors(page) == []

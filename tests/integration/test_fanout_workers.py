@@ -23,9 +23,12 @@ def test_research_branches_run_in_parallel_on_several_workers(start_worker):
     assert_consistent(session)
     results = list(Step.objects.filter(session=session, kind="tool_result").order_by("seq"))
     assert len(results) == 8
-    # Parallel: the results' run times overlap; one after the other would take 8 x 0.5 s.
-    first = min(r.started_at for r in results)
-    last = max(r.finished_at for r in results)
-    assert (last - first).total_seconds() < 8 * 0.5 * 0.75
+    # Parallel: branches ran at the same time on different workers (their run times
+    # overlap), however slow the machine makes each one; one after the other, none would.
+    running_together = max(
+        sum(1 for other in results if other.started_at < r.finished_at <= other.finished_at)
+        for r in results
+    )
+    assert running_together >= 2, [(r.started_at, r.finished_at) for r in results]
     assert Step.objects.filter(session=session, payload__event="joined").count() == 1
     assert Step.objects.filter(session=session, kind="model").count() == 2

@@ -60,6 +60,28 @@ def test_every_page_carries_a_strict_csp(client, users):
         assert "unsafe-inline" not in policy and "unsafe-eval" not in policy
 
 
+def _directive(policy: str, name: str) -> str:
+    return next(d.strip() for d in policy.split(";") if d.strip().startswith(name + " "))
+
+
+@pytest.mark.django_db
+def test_only_djangos_own_error_pages_under_debug_may_style_themselves(client, users, settings):
+    """Django's 404 page under DEBUG (the development server of make run) styles itself
+    inline; without DEBUG the project's own 404 page is served, under the strict policy."""
+    client.force_login(users["viewer"])
+    settings.DEBUG = True
+    response = client.get("/sessions/no-such-page/")
+    assert response.status_code == 404 and b"<style" in response.content
+    policy = response["Content-Security-Policy"]
+    assert "'unsafe-inline'" in _directive(policy, "style-src")
+    assert _directive(policy, "frame-ancestors") == "frame-ancestors 'none'"
+    assert "unsafe-inline" not in client.get(reverse("sessions:list"))["Content-Security-Policy"]
+    settings.DEBUG = False
+    response = client.get("/sessions/no-such-page/")
+    assert response.status_code == 404 and b"<style" not in response.content
+    assert "unsafe-inline" not in response["Content-Security-Policy"]
+
+
 @pytest.mark.django_db
 def test_pages_have_no_inline_script(client, users):
     import re

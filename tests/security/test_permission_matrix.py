@@ -13,7 +13,15 @@ from django.contrib.auth.models import Group, Permission, User
 from django.urls import URLPattern, URLResolver, get_resolver
 
 from sessions_app.dashboard.actions import ACTIONS, PREVIEWS
-from sessions_app.models import AlertRule, ApiToken, AuditEvent, Checkpoint, Step
+from sessions_app.models import (
+    AlertRule,
+    ApiToken,
+    AuditEvent,
+    Checkpoint,
+    Membership,
+    Step,
+    Team,
+)
 from sessions_app.services.core import session_start
 
 from ..conftest import run_inline
@@ -47,7 +55,16 @@ def world(users):
     superuser = User.objects.create_superuser("sue", password="pw")
     session = session_start(agent="demo", input="what is (12*7)+3, then save it as a note")
     run_inline(session)
+    # A team with a token, for the team page's URLs (no session belongs to it: the roles
+    # above are global and see every session, as before teams).
+    team = Team.objects.create(name="Elsewhere", slug="elsewhere")
+    member = User.objects.create_user("tess", password="pw")
+    Membership.objects.create(user=member, team=team, role="operator")
+    team_token = ApiToken.issue(member)[0]
+    team_token.team = team
+    team_token.save()
     return {
+        "team_token": team_token,
         "users": {
             "viewer": users["viewer"],
             "operator": users["operator"],
@@ -73,6 +90,7 @@ def fill(route: str, world) -> list[str]:
     url = "/" + route
     url = url.replace("<uuid:session_id>", str(session.id))
     url = url.replace("<int:rule_id>", str(world["rule"].pk))
+    url = url.replace("<int:token_id>", str(world["team_token"].pk))
     for parameter, names in (("<action:action>", ACTIONS), ("<previewed:action>", PREVIEWS)):
         if parameter in url:
             return [url.replace(parameter, name) for name in names]
@@ -84,6 +102,10 @@ def expected_dashboard(url: str, role: str) -> set[int]:
         return {200}
     if url == "/logout/":
         return {302, 200, 405}
+    if url in ("/sso/login/", "/sso/callback/"):
+        # Single sign-on's way in, for anyone; not there without a provider (tests/sso
+        # tries them with one).
+        return {404}
     if url == "/":
         return {302}
     if url == "/metrics":
@@ -96,6 +118,7 @@ def expected_dashboard(url: str, role: str) -> set[int]:
         or url.endswith("/import/")
         or url.endswith("/sessions/new/")  # a form that starts a session: operators only
         or re.search(r"/alerts/\d+/(test|switch|delete)/$", url) is not None
+        or url.endswith("/revoke/")
     )
     if role == "anonymous":
         return {302}  # to the login page
@@ -103,13 +126,19 @@ def expected_dashboard(url: str, role: str) -> set[int]:
         return {403}
     if mutating and role == "viewer":
         return {403}
+    if "/teams/" in url and role in ("viewer", "operator"):
+        return {403}  # the team page and its tokens: team admins' and admins'
+    if "/teams/tokens/" in url:
+        return {302}  # revoked, back to the team page
     return {200, 286, 302, 400, 404, 405, 409}
 
 
 def request(client, url: str, role: str, world):
     if role != "anonymous":
         client.force_login(world["users"][role])
-    if "/actions/" in url or url.endswith(("/bulk/", "/export/", "/test/", "/switch/", "/delete/")):
+    if "/actions/" in url or url.endswith(
+        ("/bulk/", "/export/", "/test/", "/switch/", "/delete/", "/revoke/")
+    ):
         return client.post(
             url, {"checkpoint_seq": 7, "content": "hi", "text": "x", "action": "cancel", "ids": []}
         )
@@ -158,6 +187,7 @@ def admin_urls(world) -> list[str]:
         "user": world["users"]["viewer"].pk,
         "group": 1,
         "alertrule": world["rule"].pk,
+        "team": Team.objects.get(slug="elsewhere").pk,
     }
     urls = []
     for route, _pattern in walk(get_resolver().url_patterns):

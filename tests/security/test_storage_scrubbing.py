@@ -37,10 +37,16 @@ NOT_FREE_TEXT = {
     "sessions_app.SideEffect": {"key", "tool"},
     "sessions_app.DemoRecord": {"dataset", "migrated_by_key"},
     "sessions_app.DemoBatch": {"key", "dataset"},
-    "sessions_app.ApiToken": {"key_hash", "key_prefix"},
+    "sessions_app.ApiToken": {"key_hash", "key_prefix", "role"},
+    # A team's slug (a URL-safe identifier), an agent's name, a role (an enumeration).
+    "sessions_app.Team": {"slug"},
+    "sessions_app.TeamAgent": {"agent"},
+    "sessions_app.Membership": {"role"},
     # An agent's name (as the session row holds it) and a provider:model spec.
     "sessions_app.ModelUsage": {"agent", "model"},
     "sessions_app.LoginFailure": {"account"},  # a keyed hash
+    # A provider's issuer URL and a person's subject there: identifiers matched exactly.
+    "sessions_app.SsoIdentity": {"issuer", "subject"},
     "admin.LogEntry": {"object_id"},  # the primary key of what was edited
     # LangGraph's own tables: names and versions of threads, checkpoints and channels; and
     # the graph's checkpoint body and metadata, kept as the graph wrote them (it resumes

@@ -1,7 +1,7 @@
-"""Checkpoint states on a `json` column as well as a `jsonb` one (sessions_app.fields): the
-conversion to compact JSON text comes in a release of its own, and this one reads and
-writes the states either way. Committed data (transaction=True): the DDL and the workers'
-code see it."""
+"""Checkpoint states as compact JSON text (`json`, migration 0028) and, for a process that
+runs before the migration, on the `jsonb` column before it (sessions_app.fields); and the
+conversion itself, in batches beside a writer (sessions_app/upkeep/state_text.py).
+Committed data (transaction=True): the DDL and the workers' code see it."""
 
 from __future__ import annotations
 
@@ -49,25 +49,39 @@ def uncertain_state() -> dict:
 
 
 @contextmanager
-def state_column_as_json():
-    """The checkpoint's state column as the json-text conversion leaves it (the DDL of
-    that migration), put back to jsonb afterwards."""
+def state_column_as_jsonb():
+    """The checkpoint's state column as it was before migration 0028 (jsonb), put back to
+    json text afterwards."""
     table = Checkpoint._meta.db_table
     with connection.cursor() as cursor:
-        cursor.execute(f"ALTER TABLE {table} ALTER COLUMN state TYPE json USING state::json")
+        cursor.execute(f"ALTER TABLE {table} ALTER COLUMN state TYPE jsonb USING state::jsonb")
     try:
         yield
     finally:
         with connection.cursor() as cursor:
-            cursor.execute(f"ALTER TABLE {table} ALTER COLUMN state TYPE jsonb USING state::jsonb")
+            cursor.execute(f"ALTER TABLE {table} ALTER COLUMN state TYPE json USING state::json")
 
 
-def test_this_release_reads_and_writes_states_on_a_json_column():
-    """The column's move from jsonb to json text comes in a release of its own; this one
-    must already work on either, so that between that migration and the restart nothing
-    of it fails (its loads, its appends, the ORM's reads, the attention queue)."""
+def exercise_states(ids: list[str], waiting: AgentSession) -> None:
+    """What a release does with states: its loads, its appends, the ORM's reads, the
+    attention queue."""
+    store = session_store()
+    for session_id in [*ids, str(waiting.id)]:
+        head = store.load_head(session_id)
+        assert head.checkpoint is None or head.checkpoint.state.agent_name
+    loaded = store.load_head(str(waiting.id)).checkpoint
+    assert loaded is not None and loaded.state.counters.tokens_in == 2**60 + 1
+    assert Checkpoint.objects.get(session=waiting).state == uncertain_state()
+    uncertain = _attention_querysets(timezone.now())["uncertain"]
+    assert list(uncertain.values_list("id", flat=True)) == [waiting.id]
+
+
+def test_states_are_compact_json_text_and_read_and_written_on_either_column():
+    """Since 0028 the column is json text; a process started before the migration ran
+    (jsonb) reads and writes them too."""
     if connection.vendor != "postgresql":
         pytest.skip("json and jsonb are PostgreSQL's")
+    assert state_column() == "json"
     ids = [
         insert_fixture(name, version=version, session_id=str(uuid.uuid4()))
         for version in (1, 2)
@@ -77,25 +91,25 @@ def test_this_release_reads_and_writes_states_on_a_json_column():
         agent="demo", status=Status.WAITING_INPUT, head=1, last_seq=1, step_count=1
     )
     Checkpoint.objects.create(session=waiting, seq=1, state=uncertain_state())
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT state::text FROM {Checkpoint._meta.db_table} WHERE session_id = %s",
+            [waiting.id],
+        )
+        text = cursor.fetchone()[0]
+    assert ", " not in text and '": ' not in text  # compact: no blanks after separators
+    exercise_states(ids, waiting)
+    mid_run = ids[V1_SESSIONS.index("mid_run")]
     before = dump_blobs()
-    with state_column_as_json():
-        assert state_column() == "json"
+    with state_column_as_jsonb():
+        assert state_column() == "jsonb"
         assert dump_blobs() == before
-        store = session_store()
-        for session_id in [*ids, str(waiting.id)]:
-            head = store.load_head(session_id)
-            assert head.checkpoint is None or head.checkpoint.state.agent_name
-        loaded = store.load_head(str(waiting.id)).checkpoint
-        assert loaded is not None and loaded.state.counters.tokens_in == 2**60 + 1
-        assert Checkpoint.objects.get(session=waiting).state == uncertain_state()
-        uncertain = _attention_querysets(timezone.now())["uncertain"]
-        assert list(uncertain.values_list("id", flat=True)) == [waiting.id]
+        exercise_states(ids, waiting)
         # A resumed session writes its checkpoints through the store's append.
-        mid_run = ids[V1_SESSIONS.index("mid_run")]
         assert run_inline(mid_run).outcome == "completed"
         written = Checkpoint.objects.filter(session_id=mid_run).order_by("-id").first()
         assert written is not None and written.state["schema_version"] == SCHEMA_VERSION
-    assert state_column() == "jsonb"
+    assert state_column() == "json"
 
 
 def test_a_checkpoint_is_read_back_equal():

@@ -36,7 +36,7 @@ def _crashed_session(ticks: int = 6) -> AgentSession:
     (Not a transactional test: the session's dispatch on commit never happens.)"""
     session = session_start(agent="slow", input=f"count to {ticks}")
     try:
-        _run(CrashingStore(session_store(), crash_at=2 * ticks, after_commit=True), session.id)
+        _run(CrashingStore(session_store(), at_seq=2 * ticks + 1, after_commit=True), session.id)
     except Crash:
         pass
     AgentSession.objects.filter(id=session.id).update(lease_expires_at=timezone.now())

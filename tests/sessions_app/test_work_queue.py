@@ -241,13 +241,14 @@ def test_a_note_written_before_a_filtered_page_goes_beside_the_first_step_shown(
     assert f'id="note-{note.pk}"' in page and "written at step #0" in page
 
 
-def test_the_operators_suggested_for_a_hand_are_operators_only(client, users, bob):
+def test_the_operators_suggested_for_a_hand_are_operators_only(client, users, bob, session):
+    url = reverse("sessions:operators", args=[session.id])
     client.force_login(users["operator"])
-    body = client.get(reverse("sessions:operators"), **HX).content.decode()
+    body = client.get(url, **HX).content.decode()
     assert '<option value="bob">' in body and '<option value="olivia">' in body
     assert "victor" not in body and "oscar" not in body
     client.force_login(users["outsider"])
-    assert client.get(reverse("sessions:operators"), **HX).status_code == 403
+    assert client.get(url, **HX).status_code == 403
 
 
 def test_the_list_filters_by_owner(client, users, bob):
