@@ -98,6 +98,24 @@ def kill_worker_process_only(worker) -> bool:
     return bool(children)
 
 
+def worker_running_a_session(workers, sessions, *, timeout: float = 30.0):
+    """Wait for one of `workers` whose forked process holds the lease of one of `sessions`
+    (lease_owner = host:pid:…), and return it: a worker that is mid-run, not one still
+    starting up or idle between jobs."""
+
+    def holder():
+        for session in AgentSession.objects.filter(
+            pk__in=[s.pk for s in sessions], lease_owner__gt=""
+        ):
+            pid = int(session.lease_owner.split(":")[1])
+            for worker in workers:
+                if worker.process.poll() is None and pid in worker.pids()[1:]:
+                    return worker
+        return None
+
+    return wait_for(holder, timeout=timeout, what="a worker holding a session's lease")
+
+
 @contextmanager
 def frozen(worker) -> Iterator[None]:
     """The worker's supervisor and job process SIGSTOPped (a GC pause, a VM frozen) for the

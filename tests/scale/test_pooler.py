@@ -25,7 +25,12 @@ from sessions_app.services.core import session_start
 from sessions_app.store import DjangoSessionStore, session_store
 
 from ..conftest import ROOT, wait_final
-from ..fault.conftest import assert_completed, kill_worker_process_only, wait_for_tool_results
+from ..fault.conftest import (
+    assert_completed,
+    kill_worker_process_only,
+    wait_for_tool_results,
+    worker_running_a_session,
+)
 from .conftest import source_lines_matching
 
 
@@ -133,7 +138,9 @@ def test_workers_behind_pgbouncer_lose_and_double_nothing(own_pgbouncer, start_w
     ]
     workers = [start_worker(**through) for _ in range(3)]
     wait_for_tool_results(sessions, 3, timeout=30)
-    assert kill_worker_process_only(workers[0])
+    # Whichever worker is mid-run: the first one started may not have forked its worker
+    # process yet, or may be between jobs.
+    assert kill_worker_process_only(worker_running_a_session(workers, sessions))
     wait_final(sessions, timeout=90)
     for session in sessions:
         assert_completed(session)
