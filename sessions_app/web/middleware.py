@@ -4,6 +4,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
@@ -56,8 +57,13 @@ def _debug_page(response: HttpResponse) -> bool:
 
 
 def database_unavailable(exc: BaseException | None) -> bool:
-    """The database cannot be reached, is restarting, or has no connection to spare."""
-    return isinstance(exc, OperationalError | InterfaceError)
+    """The database cannot be reached, is restarting, or has no connection to spare: as
+    Django raises it, or as the driver does for a statement made on its connection
+    directly (psycopg's own classes)."""
+    return isinstance(
+        exc,
+        OperationalError | InterfaceError | psycopg.OperationalError | psycopg.InterfaceError,
+    )
 
 
 # Why the database did not answer, by the SQLSTATE PostgreSQL gave (else: unreachable, or
@@ -145,9 +151,15 @@ class LockWaitMiddleware:
             nonlocal bounded
             if not bounded:
                 bounded = True
-                # On the connection itself (psycopg's), under the query the request makes.
-                raw = context["connection"].connection
-                raw.execute("SELECT set_config('lock_timeout', %s, false)", [self.wait])
+                # On the connection itself (psycopg's), under the query the request makes:
+                # the first statement to meet a connection the database dropped (a
+                # failover, a restart), so its error is made Django's as a query's is (a
+                # 503, and the connection is marked unusable and not used again).
+                db = context["connection"]
+                with db.wrap_database_errors:
+                    db.connection.execute(
+                        "SELECT set_config('lock_timeout', %s, false)", [self.wait]
+                    )
             return execute(sql, params, many, context)
 
         try:

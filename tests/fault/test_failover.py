@@ -187,7 +187,8 @@ def test_primary_killed_mid_run_the_secondary_is_promoted_and_every_session_fini
     during = [status for moment, status in probe.answers if killed <= moment]
     assert during, "the web probe made no request during the failover"
     assert set(during) <= {200, 503}, (
-        f"web requests during the failover answered {sorted(set(during))}, not only 200/503"
+        f"web requests during the failover answered {sorted(set(during))}, not only 200/503; "
+        f"the web server's log:\n{web_log.read_text(errors='replace')[-6000:]}"
     )
     assert 503 in during, "no web request met the failover (the probe ran too late?)"
     first_step = first_step_after(sessions, killed)

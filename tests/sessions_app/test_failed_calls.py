@@ -192,6 +192,40 @@ def test_a_request_waits_for_a_held_lock_at_most_the_lock_wait(client, users, se
     assert again.status_code == 200
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("face", ["api", "page"])
+def test_a_connection_broken_before_the_first_query_is_a_503_and_is_replaced(client, users, face):
+    """A connection the database dropped (a primary that failed over, a restart) breaks on
+    a request's first query, the one the lock bound is set on: a 503 as for any outage,
+    never a 500, and the broken connection is not used again (the next request is served)."""
+    import psycopg
+    from django.db import close_old_connections, connection
+
+    from ..conftest import database_url
+
+    session = session_start(agent="echo", input="hi")
+    _, token = ApiToken.issue(users["viewer"])
+    client.force_login(users["viewer"])
+    client.raise_request_exception = False
+    if face == "api":
+        path, headers = f"/api/sessions/{session.id}", {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+    else:
+        path, headers = reverse("sessions:detail", args=[session.id]), {}
+    assert client.get(path, **headers).status_code == 200
+    connection.ensure_connection()
+    pid = connection.connection.info.backend_pid
+    with psycopg.connect(database_url(), autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [pid])
+    response = client.get(path, **headers)
+    assert response.status_code == 503, response.content[:300]
+    assert int(response["Retry-After"]) > 0
+    # The end of a request in a server closes a connection an error made unusable (the
+    # test client leaves that out): the next request has a fresh one.
+    close_old_connections()
+    assert connection.connection is None
+    assert client.get(path, **headers).status_code == 200
+
+
 def test_any_other_error_is_still_a_500(client, users, monkeypatch):
     session = session_start(agent="echo", input="hi")
     client.raise_request_exception = False
@@ -213,3 +247,18 @@ def test_a_server_error_is_a_styled_page_that_needs_no_database(rf, django_asser
     assert response.status_code == 500
     assert "Something went wrong on the server" in body and "respawn.css" in body
     assert "<title>Server error · Respawn</title>" in body
+
+
+def test_a_driver_error_met_outside_django_is_a_503_too(rf):
+    """A statement made on psycopg's connection directly raises psycopg's own error, not
+    Django's: met by the error handler, it is an outage all the same, not a 500."""
+    import psycopg
+
+    from sessions_app.dashboard.views import server_error
+
+    try:
+        raise psycopg.OperationalError("consuming input failed: server closed the connection")
+    except psycopg.OperationalError:
+        response = server_error(rf.get("/sessions/"))
+    assert response.status_code == 503
+    assert "The database is unavailable" in response.content.decode()
