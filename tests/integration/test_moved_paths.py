@@ -14,10 +14,10 @@ from django.utils.module_loading import import_string
 from rq.job import Job
 
 import sessions_app
-from sessions_app.models import Status
+from sessions_app.models import AgentSession, Status
 from sessions_app.services.core import session_start
 
-from ..conftest import wait_stopped
+from ..conftest import wait_for, wait_stopped
 from ..servers import WorkerProcess
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -77,6 +77,9 @@ def test_a_job_queued_under_the_old_name_runs_in_a_worker_named_by_its_old_class
         "sessions_app.jobs.run_session_job", str(session.id), job_id=f"old-{session.id}"
     )
     assert job.func_name == "sessions_app.jobs.run_session_job"
+    # The deployment recorded that job as the session's dispatch: the reconciler sees it
+    # waiting and queues no other (a slow worker start would have it dispatch afresh).
+    AgentSession.objects.filter(id=session.id).update(job_id=job.id)
     name = f"old-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     worker = WorkerProcess(
         worker_env,
@@ -88,8 +91,11 @@ def test_a_job_queued_under_the_old_name_runs_in_a_worker_named_by_its_old_class
     try:
         wait_stopped(session)
         assert session.status == Status.COMPLETED, worker.log()
+        # The session is committed before its job returns: the job is finished a moment
+        # after.
         done = Job.fetch(job.id, connection=rq_queue.connection)
-        assert done.is_finished, worker.log()
-        assert done.return_value() == "completed"
+        wait_for(lambda: done.get_status(refresh=True) == "finished", what="the old job")
+        assert done.return_value() == "completed", worker.log()
+        assert AgentSession.objects.get(id=session.id).job_id == job.id, "dispatched again"
     finally:
         worker.stop()
