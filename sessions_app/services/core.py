@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeGuard
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -55,6 +55,14 @@ from . import dispatch
 log = logging.getLogger("respawn.services")
 
 Actor = AbstractBaseUser | AnonymousUser | None
+
+
+def is_person(actor: Actor) -> TypeGuard[AbstractBaseUser | AnonymousUser]:
+    """A person signed in, whose teams and roles bound what they may do; otherwise the
+    system (a command, a worker, a job: None), which acts on every session."""
+    return actor is not None and bool(getattr(actor, "is_authenticated", False))
+
+
 MAX_INPUT_CHARS = 100_000
 # A reason or a note a person gives with an action (approve, reject, resolve, correct): as
 # long as the API's schema allows, from every face.
@@ -96,7 +104,7 @@ class ActorInfo:
 
 
 def _actor(actor: Actor, label: str | None = None) -> ActorInfo:
-    if actor is not None and getattr(actor, "is_authenticated", False):
+    if is_person(actor):
         return ActorInfo(user=actor, label=label or actor.get_username())
     return ActorInfo(user=None, label=label or "system")
 
@@ -138,7 +146,7 @@ def _locked(session_id: Any, actor: Any = None) -> AgentSession:
     the row, and a request must not hang on it (nor hold a web thread): "busy", try
     again."""
     session = _locked_row_of(session_id)
-    if actor is not None and getattr(actor, "is_authenticated", False):
+    if is_person(actor):
         if not can_view_session(actor, session):
             # Another team's session does not exist for them (not a 403 that confirms it).
             raise ActionError(f"no session with id {session_id}", code="not_found")
@@ -175,7 +183,7 @@ def _locked_row_of(session_id: Any) -> AgentSession:
 def refuse_foreign_agent(actor: Actor, agent: str) -> None:
     """A person may start (or import) a session only of an agent they act on: one of their
     teams' agents, or any with a global operator role."""
-    if actor is not None and getattr(actor, "is_authenticated", False):
+    if is_person(actor):
         if not can_operate_agent(actor, agent):
             raise ActionError(
                 f"agent {agent!r} is not one your teams act on: start sessions of your "

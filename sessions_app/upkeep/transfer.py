@@ -60,7 +60,7 @@ from ..models import (
 )
 from ..permissions import Scope, session_scope
 from ..runtime import redactor
-from ..services.core import ActionError, Actor, _actor, audit, refuse_foreign_agent
+from ..services.core import ActionError, Actor, _actor, audit, is_person, refuse_foreign_agent
 from ..store import writes
 
 FORMAT = 1
@@ -475,9 +475,7 @@ class Imported:
 
 def _may_read(actor: Actor) -> Scope | None:
     """The sessions a person importing may read; None for the system (a command)."""
-    if actor is not None and getattr(actor, "is_authenticated", False):
-        return session_scope(actor)
-    return None
+    return session_scope(actor) if is_person(actor) else None
 
 
 def _importable_agent(actor: Actor, agent: Any) -> str:
