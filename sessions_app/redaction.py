@@ -131,18 +131,33 @@ def opened_blob(kind: str, data: bytes) -> tuple[str, bytes]:
 def scrubbed_json(value: Any) -> str:
     """`sealed`, as compact JSON text for a json or jsonb parameter (the store's SQL path):
     the walk for what jsonb would alter runs only when the text shows one of them."""
+    text = plain_json(value)
+    if text is not None:
+        return text
     if isinstance(value, Sealed):
         return compact_json(stored(value))
     from .runtime import redactor
 
-    masked = redactor().redact(value)
-    if masked != value:
-        return compact_json(envelope(storable(masked), value))
+    return compact_json(envelope(storable(redactor().redact(value)), value))
+
+
+def plain_json(value: Any) -> str | None:
+    """`value` as compact JSON text when it is stored as it is; None when it is stored
+    sealed (a secret in it, text jsonb would alter, or a sealed value written back). A
+    statement may fill in parts of plain text (a checkpoint's agent and step count from
+    the row it advances); a sealed value's exact copy is in its box, out of the
+    statement's reach, and must be complete before it is sealed."""
+    if isinstance(value, Sealed):
+        return None
+    from .runtime import redactor
+
+    if redactor().redact(value) != value:
+        return None
     text = compact_json(value)
     if ("\\u0000" in text or "\\ud" in text or "e+" in text or SEALED in text) and (
         _jsonb_alters(value)
     ):
-        return compact_json(envelope(storable(masked), value))
+        return None
     return text
 
 

@@ -429,17 +429,18 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         *,
         head: bool,
         write: Callable[[Any, tuple[str, str]], None],
-        rows: dict[str, Any],
+        rows: dict[str, Any] | None,
         answer: str | None = None,
     ) -> int:
         """One transaction: advance the session's seq on (token, owner) (and set its
-        final answer, with `answer`), then `write`. On PostgreSQL one statement does it
-        all (store/graph.py's `fenced_write` with `rows`): one round trip, one commit."""
+        final answer, with `answer`), then `write`. On PostgreSQL, given `rows`, one
+        statement does it all (store/graph.py's `fenced_write`): one round trip, one
+        commit."""
         from django.db import transaction
 
         # A worker's run keeps its lease by the heartbeat; a program's saver by its writes.
         now = _now()
-        if self._vendor() == "postgresql":
+        if rows is not None and self._vendor() == "postgresql":
             done = _graph_rows().fenced_write(
                 lease,
                 using=self._db,
@@ -532,12 +533,12 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         *,
         head: bool,
         write: Callable[[Any, tuple[str, str]], None],
-        rows: dict[str, Any],
+        rows: dict[str, Any] | None,
         answer: str | None = None,
     ) -> tuple[Lease, int]:
         session_id = session_id_for(thread_id)
         lease, continuing = self._lease_for(session_id, ns, parent_id)
-        if lease is None and parent_id is None and self._vendor() == "postgresql":
+        if lease is None and parent_id is None and rows and self._vendor() == "postgresql":
             # A new thread's first write (it names no parent): one statement, unless the
             # session is there already.
             created = self._create_with(session_id, thread_id, head=head, rows=rows, answer=answer)
@@ -635,19 +636,24 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             )
 
         # On PostgreSQL the same rows in one statement; the agent and the step count of
-        # the state come from the session row the fence advances.
-        rows = {
-            "payload": payload,
-            "checkpoint": _graph_rows().CheckpointRows(
-                state=state_of(0, ("", "")),
-                ns=ns,
-                checkpoint_id=checkpoint["id"],
-                parent_id=parent_id,
-                body=body,
-                metadata=stored_meta,
-                blobs=blobs,
-            ),
-        }
+        # the state come from the session row the fence advances. Not for a state stored
+        # sealed (an answer that shows a secret): its exact copy is out of the statement's
+        # reach, so it is written by `write`, with the row's values known.
+        state_text = _redaction().plain_json(state_of(0, ("", "")))
+        rows = None
+        if state_text is not None:
+            rows = {
+                "payload": payload,
+                "checkpoint": _graph_rows().CheckpointRows(
+                    state_text=state_text,
+                    ns=ns,
+                    checkpoint_id=checkpoint["id"],
+                    parent_id=parent_id,
+                    body=body,
+                    metadata=stored_meta,
+                    blobs=blobs,
+                ),
+            }
         lease, _ = self._write(
             thread_id, ns, parent_id, head=ns == "", write=write, rows=rows, answer=answer
         )

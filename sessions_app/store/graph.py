@@ -195,11 +195,12 @@ def _copy_all(
 
 @dataclass(frozen=True)
 class CheckpointRows:
-    """What a saver's `put` writes beside its step: the Respawn checkpoint's state (its
-    agent and step count are filled in from the session row the fence advanced) and the
-    graph checkpoint with its new values (as `put_checkpoint` takes them)."""
+    """What a saver's `put` writes beside its step: the Respawn checkpoint's state, as
+    `redaction.plain_json` gives it (its agent and step count are filled in from the
+    session row the fence advanced: a state stored sealed is not written this way), and
+    the graph checkpoint with its new values (as `put_checkpoint` takes them)."""
 
-    state: dict[str, Any]
+    state_text: str
     ns: str
     checkpoint_id: str
     parent_id: str | None
@@ -339,7 +340,7 @@ def fenced_write(
             " '{counters,steps}', to_jsonb(fenced.last_seq)), %s, %s::varchar,"
             " %s::timestamptz FROM fenced)"
         )
-        params += [session_id, scrubbed_json(checkpoint.state), SCHEMA_VERSION, Reason.AUTO]
+        params += [session_id, checkpoint.state_text, SCHEMA_VERSION, Reason.AUTO]
         params.append(now)
         if checkpoint.blobs:
             # Rows as arrays: one statement text (prepared once) whatever their number.

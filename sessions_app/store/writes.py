@@ -147,15 +147,24 @@ def append_program(
     With `lease`: while the lease holds the session. Without: while no lease is held, the
     status is none of `runnable`, and its head checkpoint waits for no person's decision.
     Returns the new last seq, or None when the write may not go ahead this way (nothing
-    was written): the caller then locks the row and finds out why (or creates it).
+    was written): the caller then locks the row and finds out why (or creates it), and
+    writes a checkpoint stored sealed (a secret in it) with its values known.
     PostgreSQL only: None on other databases."""
     from django.db import connection
 
-    from ..redaction import scrubbed_json
+    from ..redaction import plain_json, scrubbed_json
     from .postgresql import _execute_prepared
 
     if connection.vendor != "postgresql" or not rows:
         return None
+    state_text = None
+    if checkpoint is not None:
+        # The statement fills the state's agent and step count in; a state stored sealed
+        # (a secret in it) keeps its exact copy out of reach: the caller's locked path
+        # writes it with them known.
+        state_text = plain_json(checkpoint)
+        if state_text is None:
+            return None
     table = AgentSession._meta.db_table
     now = timezone.now()
     count = len(rows)
@@ -213,7 +222,7 @@ def append_program(
         )
         params += [
             str(session_id),
-            scrubbed_json(checkpoint),
+            state_text,
             agent_version,
             SCHEMA_VERSION,
             Reason.AUTO,

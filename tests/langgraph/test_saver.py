@@ -508,3 +508,39 @@ def _faked(offset: str, *args: str) -> str:
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
+
+
+def test_a_checkpoint_with_a_secret_is_sealed_whole_with_its_agent_and_step_count(make_saver):
+    """A graph whose answer shows a secret: each Respawn checkpoint's state is stored
+    sealed, and its exact copy (what a run reads back) holds the agent and step count its
+    masked view shows, as a state with nothing to seal has them (one statement)."""
+    from langchain_core.messages import AIMessage
+    from langgraph.graph import START, MessagesState, StateGraph
+
+    from sessions_app.sealing import exact
+
+    secret = "sk-proj-FAKEfakeFAKEfake0123456789abcdefgh"
+
+    def answer(state: MessagesState) -> dict:
+        said = state["messages"][-1].content
+        return {"messages": [AIMessage(f"the key is {secret}" if "key" in said else "hello")]}
+
+    flow = StateGraph(MessagesState)
+    flow.add_node("answer", answer)
+    flow.add_edge(START, "answer")
+    graph = flow.compile(checkpointer=make_saver())
+    for text in ("hi", "the key?", "and again"):
+        graph.invoke(_say(text), _config("sealed-thread"))
+    session = AgentSession.objects.get(id=session_id_for("sealed-thread"))
+    checkpoints = list(Checkpoint.objects.filter(session=session).order_by("seq"))
+    assert len(checkpoints) >= 6
+    answers = set()
+    for checkpoint in checkpoints:
+        whole = exact(checkpoint.state)
+        assert whole["agent"] == checkpoint.state["agent"]
+        assert whole["agent"]["name"] == session.agent == "langgraph"
+        assert whole["counters"]["steps"] == checkpoint.state["counters"]["steps"]
+        assert whole["counters"]["steps"] == checkpoint.seq
+        answers.add(whole["final_answer"])
+    assert f"the key is {secret}" in answers and "hello" in answers
+    assert secret not in str([c.state for c in checkpoints])  # the views are masked

@@ -147,7 +147,7 @@ def test_each_write_is_one_statement_with_its_step_and_checkpoint(make_saver):
     first = saver.put(config, empty_checkpoint(), {"source": "input", "step": -1}, {})
     claimed = AgentSession.objects.get(id=session_id_for("one-statement"))
     second_checkpoint = empty_checkpoint()
-    second_checkpoint["channel_values"] = {"messages": ["hi"], "note": "a\x00b"}
+    second_checkpoint["channel_values"] = {"messages": ["hi"], "note": "a b"}
     second_checkpoint["channel_versions"] = {"messages": "1", "note": "1"}
     second, statements = _statements(
         saver,
@@ -179,5 +179,23 @@ def test_each_write_is_one_statement_with_its_step_and_checkpoint(make_saver):
     assert graph["checkpoint_id"] == second_checkpoint["id"]
     assert GraphWrite.objects.get(session=session).seq == 3
     loaded = saver.get_tuple(config)
-    assert loaded.checkpoint["channel_values"] == {"messages": ["hi"], "note": "a\x00b"}
+    assert loaded.checkpoint["channel_values"] == {"messages": ["hi"], "note": "a b"}
     assert loaded.pending_writes == [("task-1", "messages", ["there"])]
+
+    # A state stored sealed (here a NUL in a value's summary, which jsonb cannot hold) has
+    # its exact copy out of a statement's reach: it is written with the row's values known,
+    # in the locked path, and reads back whole.
+    from sessions_app.sealing import exact
+
+    third_checkpoint = empty_checkpoint()
+    third_checkpoint["channel_values"] = {"messages": ["hi"], "note": "a\x00b"}
+    third_checkpoint["channel_versions"] = {"messages": "1", "note": "2"}
+    saver.put(second, third_checkpoint, {"source": "loop", "step": 1}, {"note": "2"})
+    state = Checkpoint.objects.get(session=session, seq=4).state
+    whole = exact(state)
+    assert (
+        whole["agent"] == state["agent"] == {"name": "acme-graph", "version": session.agent_version}
+    )
+    assert whole["counters"]["steps"] == state["counters"]["steps"] == 4
+    loaded = saver.get_tuple(config)
+    assert loaded.checkpoint["channel_values"] == {"messages": ["hi"], "note": "a\x00b"}

@@ -345,3 +345,27 @@ def test_a_tool_call_is_in_the_trace_while_it_runs(make_session, sdk_model):
         "function_call_output",
         "message",
     ]
+
+
+def test_a_checkpoint_with_a_secret_is_sealed_whole_with_its_agent_and_step_count(make_session):
+    """A state that shows a secret is stored sealed: its exact copy (what a run reads back)
+    holds the agent and step count as its masked view does, on every write, the first (the
+    session created) and those after (one statement when nothing is sealed)."""
+    from sessions_app.sealing import exact
+
+    secret = "sk-proj-FAKEfakeFAKEfake0123456789abcdefgh"
+    session = make_session("conv-sealed")
+    run(session.add_items([user("hi"), assistant(f"the key is {secret}")]))
+    run(session.add_items([user("and again?"), assistant(f"still {secret}")]))
+    run(session.add_items([user("thanks"), assistant("you are welcome")]))
+    row = AgentSession.objects.get(id=session.respawn_id)
+    checkpoints = list(Checkpoint.objects.filter(session=row).order_by("seq"))
+    assert [c.seq for c in checkpoints] == [2, 4, 6]
+    for checkpoint in checkpoints:
+        whole = exact(checkpoint.state)
+        assert whole["agent"] == checkpoint.state["agent"] == {"name": row.agent, "version": ""}
+        assert whole["counters"] == checkpoint.state["counters"]
+        assert whole["counters"]["steps"] == checkpoint.seq
+    sealed = [exact(c.state)["final_answer"] for c in checkpoints[:2]]
+    assert sealed == [f"the key is {secret}", f"still {secret}"]
+    assert secret not in str([c.state for c in checkpoints])  # the views are masked
