@@ -23,7 +23,10 @@ The fields deconstruct as the plain Django fields: this changes no column, so mi
 
 from __future__ import annotations
 
+import json
 import re
+import secrets
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import models
@@ -159,6 +162,36 @@ def plain_json(value: Any) -> str | None:
     ):
         return None
     return text
+
+
+def fillable_json(
+    value: dict[str, Any], paths: Sequence[tuple[str, ...]]
+) -> tuple[str, list[str]] | None:
+    """`value` as compact JSON text with a marker at each of `paths` whose parent object is
+    there, for a statement to fill in what only the database knows (a checkpoint's agent
+    and step count from the row it advances) by replacing each marker's text, in order:
+    the text stays compact and in `value`'s order, as a `json` column keeps it. The marker
+    texts are returned with it; each is unique to this call (a string no value holds).
+    None when `value` is stored sealed (plain_json)."""
+    if plain_json(value) is None:
+        return None
+    marked = dict(value)
+    markers = []
+    for path in paths:
+        # Not uuid4: a program's tests may make that predictable for their own ids.
+        marker = f"\x01{secrets.token_hex(16)}"
+        markers.append(json.dumps(marker))
+        parent = marked
+        for key in path[:-1]:
+            child = parent.get(key)
+            if not isinstance(child, dict):
+                break  # not there: nothing to fill in (as jsonb_set leaves it)
+            copy = dict(child)  # the caller's value is left as it is
+            parent[key] = copy
+            parent = copy
+        else:
+            parent[path[-1]] = marker
+    return compact_json(marked), markers
 
 
 class _Scrubbed(models.Field):

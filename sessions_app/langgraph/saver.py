@@ -639,13 +639,13 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         # the state come from the session row the fence advances. Not for a state stored
         # sealed (an answer that shows a secret): its exact copy is out of the statement's
         # reach, so it is written by `write`, with the row's values known.
-        state_text = _redaction().plain_json(state_of(0, ("", "")))
+        state = _redaction().fillable_json(state_of(0, ("", "")), _store().FILLED_FROM_THE_ROW)
         rows = None
-        if state_text is not None:
+        if state is not None:
             rows = {
                 "payload": payload,
                 "checkpoint": _graph_rows().CheckpointRows(
-                    state_text=state_text,
+                    state=state,
                     ns=ns,
                     checkpoint_id=checkpoint["id"],
                     parent_id=parent_id,

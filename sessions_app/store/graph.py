@@ -196,11 +196,12 @@ def _copy_all(
 @dataclass(frozen=True)
 class CheckpointRows:
     """What a saver's `put` writes beside its step: the Respawn checkpoint's state, as
-    `redaction.plain_json` gives it (its agent and step count are filled in from the
-    session row the fence advanced: a state stored sealed is not written this way), and
-    the graph checkpoint with its new values (as `put_checkpoint` takes them)."""
+    `redaction.fillable_json` gives it for writes.FILLED_FROM_THE_ROW (its agent and step
+    count are filled in from the session row the fence advanced: a state stored sealed is
+    not written this way), and the graph checkpoint with its new values (as
+    `put_checkpoint` takes them)."""
 
-    state_text: str
+    state: tuple[str, Sequence[str]]
     ns: str
     checkpoint_id: str
     parent_id: str | None
@@ -335,12 +336,13 @@ def fenced_write(
         sql.append(
             f", new_checkpoint AS (INSERT INTO {Checkpoint._meta.db_table} (session_id, seq,"
             " state, schema_version, reason, created_at)"
-            " SELECT %s::uuid, fenced.last_seq, jsonb_set(jsonb_set(%s::jsonb, '{agent}',"
-            " jsonb_build_object('name', fenced.agent, 'version', fenced.agent_version)),"
-            " '{counters,steps}', to_jsonb(fenced.last_seq)), %s, %s::varchar,"
-            " %s::timestamptz FROM fenced)"
+            " SELECT %s::uuid, fenced.last_seq, replace(replace(replace(%s::text,"
+            " %s, to_json(COALESCE(fenced.agent, '')::text)::text),"
+            " %s, to_json(COALESCE(fenced.agent_version, '')::text)::text),"
+            " %s, fenced.last_seq::text)::json, %s, %s::varchar, %s::timestamptz FROM fenced)"
         )
-        params += [session_id, checkpoint.state_text, SCHEMA_VERSION, Reason.AUTO]
+        text, (name, version, steps) = checkpoint.state
+        params += [session_id, text, name, version, steps, SCHEMA_VERSION, Reason.AUTO]
         params.append(now)
         if checkpoint.blobs:
             # Rows as arrays: one statement text (prepared once) whatever their number.

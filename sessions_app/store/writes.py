@@ -126,6 +126,11 @@ def advance_held(
 PROGRAM_ACTIVITY_EVERY = timedelta(seconds=1)
 
 
+# What a checkpoint state written in one statement with its step (a program's, a LangGraph
+# saver's) takes from the session row that statement advances.
+FILLED_FROM_THE_ROW = (("agent", "name"), ("agent", "version"), ("counters", "steps"))
+
+
 def append_program(
     session_id: Any,
     rows: Sequence[NewRow],
@@ -152,18 +157,18 @@ def append_program(
     PostgreSQL only: None on other databases."""
     from django.db import connection
 
-    from ..redaction import plain_json, scrubbed_json
+    from ..redaction import fillable_json, scrubbed_json
     from .postgresql import _execute_prepared
 
     if connection.vendor != "postgresql" or not rows:
         return None
-    state_text = None
+    state: tuple[str, list[str]] | None = None
     if checkpoint is not None:
         # The statement fills the state's agent and step count in; a state stored sealed
         # (a secret in it) keeps its exact copy out of reach: the caller's locked path
         # writes it with them known.
-        state_text = plain_json(checkpoint)
-        if state_text is None:
+        state = fillable_json(checkpoint, FILLED_FROM_THE_ROW)
+        if state is None:
             return None
     table = AgentSession._meta.db_table
     now = timezone.now()
@@ -210,24 +215,18 @@ def append_program(
         f" (VALUES {', '.join(values)}) AS v (n, kind, payload, schema_version))",
     ]
     params += select_params
-    if checkpoint is not None:
+    if state is not None:
+        text, (name, version, steps) = state
         sql.append(
             f", new_checkpoint AS (INSERT INTO {Checkpoint._meta.db_table} (session_id, seq,"
             " state, schema_version, reason, created_at)"
-            " SELECT %s::uuid, advanced.last_seq, jsonb_set(jsonb_set(jsonb_set(%s::jsonb,"
-            " '{agent,name}', to_jsonb(advanced.agent)), '{agent,version}',"
-            " to_jsonb(COALESCE(NULLIF(%s, ''), advanced.agent_version, ''))),"
-            " '{counters,steps}', to_jsonb(advanced.last_seq)), %s, %s, %s::timestamptz"
-            " FROM advanced)"
+            " SELECT %s::uuid, advanced.last_seq, replace(replace(replace(%s::text,"
+            " %s, to_json(COALESCE(advanced.agent, '')::text)::text), %s,"
+            " to_json(COALESCE(NULLIF(%s::text, ''), advanced.agent_version, '')::text)::text),"
+            " %s, advanced.last_seq::text)::json, %s, %s, %s::timestamptz FROM advanced)"
         )
-        params += [
-            str(session_id),
-            state_text,
-            agent_version,
-            SCHEMA_VERSION,
-            Reason.AUTO,
-            now,
-        ]
+        params += [str(session_id), text, name, version, agent_version, steps]
+        params += [SCHEMA_VERSION, Reason.AUTO, now]
     sql.append(" SELECT last_seq FROM advanced")
     advanced = _execute_prepared("".join(sql), params)
     return None if advanced is None else int(advanced[0])

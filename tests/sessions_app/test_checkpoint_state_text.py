@@ -133,3 +133,51 @@ def test_a_checkpoint_is_read_back_equal():
     assert not uncertain.exists()  # not waiting for input
     AgentSession.objects.filter(id=session.id).update(status=Status.WAITING_INPUT)
     assert list(uncertain.values_list("id", flat=True)) == [session.id]
+
+
+def test_a_state_filled_in_by_a_statement_stays_compact_in_its_own_order():
+    """The one-statement writes of a program (an SDK session) and a LangGraph saver fill a
+    state's agent and step count in from the row: the text stored is the state's compact
+    JSON in its own key order with those values in it, as a worker's append stores it."""
+    import json
+
+    from sessions_app.redaction import fillable_json
+    from sessions_app.store.writes import NewRow, append_program
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement write is PostgreSQL's")
+    session = AgentSession.objects.create(agent='an "odd" agent', status=Status.WAITING_INPUT)
+    state = uncertain_state()
+    state["pending_approval"] = None
+    # Values that look like what is filled in are left alone.
+    state["agent_state"] = {"version": 1, "data": {"agent": {"name": ""}, "steps": 0}}
+    seq = append_program(
+        session.id,
+        [NewRow(kind="user", payload={"content": "hi"})],
+        lease=None,
+        runnable=[],
+        checkpoint=state,
+        agent_version="v9",
+    )
+    assert seq == 1
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT state::text FROM {Checkpoint._meta.db_table} WHERE session_id = %s",
+            [session.id],
+        )
+        text = cursor.fetchone()[0]
+    expected = {
+        **state,
+        "agent": {"name": 'an "odd" agent', "version": "v9"},
+        "counters": {**state["counters"], "steps": 1},
+    }
+    assert text == json.dumps(expected, separators=(",", ":"))  # compact, in its order
+    assert Checkpoint.objects.get(session=session).state == expected
+
+    # A marker is unique to its call, and a path whose parent is not there is left out.
+    filled = fillable_json({"a": {"b": 1}, "c": 2}, [("a", "b"), ("x", "y"), ("c",)])
+    assert filled is not None
+    text, markers = filled
+    assert len(set(markers)) == 3 and markers[0] in text and markers[2] in text
+    assert markers[1] not in text and '"x"' not in text
+    assert fillable_json({"a": "sk-proj-FAKEfakeFAKEfake0123456789abcdefgh"}, []) is None
