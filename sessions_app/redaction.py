@@ -152,16 +152,23 @@ def plain_json(value: Any) -> str | None:
     statement's reach, and must be complete before it is sealed."""
     if isinstance(value, Sealed):
         return None
+    text = compact_json(value)
+    return text if _kept_plain(value, text) else None
+
+
+def _kept_plain(value: Any, text: str) -> bool:
+    """Whether `value`, not a sealed one, is stored as it is: no secret in it, nothing
+    jsonb would alter. `text`: its compact JSON, or that with markers for parts a statement
+    fills in (they show none of what is looked for): the walk for what jsonb would alter
+    runs only when the text shows one of them."""
     from .runtime import redactor
 
     if redactor().redact(value) != value:
-        return None
-    text = compact_json(value)
-    if ("\\u0000" in text or "\\ud" in text or "e+" in text or SEALED in text) and (
-        _jsonb_alters(value)
-    ):
-        return None
-    return text
+        return False
+    return not (
+        ("\\u0000" in text or "\\ud" in text or "e+" in text or SEALED in text)
+        and _jsonb_alters(value)
+    )
 
 
 def fillable_json(
@@ -173,8 +180,6 @@ def fillable_json(
     the text stays compact and in `value`'s order, as a `json` column keeps it. The marker
     texts are returned with it; each is unique to this call (a string no value holds).
     None when `value` is stored sealed (plain_json)."""
-    if plain_json(value) is None:
-        return None
     marked = dict(value)
     markers = []
     for path in paths:
@@ -191,7 +196,10 @@ def fillable_json(
             parent = copy
         else:
             parent[path[-1]] = marker
-    return compact_json(marked), markers
+    text = compact_json(marked)
+    if isinstance(value, Sealed) or not _kept_plain(value, text):
+        return None
+    return text, markers
 
 
 class _Scrubbed(models.Field):

@@ -538,7 +538,12 @@ class RespawnSaver(BaseCheckpointSaver[str]):
     ) -> tuple[Lease, int]:
         session_id = session_id_for(thread_id)
         lease, continuing = self._lease_for(session_id, ns, parent_id)
-        if lease is None and parent_id is None and rows and self._vendor() == "postgresql":
+        if (
+            lease is None
+            and parent_id is None
+            and rows is not None
+            and self._vendor() == "postgresql"
+        ):
             # A new thread's first write (it names no parent): one statement, unless the
             # session is there already.
             created = self._create_with(session_id, thread_id, head=head, rows=rows, answer=answer)
@@ -620,20 +625,20 @@ class RespawnSaver(BaseCheckpointSaver[str]):
             state.agent_state = {"version": GRAPH_STATE_VERSION, "data": {"langgraph": summary}}
             return state.to_dict()
 
+        # The graph checkpoint and its new values, as either way of writing takes them.
+        graph_rows = {
+            "ns": ns,
+            "checkpoint_id": checkpoint["id"],
+            "parent_id": parent_id,
+            "body": body,
+            "metadata": stored_meta,
+            "blobs": blobs,
+        }
+
         def write(seq: int, agent: tuple[str, str]) -> None:
             now = _system_step(db, session_id, seq, payload)
             _store().add_checkpoint(session_id, state_of(seq, agent), seq=seq, using=db, now=now)
-            _graph_rows().put_checkpoint(
-                using=db,
-                session_id=session_id,
-                ns=ns,
-                checkpoint_id=checkpoint["id"],
-                parent_id=parent_id,
-                seq=seq,
-                body=body,
-                metadata=stored_meta,
-                blobs=blobs,
-            )
+            _graph_rows().put_checkpoint(using=db, session_id=session_id, seq=seq, **graph_rows)
 
         # On PostgreSQL the same rows in one statement; the agent and the step count of
         # the state come from the session row the fence advances. Not for a state stored
@@ -644,15 +649,7 @@ class RespawnSaver(BaseCheckpointSaver[str]):
         if state is not None:
             rows = {
                 "payload": payload,
-                "checkpoint": _graph_rows().CheckpointRows(
-                    state=state,
-                    ns=ns,
-                    checkpoint_id=checkpoint["id"],
-                    parent_id=parent_id,
-                    body=body,
-                    metadata=stored_meta,
-                    blobs=blobs,
-                ),
+                "checkpoint": _graph_rows().CheckpointRows(state=state, **graph_rows),
             }
         lease, _ = self._write(
             thread_id, ns, parent_id, head=ns == "", write=write, rows=rows, answer=answer

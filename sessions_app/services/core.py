@@ -57,7 +57,7 @@ log = logging.getLogger("respawn.services")
 Actor = AbstractBaseUser | AnonymousUser | None
 
 
-def is_person(actor: Actor) -> TypeGuard[AbstractBaseUser | AnonymousUser]:
+def is_person(actor: Actor) -> TypeGuard[AbstractBaseUser]:
     """A person signed in, whose teams and roles bound what they may do; otherwise the
     system (a command, a worker, a job: None), which acts on every session."""
     return actor is not None and bool(getattr(actor, "is_authenticated", False))

@@ -23,6 +23,7 @@ from agent_runtime.store import Lease
 from ..models import AgentSession, Checkpoint, Reason, Step
 from ..models.graph import GraphBlob, GraphCheckpoint, GraphThread, GraphWrite
 from ..redaction import scrubbed_json
+from .writes import filled_state_sql
 
 BATCH = 1000
 
@@ -336,10 +337,9 @@ def fenced_write(
         sql.append(
             f", new_checkpoint AS (INSERT INTO {Checkpoint._meta.db_table} (session_id, seq,"
             " state, schema_version, reason, created_at)"
-            " SELECT %s::uuid, fenced.last_seq, replace(replace(replace(%s::text,"
-            " %s, to_json(COALESCE(fenced.agent, '')::text)::text),"
-            " %s, to_json(COALESCE(fenced.agent_version, '')::text)::text),"
-            " %s, fenced.last_seq::text)::json, %s, %s::varchar, %s::timestamptz FROM fenced)"
+            " SELECT %s::uuid, fenced.last_seq, "
+            + filled_state_sql("fenced", "COALESCE(fenced.agent_version, '')")
+            + ", %s, %s::varchar, %s::timestamptz FROM fenced)"
         )
         text, (name, version, steps) = checkpoint.state
         params += [session_id, text, name, version, steps, SCHEMA_VERSION, Reason.AUTO]

@@ -131,6 +131,20 @@ PROGRAM_ACTIVITY_EVERY = timedelta(seconds=1)
 FILLED_FROM_THE_ROW = (("agent", "name"), ("agent", "version"), ("counters", "steps"))
 
 
+def filled_state_sql(row: str, version: str) -> str:
+    """The SQL of a checkpoint state as `redaction.fillable_json` gives it for
+    FILLED_FROM_THE_ROW, its markers replaced by what `row` (the statement's CTE of the
+    advanced session row) holds: its agent, `version` (SQL), and its last seq. Its
+    parameters: the text, then each marker in order (and any `version` takes before the
+    last)."""
+    return (
+        "replace(replace(replace(%s::text,"
+        f" %s, to_json(COALESCE({row}.agent, '')::text)::text),"
+        f" %s, to_json(({version})::text)::text),"
+        f" %s, {row}.last_seq::text)::json"
+    )
+
+
 def append_program(
     session_id: Any,
     rows: Sequence[NewRow],
@@ -220,10 +234,11 @@ def append_program(
         sql.append(
             f", new_checkpoint AS (INSERT INTO {Checkpoint._meta.db_table} (session_id, seq,"
             " state, schema_version, reason, created_at)"
-            " SELECT %s::uuid, advanced.last_seq, replace(replace(replace(%s::text,"
-            " %s, to_json(COALESCE(advanced.agent, '')::text)::text), %s,"
-            " to_json(COALESCE(NULLIF(%s::text, ''), advanced.agent_version, '')::text)::text),"
-            " %s, advanced.last_seq::text)::json, %s, %s, %s::timestamptz FROM advanced)"
+            " SELECT %s::uuid, advanced.last_seq, "
+            + filled_state_sql(
+                "advanced", "COALESCE(NULLIF(%s::text, ''), advanced.agent_version, '')"
+            )
+            + ", %s, %s, %s::timestamptz FROM advanced)"
         )
         params += [str(session_id), text, name, version, agent_version, steps]
         params += [SCHEMA_VERSION, Reason.AUTO, now]
